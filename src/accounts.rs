@@ -1,0 +1,237 @@
+//! Accounts: sign-up, login, logout and bearer-token authentication.
+//!
+//! Passwords are hashed with argon2id (the `argon2` crate's defaults: 19 MiB, 2 passes) on the
+//! blocking thread pool. Tokens are 32 random bytes, base64url-encoded (43 characters); only
+//! their SHA-256 is stored, and logout deletes it.
+
+use argon2::password_hash::{
+    PasswordHash, PasswordHasher, PasswordVerifier, SaltString, rand_core::OsRng,
+};
+use std::sync::LazyLock;
+
+use argon2::Argon2;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::db;
+use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::users::{User, UserRecord};
+
+/// Length of a bearer token in characters.
+pub const TOKEN_LEN: usize = 43;
+
+/// A hash to verify against when the username is unknown, so that login takes the same time
+/// either way (computed once, on first use).
+static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| {
+    let salt = SaltString::generate(&mut OsRng);
+    Argon2::default()
+        .hash_password(b"chirp-no-such-user", &salt)
+        .map(|h| h.to_string())
+        .unwrap_or_default()
+});
+
+async fn hash_password(password: String) -> anyhow::Result<String> {
+    tokio::task::spawn_blocking(move || {
+        let salt = SaltString::generate(&mut OsRng);
+        Argon2::default()
+            .hash_password(password.as_bytes(), &salt)
+            .map(|h| h.to_string())
+            .map_err(|e| anyhow::anyhow!("hashing password: {e}"))
+    })
+    .await?
+}
+
+async fn verify_password(password: String, hash: String) -> anyhow::Result<bool> {
+    tokio::task::spawn_blocking(move || match PasswordHash::new(&hash) {
+        Ok(parsed) => Argon2::default()
+            .verify_password(password.as_bytes(), &parsed)
+            .is_ok(),
+        Err(_) => false,
+    })
+    .await
+    .map_err(anyhow::Error::from)
+}
+
+/// SHA-256 of a token, as stored in `auth_tokens`.
+pub fn hash_token(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// Issues a new token for `user_id`.
+pub async fn issue_token(db: &PgPool, user_id: i64) -> sqlx::Result<String> {
+    let mut bytes = [0u8; 32];
+    rand::rng().fill_bytes(&mut bytes);
+    let token = URL_SAFE_NO_PAD.encode(bytes);
+    sqlx::query("insert into auth_tokens (token_hash, user_id) values ($1, $2)")
+        .bind(hash_token(&token))
+        .bind(user_id)
+        .execute(db)
+        .await?;
+    Ok(token)
+}
+
+/// Creates an account (inputs already validated; the username lowercase) and a token.
+///
+/// # Errors
+/// 400 naming the field if the username or email is taken.
+pub async fn signup(
+    db: &PgPool,
+    username: &str,
+    email: &str,
+    password: String,
+) -> ApiResult<(User, String)> {
+    let hash = hash_password(password).await?;
+    let inserted = sqlx::query_as::<_, UserRecord>(
+        "insert into users (username, email, password_hash) values ($1, $2, $3)
+         returning id, username, nickname, avatar_url, version",
+    )
+    .bind(username)
+    .bind(email)
+    .bind(hash)
+    .fetch_one(db)
+    .await;
+    let user = match inserted {
+        Ok(u) => u,
+        Err(e) if db::violates(&e, "users_username_key") => {
+            return Err(ApiError::field(
+                "username",
+                "This username has been occupied.",
+            ));
+        }
+        Err(e) if db::violates(&e, "users_email_key") => {
+            return Err(ApiError::field(
+                "email",
+                "This email address has been occupied.",
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let token = issue_token(db, user.id).await?;
+    Ok((user.into(), token))
+}
+
+#[derive(sqlx::FromRow)]
+struct Credentials {
+    id: i64,
+    username: String,
+    nickname: Option<String>,
+    avatar_url: Option<String>,
+    password_hash: String,
+}
+
+/// Checks a username and password and issues a token.
+///
+/// # Errors
+/// 400 "username and password does not match" for any wrong pair.
+pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(User, String)> {
+    let row: Option<Credentials> = sqlx::query_as(
+        "select id, username, nickname, avatar_url, password_hash from users where username = $1",
+    )
+    .bind(username.to_lowercase())
+    .fetch_optional(db)
+    .await?;
+    let hash = match &row {
+        Some(r) => r.password_hash.clone(),
+        None => tokio::task::spawn_blocking(|| DUMMY_HASH.clone())
+            .await
+            .map_err(anyhow::Error::from)?,
+    };
+    let matches = verify_password(password, hash).await?;
+    match row {
+        Some(c) if matches => {
+            let token = issue_token(db, c.id).await?;
+            Ok((
+                User {
+                    id: c.id,
+                    username: c.username,
+                    nickname: c.nickname,
+                    avatar_url: c.avatar_url,
+                },
+                token,
+            ))
+        }
+        _ => Err(ApiError::BadRequest("username and password does not match")),
+    }
+}
+
+/// Revokes a token.
+pub async fn logout(db: &PgPool, token: &str) -> sqlx::Result<()> {
+    sqlx::query("delete from auth_tokens where token_hash = $1")
+        .bind(hash_token(token))
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// The user a token belongs to.
+///
+/// # Errors
+/// `InvalidToken` for a malformed, unknown or revoked token.
+pub async fn authenticate(db: &PgPool, token: &str) -> ApiResult<User> {
+    if token.len() != TOKEN_LEN
+        || !token
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(ApiError::InvalidToken);
+    }
+    let user: Option<(i64, String, Option<String>, Option<String>)> = sqlx::query_as(
+        "select u.id, u.username, u.nickname, u.avatar_url
+         from auth_tokens t join users u on u.id = t.user_id where t.token_hash = $1",
+    )
+    .bind(hash_token(token))
+    .fetch_optional(db)
+    .await?;
+    let (id, username, nickname, avatar_url) = user.ok_or(ApiError::InvalidToken)?;
+    Ok(User {
+        id,
+        username,
+        nickname,
+        avatar_url,
+    })
+}
+
+/// Validates sign-up input; returns `(username lowercase, email, password)`.
+pub fn validate_signup(
+    username: Option<String>,
+    email: Option<String>,
+    password: Option<String>,
+    errors: &mut FieldErrors,
+) -> Option<(String, String, String)> {
+    let mut err = |field: &str, msg: &str| {
+        errors
+            .entry(field.to_owned())
+            .or_default()
+            .push(msg.to_owned());
+    };
+    let username = username.map(|u| u.trim().to_lowercase());
+    if let Some(u) = &username {
+        let ok_chars = u
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !(3..=30).contains(&u.len()) || !ok_chars {
+            err(
+                "username",
+                "Enter 3 to 30 characters: letters, digits or underscores.",
+            );
+        }
+    }
+    let email = email.map(|e| e.trim().to_owned());
+    if let Some(e) = &email
+        && (e.len() > 254 || !email_address::EmailAddress::is_valid(e))
+    {
+        err("email", "Enter a valid email address.");
+    }
+    if let Some(p) = &password
+        && !(8..=128).contains(&p.chars().count())
+    {
+        err("password", "Enter 8 to 128 characters.");
+    }
+    match (username, email, password) {
+        (Some(u), Some(e), Some(p)) if errors.is_empty() => Some((u, e, p)),
+        _ => None,
+    }
+}

@@ -1,0 +1,72 @@
+//! Typed builders for every Redis key chirp writes, all under `CHIRP_REDIS_PREFIX`.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `{p}:feed:{user_id}` | sorted set | the user's newsfeed: member `"{newsfeed_id}:{tweet_id}"`, score = created_at in µs |
+//! | `{p}:utl:{user_id}` | sorted set | the user's own tweets: member `"{tweet_id}"`, score = created_at in µs |
+//! | `{list}:gen` | string (integer) | generation of a list, bumped by every write to it (see `cache::lists`) |
+//! | `{p}:tweet:{id}` | string | tweet object JSON, or the tombstone `-` once deleted |
+//! | `{p}:user:{id}` | string | `"{version}\|{user JSON}"` |
+
+use std::fmt;
+
+/// A cached timeline list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ListKey {
+    /// The newsfeed (home timeline) of a user.
+    Newsfeed(i64),
+    /// The tweets a user wrote (user timeline).
+    UserTweets(i64),
+}
+
+/// Builds keys under one prefix.
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// Keys under `prefix` (e.g. `chirp`).
+    pub fn new(prefix: &str) -> Self {
+        Keys {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// The sorted set of a list.
+    pub fn list(&self, list: ListKey) -> String {
+        match list {
+            ListKey::Newsfeed(id) => format!("{}:feed:{id}", self.prefix),
+            ListKey::UserTweets(id) => format!("{}:utl:{id}", self.prefix),
+        }
+    }
+
+    /// The generation counter of a list.
+    pub fn gen_of(list_key: &str) -> String {
+        format!("{list_key}:gen")
+    }
+
+    /// A tweet object.
+    pub fn tweet(&self, id: i64) -> String {
+        format!("{}:tweet:{id}", self.prefix)
+    }
+
+    /// A user object.
+    pub fn user(&self, id: i64) -> String {
+        format!("{}:user:{id}", self.prefix)
+    }
+
+    /// The prefix itself (for `SCAN MATCH {prefix}:*`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+impl fmt::Display for ListKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListKey::Newsfeed(id) => write!(f, "newsfeed of user {id}"),
+            ListKey::UserTweets(id) => write!(f, "tweets of user {id}"),
+        }
+    }
+}

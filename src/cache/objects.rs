@@ -1,0 +1,122 @@
+//! Per-object caches used for hydration: tweet objects (immutable until deleted, then a
+//! tombstone) and user objects (versioned, so a slow reader can not put back an old profile).
+
+use crate::cache::{Cache, CacheUnavailable, scripts};
+use crate::tweets::TweetRecord;
+use crate::users::UserRecord;
+
+/// The value a deleted tweet's object key holds, so no reader can cache the tweet again.
+pub const TOMBSTONE: &str = "-";
+
+/// What the cache knows of one object.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cached<T> {
+    /// Not cached (or unreadable): ask Postgres.
+    Miss,
+    /// Known to be deleted.
+    Deleted,
+    /// Cached.
+    Hit(T),
+}
+
+impl Cache {
+    /// Tweet objects for `ids`, in order, in one `MGET`.
+    pub async fn get_tweets(
+        &self,
+        ids: &[i64],
+    ) -> Result<Vec<Cached<TweetRecord>>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = ids.iter().map(|id| keys.tweet(*id)).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET").arg(&names);
+        let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
+        Ok(values
+            .into_iter()
+            .map(|v| match v.as_deref() {
+                None => Cached::Miss,
+                Some(TOMBSTONE) => Cached::Deleted,
+                Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
+            })
+            .collect())
+    }
+
+    /// Caches tweets loaded from Postgres (`SET NX`: a tombstone written meanwhile wins) and
+    /// tombstones for ids Postgres did not have. Best effort.
+    pub async fn put_tweets(&self, rows: &[TweetRecord], missing: &[i64]) {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        for row in rows {
+            let Ok(json) = serde_json::to_string(row) else {
+                continue;
+            };
+            pipe.cmd("SET")
+                .arg(keys.tweet(row.id))
+                .arg(json)
+                .arg("NX")
+                .arg("EX")
+                .arg(ttl)
+                .ignore();
+        }
+        for id in missing {
+            pipe.cmd("SET")
+                .arg(keys.tweet(*id))
+                .arg(TOMBSTONE)
+                .arg("EX")
+                .arg(ttl)
+                .ignore();
+        }
+        let _ = self.run::<()>(&pipe).await;
+    }
+
+    /// User objects for `ids`, in order, in one `MGET`.
+    pub async fn get_users(
+        &self,
+        ids: &[i64],
+    ) -> Result<Vec<Option<UserRecord>>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let names: Vec<String> = ids.iter().map(|id| keys.user(*id)).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET").arg(&names);
+        let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
+        Ok(values
+            .into_iter()
+            .map(|v| {
+                let (_, json) = v.as_deref()?.split_once('|')?;
+                serde_json::from_str(json).ok()
+            })
+            .collect())
+    }
+
+    /// Caches users loaded from Postgres unless a newer version is cached. Best effort.
+    pub async fn put_users(&self, rows: &[UserRecord]) {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return;
+        };
+        if rows.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        for row in rows {
+            let Ok(json) = serde_json::to_string(row) else {
+                continue;
+            };
+            pipe.invoke_script(
+                scripts::SET_IF_NEWER
+                    .key(keys.user(row.id))
+                    .arg(row.version)
+                    .arg(format!("{}|{json}", row.version))
+                    .arg(ttl),
+            )
+            .ignore();
+        }
+        let _ = self.run::<()>(&pipe).await;
+    }
+}

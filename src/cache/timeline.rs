@@ -1,0 +1,327 @@
+//! The cache-aside read path of timelines (a user's newsfeed and a user's own tweets).
+//!
+//! 1. Read the requested range from the cached sorted set (one round trip).
+//! 2. On a miss, take the list's single-flight lock, load the newest `CHIRP_CACHE_LIST_LIMIT`
+//!    entries from Postgres (one indexed query), store them with `FILL` (guarded by the list's
+//!    generation), and answer from what was loaded.
+//! 3. Hydrate the entries: tweet objects with one `MGET`, misses with one Postgres query; users
+//!    the same way. Entries whose tweet was deleted are removed and the read is retried.
+//! 4. If the cached window ends before the page does (the list is incomplete and the cursor
+//!    reaches below its floor), continue in Postgres with `created_at < floor`: the list holds
+//!    exactly the items at or above its floor, so the merge neither skips nor repeats.
+//!
+//! Any Redis failure makes the whole read fall back to one Postgres query.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use sqlx::PgPool;
+
+use crate::cache::objects::Cached;
+use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
+use crate::newsfeeds;
+use crate::pagination::PageRequest;
+use crate::time::{self, Timestamp};
+use crate::tweets::{self, TweetRecord};
+use crate::users::{self, UserRecord};
+
+/// A reference to one item of a timeline: what a cached list entry encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct ListEntry {
+    /// The newsfeed row id (newsfeeds) or the tweet id (user tweets).
+    pub id: i64,
+    pub tweet_id: i64,
+    pub created_at: Timestamp,
+}
+
+impl ListEntry {
+    /// The member of this entry in a newsfeed list: `"{newsfeed_id}:{tweet_id}"`.
+    pub fn newsfeed_member(&self) -> String {
+        format!("{}:{}", self.id, self.tweet_id)
+    }
+
+    /// The member of this entry in `list`.
+    pub fn member(&self, list: ListKey) -> String {
+        match list {
+            ListKey::Newsfeed(_) => self.newsfeed_member(),
+            ListKey::UserTweets(_) => self.tweet_id.to_string(),
+        }
+    }
+
+    /// Decodes a member of `list` with its score (µs).
+    pub fn parse(list: ListKey, member: &str, score: i64) -> Option<Self> {
+        let created_at = time::from_micros(score);
+        match list {
+            ListKey::Newsfeed(_) => {
+                let (id, tweet_id) = member.split_once(':')?;
+                Some(ListEntry {
+                    id: id.parse().ok()?,
+                    tweet_id: tweet_id.parse().ok()?,
+                    created_at,
+                })
+            }
+            ListKey::UserTweets(_) => {
+                let id = member.parse().ok()?;
+                Some(ListEntry {
+                    id,
+                    tweet_id: id,
+                    created_at,
+                })
+            }
+        }
+    }
+}
+
+/// One hydrated timeline item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Item {
+    /// See [`ListEntry::id`].
+    pub id: i64,
+    pub created_at: Timestamp,
+    pub tweet: TweetRecord,
+    pub author: UserRecord,
+}
+
+/// A timeline row read from Postgres with its tweet and author joined in.
+#[derive(Debug, sqlx::FromRow)]
+pub struct FeedRow {
+    pub entry_id: i64,
+    pub created_at: Timestamp,
+    pub tweet_id: i64,
+    pub content: String,
+    pub author_id: i64,
+    pub username: String,
+    pub nickname: Option<String>,
+    pub avatar_url: Option<String>,
+    pub version: i64,
+}
+
+impl From<FeedRow> for Item {
+    fn from(r: FeedRow) -> Self {
+        Item {
+            id: r.entry_id,
+            created_at: r.created_at,
+            tweet: TweetRecord {
+                id: r.tweet_id,
+                user_id: r.author_id,
+                content: r.content,
+                created_at: r.created_at,
+            },
+            author: UserRecord {
+                id: r.author_id,
+                username: r.username,
+                nickname: r.nickname,
+                avatar_url: r.avatar_url,
+                version: r.version,
+            },
+        }
+    }
+}
+
+enum ReadError {
+    Cache,
+    Db(sqlx::Error),
+}
+
+impl From<CacheUnavailable> for ReadError {
+    fn from(_: CacheUnavailable) -> Self {
+        ReadError::Cache
+    }
+}
+
+impl From<sqlx::Error> for ReadError {
+    fn from(e: sqlx::Error) -> Self {
+        ReadError::Db(e)
+    }
+}
+
+/// Reads up to `req.want()` items of a timeline, newest first (one more than the page, so the
+/// caller can tell whether a next page exists).
+///
+/// # Errors
+/// Only Postgres errors; Redis errors fall back to Postgres.
+pub async fn read(
+    db: &PgPool,
+    cache: &Cache,
+    list: ListKey,
+    req: &PageRequest,
+) -> sqlx::Result<Vec<Item>> {
+    if cache.available() {
+        // A retry happens only after removing entries of deleted tweets from the list.
+        for _ in 0..3 {
+            match read_cached(db, cache, list, req).await {
+                Ok(Some(items)) => return Ok(items),
+                Ok(None) => continue,
+                Err(ReadError::Cache) => break,
+                Err(ReadError::Db(e)) => return Err(e),
+            }
+        }
+    }
+    load_page(db, list, req.lt, req.gt, req.want()).await
+}
+
+async fn read_cached(
+    db: &PgPool,
+    cache: &Cache,
+    list: ListKey,
+    req: &PageRequest,
+) -> Result<Option<Vec<Item>>, ReadError> {
+    let stats = cache.stats().ok_or(ReadError::Cache)?;
+    let want = req.want();
+    let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
+    let window = match cache.range(list, lt, gt, want).await? {
+        Some(w) => {
+            stats.hits.fetch_add(1, Ordering::Relaxed);
+            w
+        }
+        None => {
+            stats.misses.fetch_add(1, Ordering::Relaxed);
+            load_window(db, cache, list, req).await?
+        }
+    };
+    let entries: Vec<ListEntry> = window
+        .items
+        .iter()
+        .filter_map(|(member, score)| ListEntry::parse(list, member, *score))
+        .collect();
+    // The cache answers alone if it had a full page, holds everything, or the page ends above
+    // the floor of its window.
+    let covered = entries.len() >= want
+        || window.complete
+        || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
+
+    let (mut items, gone) = hydrate(db, cache, &entries).await?;
+    if !gone.is_empty() {
+        let members = gone.iter().map(|e| e.member(list)).collect();
+        cache.apply(db, vec![Update::Remove(list, members)]).await;
+        return Ok(None);
+    }
+    if !covered {
+        stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        let floor = window.floor.map(time::from_micros);
+        let below = match (req.lt, floor) {
+            (Some(lt), Some(floor)) => Some(lt.min(floor)),
+            (lt, floor) => lt.or(floor),
+        };
+        items.extend(load_page(db, list, below, req.gt, want - items.len()).await?);
+    }
+    Ok(Some(items))
+}
+
+/// The miss path: one load per list at a time; see the module docs.
+async fn load_window(
+    db: &PgPool,
+    cache: &Cache,
+    list: ListKey,
+    req: &PageRequest,
+) -> Result<Window, ReadError> {
+    let want = req.want();
+    let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
+    let flight = cache.flight(list).ok_or(ReadError::Cache)?;
+    let _loading = flight.acquire().await;
+    if let Some(window) = cache.range(list, lt, gt, want).await? {
+        return Ok(window); // another request loaded it while we waited
+    }
+    // Read the generation before the snapshot: a write committed after the snapshot bumps it,
+    // and FILL then refuses to store the stale load.
+    let generation = cache.generations(&[list]).await?.pop().flatten();
+    let limit = cache.list_limit();
+    let mut entries = load_entries(db, list, limit + 1).await?;
+    let complete = entries.len() <= limit;
+    entries.truncate(limit);
+    let scored: Vec<Scored> = entries
+        .iter()
+        .map(|e| (time::to_micros(e.created_at), e.member(list)))
+        .collect();
+    cache
+        .fill(list, generation.as_deref(), complete, &scored)
+        .await?;
+    Ok(Window {
+        complete,
+        floor: if complete {
+            None
+        } else {
+            scored.last().map(|(score, _)| *score)
+        },
+        items: entries
+            .iter()
+            .zip(scored)
+            .filter(|(e, _)| req.contains(e.created_at))
+            .take(want)
+            .map(|(_, (score, member))| (member, score))
+            .collect(),
+    })
+}
+
+/// Hydrates entries from the object caches, falling back to Postgres for misses. Returns the
+/// items in order and the entries whose tweet no longer exists.
+async fn hydrate(
+    db: &PgPool,
+    cache: &Cache,
+    entries: &[ListEntry],
+) -> Result<(Vec<Item>, Vec<ListEntry>), ReadError> {
+    let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
+    let cached = cache.get_tweets(&ids).await?;
+    let mut tweets: HashMap<i64, TweetRecord> = HashMap::with_capacity(ids.len());
+    let mut misses = Vec::new();
+    for (id, c) in ids.iter().zip(cached) {
+        match c {
+            Cached::Hit(t) => {
+                tweets.insert(*id, t);
+            }
+            Cached::Miss => misses.push(*id),
+            Cached::Deleted => {}
+        }
+    }
+    if !misses.is_empty() {
+        let loaded = tweets::records_by_ids(db, &misses).await?;
+        let absent: Vec<i64> = misses
+            .iter()
+            .copied()
+            .filter(|id| !loaded.iter().any(|t| t.id == *id))
+            .collect();
+        cache.put_tweets(&loaded, &absent).await;
+        tweets.extend(loaded.into_iter().map(|t| (t.id, t)));
+    }
+    let author_ids: Vec<i64> = tweets.values().map(|t| t.user_id).collect();
+    let authors = users::load_many(db, cache, &author_ids).await?;
+
+    let mut items = Vec::with_capacity(entries.len());
+    let mut gone = Vec::new();
+    for e in entries {
+        match tweets
+            .get(&e.tweet_id)
+            .and_then(|t| Some((t, authors.get(&t.user_id)?)))
+        {
+            Some((tweet, author)) => items.push(Item {
+                id: e.id,
+                created_at: e.created_at,
+                tweet: tweet.clone(),
+                author: author.clone(),
+            }),
+            None => gone.push(*e),
+        }
+    }
+    Ok((items, gone))
+}
+
+async fn load_entries(db: &PgPool, list: ListKey, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+    match list {
+        ListKey::Newsfeed(user) => newsfeeds::list_entries(db, user, limit).await,
+        ListKey::UserTweets(user) => tweets::list_entries(db, user, limit).await,
+    }
+}
+
+async fn load_page(
+    db: &PgPool,
+    list: ListKey,
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<Item>> {
+    let rows = match list {
+        ListKey::Newsfeed(user) => newsfeeds::list_page(db, user, lt, gt, limit).await?,
+        ListKey::UserTweets(user) => tweets::list_page(db, user, lt, gt, limit).await?,
+    };
+    Ok(rows.into_iter().map(Item::from).collect())
+}

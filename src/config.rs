@@ -1,0 +1,128 @@
+//! Command line and environment configuration (see the table in README.md and docs/API.md).
+
+use std::net::SocketAddr;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// `chirp`: a Twitter-like API with cache-aside newsfeeds over Postgres and Redis.
+#[derive(Debug, Parser)]
+#[command(name = "chirp", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    #[command(flatten)]
+    pub config: Config,
+}
+
+/// What the process runs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Apply migrations, then serve the HTTP API and run the fan-out worker in-process.
+    Serve,
+    /// Run only the fan-out worker (scale out by starting more of these).
+    Worker,
+    /// Create the database if missing and apply migrations, then exit.
+    Migrate,
+}
+
+/// Whether Redis is used at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CacheMode {
+    /// Cache-aside reads and write-through list updates in Redis.
+    On,
+    /// Serve everything from Postgres (the benchmark baseline); Redis is never contacted.
+    Off,
+}
+
+/// Every setting, as a flag with an environment variable.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Postgres URL; the database is created if missing.
+    #[arg(
+        long,
+        global = true,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/chirp"
+    )]
+    pub database_url: String,
+
+    /// Redis URL.
+    #[arg(
+        long,
+        global = true,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379/0"
+    )]
+    pub redis_url: String,
+
+    /// HTTP listen address.
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_LISTEN",
+        default_value = "127.0.0.1:8080"
+    )]
+    pub listen: SocketAddr,
+
+    /// Prefix of every Redis key, so several deployments or tests can share one Redis.
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_REDIS_PREFIX",
+        default_value = "chirp"
+    )]
+    pub redis_prefix: String,
+
+    /// Length cap (entries) of each cached Redis list (newsfeeds, user tweets).
+    #[arg(long, global = true, env = "CHIRP_CACHE_LIST_LIMIT", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub cache_list_limit: u32,
+
+    /// TTL in seconds of cached lists and objects.
+    #[arg(long, global = true, env = "CHIRP_CACHE_TTL_SECS", default_value_t = 604_800,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub cache_ttl_secs: u64,
+
+    /// Followers per fan-out batch (one set-based insert per batch).
+    #[arg(long, global = true, env = "CHIRP_FANOUT_BATCH_SIZE", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fanout_batch_size: u32,
+
+    /// `off` serves everything from Postgres (baseline for benchmarks).
+    #[arg(long, global = true, env = "CHIRP_CACHE", value_enum, default_value_t = CacheMode::On)]
+    pub cache: CacheMode,
+
+    /// Timeout in milliseconds of one Redis round trip; past it the request falls back to Postgres.
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_REDIS_TIMEOUT_MS",
+        default_value_t = 200
+    )]
+    pub redis_timeout_ms: u64,
+
+    /// Concurrent job runners in each worker (in `serve` and in `worker`).
+    #[arg(long, global = true, env = "CHIRP_WORKERS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub workers: u32,
+
+    /// Maximum Postgres connections of this process.
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_DB_MAX_CONNECTIONS",
+        default_value_t = 20
+    )]
+    pub db_max_connections: u32,
+}
+
+impl Config {
+    /// Defaults for everything, as if no flag or variable were set (used by tests and tools).
+    pub fn defaults() -> Self {
+        // An empty argument list can not fail to parse: every field has a default.
+        match Cli::try_parse_from(["chirp", "migrate"]) {
+            Ok(cli) => cli.config,
+            Err(e) => unreachable!("defaults must parse: {e}"),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Friendships: follow and unfollow (with their newsfeed backfill and unmerge jobs), and the
+//! followers / followings listings.
+
+use std::collections::{HashMap, HashSet};
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::cache::Cache;
+use crate::db;
+use crate::error::{ApiError, ApiResult};
+use crate::jobs;
+use crate::pagination::{Page, PageRequest};
+use crate::time::{self, Timestamp};
+use crate::users::{self, User};
+
+/// The public `Friendship` object: the other user, when the friendship began, and whether the
+/// caller follows that user.
+#[derive(Debug, Clone, Serialize)]
+pub struct Friendship {
+    pub user: User,
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+    pub has_followed: bool,
+}
+
+/// What a follow did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Followed {
+    /// A new friendship, begun at this time.
+    New(Timestamp),
+    /// Already following; nothing changed.
+    Duplicate,
+}
+
+async fn check_target(db: &PgPool, me: i64, target: i64) -> ApiResult<()> {
+    if !users::exists(db, target).await? {
+        return Err(ApiError::NotFound);
+    }
+    if me == target {
+        return Err(ApiError::field("user_id", "You can not follow yourself."));
+    }
+    Ok(())
+}
+
+/// Shifts both users' counts in one statement (rows lock in id order: no deadlock between
+/// opposite follows).
+async fn shift_counts(
+    tx: &mut sqlx::PgConnection,
+    follower: i64,
+    followee: i64,
+    by: i64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "update users set
+            followings_count = followings_count + case when id = $1 then $3 else 0 end,
+            followers_count = followers_count + case when id = $2 then $3 else 0 end
+         where id = any(array[$1, $2]::bigint[])",
+    )
+    .bind(follower)
+    .bind(followee)
+    .bind(by)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// `me` follows `target`; queues the newsfeed backfill.
+///
+/// # Errors
+/// 404 if `target` does not exist, 400 if it is `me`.
+pub async fn follow(db: &PgPool, me: i64, target: i64) -> ApiResult<Followed> {
+    check_target(db, me, target).await?;
+    let outcome =
+        db::with_unique_timestamp("friendships_created_at_key", |created_at| async move {
+            let mut tx = db.begin().await?;
+            let inserted: Option<Timestamp> = sqlx::query_scalar(
+                "insert into friendships (from_user_id, to_user_id, created_at) values ($1, $2, $3)
+             on conflict (from_user_id, to_user_id) do nothing returning created_at",
+            )
+            .bind(me)
+            .bind(target)
+            .bind(created_at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(created_at) = inserted else {
+                return Ok(Followed::Duplicate);
+            };
+            shift_counts(&mut tx, me, target, 1).await?;
+            jobs::enqueue_backfill(&mut tx, me, target).await?;
+            tx.commit().await?;
+            Ok(Followed::New(created_at))
+        })
+        .await?;
+    Ok(outcome)
+}
+
+/// `me` stops following `target`; queues the newsfeed unmerge. Returns rows deleted (0 or 1).
+///
+/// # Errors
+/// 404 if `target` does not exist, 400 if it is `me`.
+pub async fn unfollow(db: &PgPool, me: i64, target: i64) -> ApiResult<u64> {
+    check_target(db, me, target).await?;
+    let mut tx = db.begin().await?;
+    let deleted =
+        sqlx::query("delete from friendships where from_user_id = $1 and to_user_id = $2")
+            .bind(me)
+            .bind(target)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if deleted > 0 {
+        shift_counts(&mut tx, me, target, -1).await?;
+        jobs::enqueue_unmerge(&mut tx, me, target).await?;
+    }
+    tx.commit().await?;
+    Ok(deleted)
+}
+
+/// Which listing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Who follows the user.
+    Followers,
+    /// Whom the user follows.
+    Followings,
+}
+
+/// A page of a user's followers or followings, newest friendship first.
+///
+/// # Errors
+/// 404 if the user does not exist.
+pub async fn list(
+    db: &PgPool,
+    cache: &Cache,
+    user: i64,
+    direction: Direction,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> ApiResult<Page<Friendship>> {
+    if !users::exists(db, user).await? {
+        return Err(ApiError::NotFound);
+    }
+    let sql = match direction {
+        Direction::Followers => {
+            "select from_user_id, created_at from friendships where to_user_id = $1
+               and created_at < coalesce($2, 'infinity') and created_at > coalesce($3, '-infinity')
+             order by created_at desc limit $4"
+        }
+        Direction::Followings => {
+            "select to_user_id, created_at from friendships where from_user_id = $1
+               and created_at < coalesce($2, 'infinity') and created_at > coalesce($3, '-infinity')
+             order by created_at desc limit $4"
+        }
+    };
+    let rows: Vec<(i64, Timestamp)> = sqlx::query_as(sql)
+        .bind(user)
+        .bind(req.lt)
+        .bind(req.gt)
+        .bind(req.want() as i64)
+        .fetch_all(db)
+        .await?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let people: HashMap<i64, users::UserRecord> = users::load_many(db, cache, &ids).await?;
+    let followed: HashSet<i64> = match viewer {
+        Some(v) if !ids.is_empty() => sqlx::query_scalar(
+            "select to_user_id from friendships where from_user_id = $1 and to_user_id = any($2)",
+        )
+        .bind(v)
+        .bind(&ids)
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .collect(),
+        _ => HashSet::new(),
+    };
+    let items = rows
+        .into_iter()
+        .filter_map(|(id, created_at)| {
+            let user = people.get(&id)?.clone().into();
+            Some(Friendship {
+                user,
+                created_at,
+                has_followed: followed.contains(&id),
+            })
+        })
+        .collect();
+    Ok(Page::from_items(items, req))
+}

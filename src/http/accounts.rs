@@ -1,0 +1,61 @@
+//! `/api/accounts/*`: sign-up, login, logout, login status.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::accounts;
+use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::http::extract::{Auth, Fields, MaybeAuth};
+use crate::state::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/accounts/signup", post(signup))
+        .route("/api/accounts/login", post(login))
+        .route("/api/accounts/logout", post(logout))
+        .route("/api/accounts/login_status", get(login_status))
+}
+
+async fn signup(
+    State(state): State<AppState>,
+    fields: Fields,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let mut errors = FieldErrors::new();
+    let username = fields.required_text("username", &mut errors);
+    let email = fields.required_text("email", &mut errors);
+    let password = fields.required_text("password", &mut errors);
+    let (username, email, password) =
+        accounts::validate_signup(username, email, password, &mut errors)
+            .ok_or(ApiError::Validation(errors))?;
+    let (user, token) = accounts::signup(&state.db, &username, &email, password).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"success": true, "user": user, "token": token})),
+    ))
+}
+
+async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Json<Value>> {
+    let mut errors = FieldErrors::new();
+    let username = fields.required_text("username", &mut errors);
+    let password = fields.required_text("password", &mut errors);
+    let (Some(username), Some(password)) = (username, password) else {
+        return Err(ApiError::Validation(errors));
+    };
+    let (user, token) = accounts::login(&state.db, username.trim(), password).await?;
+    Ok(Json(json!({"success": true, "user": user, "token": token})))
+}
+
+async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
+    accounts::logout(&state.db, &auth.token).await?;
+    Ok(Json(json!({"success": true})))
+}
+
+async fn login_status(caller: MaybeAuth) -> Json<Value> {
+    match caller.0 {
+        Some(user) => Json(json!({"has_logged_in": true, "user": user})),
+        None => Json(json!({"has_logged_in": false})),
+    }
+}

@@ -1,0 +1,251 @@
+//! Extractors that turn every malformed input into the JSON errors of docs/API.md.
+
+use std::collections::HashMap;
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request};
+use axum::http::StatusCode;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::request::Parts;
+use serde_json::{Map, Value};
+
+use crate::accounts;
+use crate::error::{ApiError, FieldErrors};
+use crate::pagination::{PageQuery, PageRequest};
+use crate::state::AppState;
+use crate::users::User;
+
+/// A request body's fields, from JSON (an object) or an HTML form; an empty body has none.
+///
+/// Rejections: 413 over 64 KiB, 415 for another media type, 400 for a malformed body.
+#[derive(Debug, Default)]
+pub struct Fields(pub Map<String, Value>);
+
+impl<S: Send + Sync> FromRequest<S> for Fields {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
+        let body = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::Detail(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Request body is too large.".into(),
+                )
+            } else {
+                ApiError::field("body", "The request body could not be read.")
+            }
+        })?;
+        if content_type == "application/json" || content_type.ends_with("+json") {
+            match serde_json::from_slice::<Value>(&body) {
+                Ok(Value::Object(map)) => Ok(Fields(map)),
+                Ok(_) => Err(ApiError::field("body", "Expected a JSON object.")),
+                Err(e) => Err(ApiError::field("body", format!("JSON parse error: {e}"))),
+            }
+        } else if content_type == "application/x-www-form-urlencoded" {
+            let pairs: Vec<(String, String)> = serde_urlencoded::from_bytes(&body)
+                .map_err(|_| ApiError::field("body", "Malformed form data."))?;
+            Ok(Fields(
+                pairs
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            ))
+        } else if body.is_empty() {
+            Ok(Fields::default())
+        } else {
+            Err(ApiError::Detail(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("Unsupported media type \"{content_type}\" in request."),
+            ))
+        }
+    }
+}
+
+impl Fields {
+    /// Whether the field was sent at all (even as null).
+    pub fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
+    }
+
+    /// An optional text field: `None` if absent or null; a non-string is an error.
+    pub fn text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => {
+                errors
+                    .entry(name.into())
+                    .or_default()
+                    .push("Not a valid string.".into());
+                None
+            }
+        }
+    }
+
+    /// A required text field.
+    pub fn required_text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
+        if matches!(self.0.get(name), None | Some(Value::Null)) {
+            errors
+                .entry(name.into())
+                .or_default()
+                .push("This field is required.".into());
+            return None;
+        }
+        self.text(name, errors)
+    }
+
+    /// A required id: a JSON integer or a decimal string.
+    pub fn required_id(&self, name: &str, errors: &mut FieldErrors) -> Option<i64> {
+        let parsed = match self.0.get(name) {
+            None | Some(Value::Null) => {
+                errors
+                    .entry(name.into())
+                    .or_default()
+                    .push("This field is required.".into());
+                return None;
+            }
+            Some(Value::Number(n)) => n.as_i64(),
+            Some(Value::String(s)) => s.trim().parse().ok(),
+            Some(_) => None,
+        };
+        if parsed.is_none() {
+            errors
+                .entry(name.into())
+                .or_default()
+                .push("A valid integer is required.".into());
+        }
+        parsed
+    }
+}
+
+/// The query string as a map. Rejection: 400 for a malformed query string.
+#[derive(Debug, Default)]
+pub struct QueryMap(pub HashMap<String, String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryMap {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let RawQuery(raw) = RawQuery::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::field("query", "Malformed query string."))?;
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(raw.as_deref().unwrap_or(""))
+            .map_err(|_| ApiError::field("query", "Malformed query string."))?;
+        Ok(QueryMap(pairs.into_iter().collect()))
+    }
+}
+
+impl QueryMap {
+    /// The pagination parameters, validated.
+    pub fn page(&self) -> Result<PageRequest, ApiError> {
+        PageQuery {
+            lt: self.0.get("created_at__lt").cloned(),
+            gt: self.0.get("created_at__gt").cloned(),
+            page_size: self.0.get("page_size").cloned(),
+        }
+        .parse()
+    }
+
+    /// A required integer parameter (400 naming it if missing or malformed).
+    pub fn required_id(&self, name: &str) -> Result<i64, ApiError> {
+        match self.0.get(name).map(|v| v.trim()) {
+            None | Some("") => Err(ApiError::field(name, "This field is required.")),
+            Some(v) => v
+                .parse()
+                .map_err(|_| ApiError::field(name, "A valid integer is required.")),
+        }
+    }
+}
+
+/// A numeric id in the path; anything else is a 404 (no such resource).
+#[derive(Debug, Clone, Copy)]
+pub struct PathId(pub i64);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::NotFound)?;
+        raw.parse().map(PathId).map_err(|_| ApiError::NotFound)
+    }
+}
+
+fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
+    let Some(value) = parts.headers.get(AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let value = value.to_str().map_err(|_| ApiError::InvalidToken)?;
+    let mut words = value.split_whitespace();
+    match (words.next(), words.next(), words.next()) {
+        (Some(scheme), Some(token), None)
+            if scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token") =>
+        {
+            Ok(Some(token.to_owned()))
+        }
+        (Some(scheme), _, _)
+            if scheme.eq_ignore_ascii_case("bearer") || scheme.eq_ignore_ascii_case("token") =>
+        {
+            Err(ApiError::InvalidToken)
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The authenticated caller and the token used. Rejection: 401.
+#[derive(Debug, Clone)]
+pub struct Auth {
+    pub user: User,
+    pub token: String,
+}
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let token = bearer(parts)?.ok_or(ApiError::Unauthenticated)?;
+        let user = accounts::authenticate(&state.db, &token).await?;
+        Ok(Auth { user, token })
+    }
+}
+
+/// The caller if a token was sent (a bad token is still a 401), else anonymous.
+#[derive(Debug, Clone)]
+pub struct MaybeAuth(pub Option<User>);
+
+impl FromRequestParts<AppState> for MaybeAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        match bearer(parts)? {
+            None => Ok(MaybeAuth(None)),
+            Some(token) => Ok(MaybeAuth(Some(
+                accounts::authenticate(&state.db, &token).await?,
+            ))),
+        }
+    }
+}
+
+impl MaybeAuth {
+    /// The caller's id, if any.
+    pub fn id(&self) -> Option<i64> {
+        self.0.as_ref().map(|u| u.id)
+    }
+}

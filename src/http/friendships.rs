@@ -1,0 +1,100 @@
+//! `/api/friendships/{user_id}/*`: follow, unfollow, followers, followings.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::error::{ApiError, ApiResult};
+use crate::friendships::{self, Direction, Followed, Friendship};
+use crate::http::extract::{Auth, MaybeAuth, PathId, QueryMap};
+use crate::pagination::Page;
+use crate::state::AppState;
+use crate::users;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/friendships/{id}/follow", post(follow))
+        .route("/api/friendships/{id}/unfollow", post(unfollow))
+        .route("/api/friendships/{id}/followers", get(followers))
+        .route("/api/friendships/{id}/followings", get(followings))
+}
+
+async fn follow(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(target): PathId,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    match friendships::follow(&state.db, auth.user.id, target).await? {
+        Followed::Duplicate => Ok((
+            StatusCode::CREATED,
+            Json(json!({"success": true, "duplicate": true})),
+        )),
+        Followed::New(created_at) => {
+            state.worker.wake.notify_one();
+            let user = users::load_many(&state.db, &state.cache, &[target])
+                .await?
+                .remove(&target)
+                .ok_or(ApiError::NotFound)?;
+            let friendship = Friendship {
+                user: user.into(),
+                created_at,
+                has_followed: true,
+            };
+            Ok((StatusCode::CREATED, Json(json!(friendship))))
+        }
+    }
+}
+
+async fn unfollow(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(target): PathId,
+) -> ApiResult<Json<Value>> {
+    let deleted = friendships::unfollow(&state.db, auth.user.id, target).await?;
+    if deleted > 0 {
+        state.worker.wake.notify_one();
+    }
+    Ok(Json(json!({"success": true, "deleted": deleted})))
+}
+
+async fn followers(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    PathId(user): PathId,
+    query: QueryMap,
+) -> ApiResult<Json<Page<Friendship>>> {
+    let req = query.page()?;
+    Ok(Json(
+        friendships::list(
+            &state.db,
+            &state.cache,
+            user,
+            Direction::Followers,
+            &req,
+            caller.id(),
+        )
+        .await?,
+    ))
+}
+
+async fn followings(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    PathId(user): PathId,
+    query: QueryMap,
+) -> ApiResult<Json<Page<Friendship>>> {
+    let req = query.page()?;
+    Ok(Json(
+        friendships::list(
+            &state.db,
+            &state.cache,
+            user,
+            Direction::Followings,
+            &req,
+            caller.id(),
+        )
+        .await?,
+    ))
+}

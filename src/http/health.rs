@@ -1,0 +1,62 @@
+//! `/healthz` (dependencies) and `/livez` (the process only).
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::state::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/livez", get(livez))
+}
+
+/// 200 if Postgres answers (503 if not); `redis` is `ok`, `down`, or `off` with
+/// `CHIRP_CACHE=off`. Also reports the cache's counters since start.
+async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
+    let pg = tokio::time::timeout(
+        Duration::from_secs(2),
+        sqlx::query("select 1").execute(&state.db),
+    )
+    .await;
+    let pg_ok = matches!(pg, Ok(Ok(_)));
+    let redis = if !state.cache.enabled() {
+        "off"
+    } else if state.cache.available() && state.cache.ping().await {
+        "ok"
+    } else {
+        "down"
+    };
+    let cache = state.cache.stats().map(|s| {
+        json!({
+            "hits": s.hits.load(Ordering::Relaxed),
+            "misses": s.misses.load(Ordering::Relaxed),
+            "loads": s.loads.load(Ordering::Relaxed),
+            "fallbacks": s.fallbacks.load(Ordering::Relaxed),
+            "errors": s.errors.load(Ordering::Relaxed),
+        })
+    });
+    let status = if pg_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if pg_ok { "ok" } else { "error" },
+        "postgres": if pg_ok { "ok" } else { "down" },
+        "redis": redis,
+        "cache": cache,
+    });
+    (status, Json(body))
+}
+
+/// Always 200 without touching Postgres or Redis: the HTTP stack's ceiling in benchmarks.
+async fn livez() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}

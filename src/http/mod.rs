@@ -1,0 +1,81 @@
+//! The HTTP API: one router per module, merged here, with the layers every route shares.
+
+pub mod accounts;
+pub mod extract;
+pub mod friendships;
+pub mod health;
+pub mod newsfeeds;
+pub mod tweets;
+pub mod users;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use tower::Layer;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Largest request body accepted, in bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Time limit of one request.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The API as a service: every route with and without its trailing slash.
+pub fn app(state: AppState) -> NormalizePath<Router> {
+    NormalizePathLayer::trim_trailing_slash().layer(router(state))
+}
+
+/// Every route and layer (paths without the trailing slash; see [`app`]).
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(accounts::router())
+        .merge(users::router())
+        .merge(tweets::router())
+        .merge(newsfeeds::router())
+        .merge(friendships::router())
+        .merge(health::router())
+        .fallback(|| async { ApiError::NotFound })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(CatchPanicLayer::new())
+        .layer(TraceLayer::new_for_http())
+        .layer(middleware::from_fn(json_errors))
+        .with_state(state)
+}
+
+/// Gives every error that a layer or axum itself produced (405, 413, timeouts, panics) the JSON
+/// body of docs/API.md.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let detail = match status {
+        StatusCode::NOT_FOUND => return ApiError::NotFound.into_response(),
+        StatusCode::METHOD_NOT_ALLOWED => return ApiError::MethodNotAllowed.into_response(),
+        StatusCode::PAYLOAD_TOO_LARGE => "Request body is too large.",
+        StatusCode::SERVICE_UNAVAILABLE => "Request timed out.",
+        StatusCode::INTERNAL_SERVER_ERROR => "Internal server error.",
+        s => s.canonical_reason().unwrap_or("Error."),
+    };
+    ApiError::Detail(status, detail.to_owned()).into_response()
+}

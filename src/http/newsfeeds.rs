@@ -1,0 +1,47 @@
+//! `/api/newsfeeds/`: the caller's newsfeed.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::cache::{ListKey, timeline};
+use crate::error::ApiResult;
+use crate::http::extract::{Auth, QueryMap};
+use crate::pagination::Page;
+use crate::state::AppState;
+use crate::time::{self, Timestamp};
+use crate::tweets::Tweet;
+
+/// The public `NewsFeed` object.
+#[derive(Debug, Serialize)]
+pub struct NewsFeed {
+    pub id: i64,
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+    pub tweet: Tweet,
+}
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/newsfeeds", get(list))
+}
+
+async fn list(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryMap,
+) -> ApiResult<Json<Page<NewsFeed>>> {
+    let req = query.page()?;
+    let items = timeline::read(
+        &state.db,
+        &state.cache,
+        ListKey::Newsfeed(auth.user.id),
+        &req,
+    )
+    .await?;
+    Ok(Json(Page::from_items(items, &req).map(|i| NewsFeed {
+        id: i.id,
+        created_at: i.created_at,
+        tweet: Tweet::new(i.tweet, i.author.into()),
+    })))
+}

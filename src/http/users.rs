@@ -1,0 +1,88 @@
+//! `/api/users/{id}`: profiles.
+
+use axum::extract::State;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::http::extract::{Auth, Fields, PathId};
+use crate::state::AppState;
+use crate::users::{self, Profile, ProfileEdit};
+
+/// Longest nickname, in characters.
+pub const MAX_NICKNAME: usize = 50;
+/// Longest avatar URL, in bytes.
+pub const MAX_AVATAR_URL: usize = 500;
+
+pub fn router() -> Router<AppState> {
+    Router::new().route("/api/users/{id}", get(profile).patch(update))
+}
+
+async fn profile(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Profile>> {
+    users::profile(&state.db, id)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::NotFound)
+}
+
+fn is_http_url(url: &str) -> bool {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"));
+    let Some(rest) = rest else { return false };
+    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+    !host.is_empty() && !url.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+async fn update(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(id): PathId,
+    fields: Fields,
+) -> ApiResult<Json<Profile>> {
+    if !users::exists(&state.db, id).await? {
+        return Err(ApiError::NotFound);
+    }
+    if auth.user.id != id {
+        return Err(ApiError::Forbidden);
+    }
+    let mut errors = FieldErrors::new();
+    let mut edit = ProfileEdit::default();
+    if fields.has("nickname") {
+        let nickname = fields
+            .text("nickname", &mut errors)
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty());
+        if nickname
+            .as_ref()
+            .is_some_and(|n| n.chars().count() > MAX_NICKNAME)
+        {
+            errors.entry("nickname".into()).or_default().push(format!(
+                "Ensure this field has no more than {MAX_NICKNAME} characters."
+            ));
+        }
+        edit.nickname = Some(nickname);
+    }
+    if fields.has("avatar_url") {
+        let url = fields
+            .text("avatar_url", &mut errors)
+            .map(|u| u.trim().to_owned())
+            .filter(|u| !u.is_empty());
+        if url
+            .as_ref()
+            .is_some_and(|u| u.len() > MAX_AVATAR_URL || !is_http_url(u))
+        {
+            errors.entry("avatar_url".into()).or_default().push(format!(
+                "Enter a valid http(s) URL of at most {MAX_AVATAR_URL} characters."
+            ));
+        }
+        edit.avatar_url = Some(url);
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    users::update_profile(&state.db, &state.cache, id, edit)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::NotFound)
+}

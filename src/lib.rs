@@ -1,0 +1,18 @@
+//! chirp: a backend for Twitter-like apps, with cache-aside Redis timelines over Postgres and
+//! fan-out-on-write newsfeeds. See README.md for the architecture and docs/API.md for the API.
+
+pub mod accounts;
+pub mod cache;
+pub mod config;
+pub mod db;
+pub mod error;
+pub mod friendships;
+pub mod http;
+pub mod jobs;
+pub mod newsfeeds;
+pub mod pagination;
+pub mod startup;
+pub mod state;
+pub mod time;
+pub mod tweets;
+pub mod users;

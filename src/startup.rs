@@ -1,0 +1,146 @@
+//! Building and running the processes: `serve`, `worker`, `migrate`.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use axum::ServiceExt;
+use axum::extract::Request;
+use clap::Parser;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing_subscriber::EnvFilter;
+
+use crate::cache::outbox;
+use crate::config::{Cli, Command, Config};
+use crate::db;
+use crate::http;
+use crate::state::AppState;
+
+/// The API server: a bound listener and its state.
+pub struct Application {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Application {
+    /// Creates the database if missing, migrates it, and binds `CHIRP_LISTEN` (port 0 picks a
+    /// free port).
+    pub async fn build(config: Config) -> anyhow::Result<Self> {
+        let db = db::migrate(&config).await?;
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("binding {}", config.listen))?;
+        let state = AppState::new(db, config)?;
+        Ok(Application { listener, state })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until `shutdown` resolves, with the fan-out worker and the cache monitor running
+    /// in-process; in-flight requests and jobs finish before it returns.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let state = self.state;
+        let (stop, stopped) = watch::channel(false);
+        let monitor = tokio::spawn(outbox::monitor(
+            state.cache.clone(),
+            state.db.clone(),
+            stopped.clone(),
+        ));
+        let worker = tokio::spawn(
+            state
+                .worker
+                .clone()
+                .run(state.config.workers as usize, stopped),
+        );
+        tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
+        let app = http::app(state);
+        axum::serve(self.listener, ServiceExt::<Request>::into_make_service(app))
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: finishing requests and jobs");
+                let _ = stop.send(true);
+            })
+            .await
+            .context("serving HTTP")?;
+        let _ = worker.await;
+        let _ = monitor.await;
+        Ok(())
+    }
+}
+
+/// Runs only the job worker (and the cache monitor) until `shutdown`.
+pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+    let db = db::migrate(&config).await?;
+    let state = AppState::new(db, config)?;
+    let (stop, stopped) = watch::channel(false);
+    let monitor = tokio::spawn(outbox::monitor(
+        state.cache.clone(),
+        state.db.clone(),
+        stopped.clone(),
+    ));
+    let worker = tokio::spawn(
+        state
+            .worker
+            .clone()
+            .run(state.config.workers as usize, stopped),
+    );
+    tracing::info!(runners = state.config.workers, "chirp worker running");
+    shutdown.await;
+    tracing::info!("shutting down: finishing jobs");
+    let _ = stop.send(true);
+    let _ = worker.await;
+    let _ = monitor.await;
+    Ok(())
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
+/// The `chirp` command.
+pub async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Migrate => {
+            db::migrate(&cli.config).await?;
+            tracing::info!("migrations applied");
+            Ok(())
+        }
+        Command::Serve => {
+            Application::build(cli.config)
+                .await?
+                .run(shutdown_signal())
+                .await
+        }
+        Command::Worker => run_worker(cli.config, shutdown_signal()).await,
+    }
+}

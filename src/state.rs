@@ -1,0 +1,42 @@
+//! The state every handler shares.
+
+use std::sync::Arc;
+
+use sqlx::PgPool;
+use tokio::sync::Notify;
+
+use crate::cache::Cache;
+use crate::config::Config;
+use crate::jobs::Worker;
+
+/// Postgres, the cache, the job worker handle and the configuration; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    pub db: PgPool,
+    pub cache: Cache,
+    pub worker: Worker,
+    pub config: Arc<Config>,
+}
+
+impl AppState {
+    /// State over an open pool. Builds the cache from `config` (no connection is made yet).
+    ///
+    /// # Errors
+    /// A malformed `REDIS_URL`.
+    pub fn new(db: PgPool, config: Config) -> anyhow::Result<Self> {
+        let cache = Cache::new(&config)?;
+        let worker = Worker {
+            db: db.clone(),
+            cache: cache.clone(),
+            batch_size: config.fanout_batch_size as usize,
+            backfill_limit: config.cache_list_limit as usize,
+            wake: Arc::new(Notify::new()),
+        };
+        Ok(AppState {
+            db,
+            cache,
+            worker,
+            config: Arc::new(config),
+        })
+    }
+}

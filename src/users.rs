@@ -1,0 +1,158 @@
+//! Users and profiles: the `User` and `Profile` objects, user hydration, profile edits.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::cache::{Cache, Update};
+use crate::time::{self, Timestamp};
+
+/// The public `User` object: `{"id", "username", "nickname", "avatar_url"}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct User {
+    pub id: i64,
+    pub username: String,
+    pub nickname: Option<String>,
+    pub avatar_url: Option<String>,
+}
+
+/// A user as stored and cached: [`User`] plus the version that orders profile edits.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
+pub struct UserRecord {
+    pub id: i64,
+    pub username: String,
+    pub nickname: Option<String>,
+    pub avatar_url: Option<String>,
+    pub version: i64,
+}
+
+impl From<UserRecord> for User {
+    fn from(r: UserRecord) -> Self {
+        User {
+            id: r.id,
+            username: r.username,
+            nickname: r.nickname,
+            avatar_url: r.avatar_url,
+        }
+    }
+}
+
+/// The public `Profile` object: [`User`] plus counts and the sign-up time.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct Profile {
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub user: ProfileUser,
+    pub followers_count: i64,
+    pub followings_count: i64,
+    pub tweets_count: i64,
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+}
+
+/// The [`User`] part of a [`Profile`] row.
+#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+pub struct ProfileUser {
+    pub id: i64,
+    pub username: String,
+    pub nickname: Option<String>,
+    pub avatar_url: Option<String>,
+}
+
+/// The profile of user `id`, if it exists.
+pub async fn profile(db: &PgPool, id: i64) -> sqlx::Result<Option<Profile>> {
+    sqlx::query_as(
+        "select id, username, nickname, avatar_url, followers_count, followings_count, tweets_count, created_at
+         from users where id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await
+}
+
+/// Whether user `id` exists.
+pub async fn exists(db: &PgPool, id: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar("select exists (select 1 from users where id = $1)")
+        .bind(id)
+        .fetch_one(db)
+        .await
+}
+
+/// A profile edit: `Some(None)` clears a field, `None` leaves it.
+#[derive(Debug, Default)]
+pub struct ProfileEdit {
+    pub nickname: Option<Option<String>>,
+    pub avatar_url: Option<Option<String>>,
+}
+
+/// Applies a profile edit, bumps the user's version and drops the cached user object.
+pub async fn update_profile(
+    db: &PgPool,
+    cache: &Cache,
+    id: i64,
+    edit: ProfileEdit,
+) -> sqlx::Result<Option<Profile>> {
+    let updated: Option<(i64,)> = sqlx::query_as(
+        "update users set
+            nickname = case when $2 then $3 else nickname end,
+            avatar_url = case when $4 then $5 else avatar_url end,
+            version = version + 1
+         where id = $1 returning id",
+    )
+    .bind(id)
+    .bind(edit.nickname.is_some())
+    .bind(edit.nickname.flatten())
+    .bind(edit.avatar_url.is_some())
+    .bind(edit.avatar_url.flatten())
+    .fetch_optional(db)
+    .await?;
+    if updated.is_none() {
+        return Ok(None);
+    }
+    cache.apply(db, vec![Update::UserChanged(id)]).await;
+    profile(db, id).await
+}
+
+/// Users by id, from the user object cache where possible and from Postgres (one query) for
+/// the rest, which are then cached. Unknown ids are absent from the map.
+pub async fn load_many(
+    db: &PgPool,
+    cache: &Cache,
+    ids: &[i64],
+) -> sqlx::Result<HashMap<i64, UserRecord>> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let mut found = HashMap::with_capacity(ids.len());
+    let mut missing = Vec::new();
+    match cache.available() {
+        true => match cache.get_users(&ids).await {
+            Ok(cached) => {
+                for (id, user) in ids.iter().zip(cached) {
+                    match user {
+                        Some(u) => {
+                            found.insert(*id, u);
+                        }
+                        None => missing.push(*id),
+                    }
+                }
+            }
+            Err(_) => missing = ids.clone(),
+        },
+        false => missing = ids.clone(),
+    }
+    if !missing.is_empty() {
+        let rows: Vec<UserRecord> = sqlx::query_as(
+            "select id, username, nickname, avatar_url, version from users where id = any($1)",
+        )
+        .bind(&missing)
+        .fetch_all(db)
+        .await?;
+        if cache.available() {
+            cache.put_users(&rows).await;
+        }
+        found.extend(rows.into_iter().map(|r| (r.id, r)));
+    }
+    Ok(found)
+}

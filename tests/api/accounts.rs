@@ -1,0 +1,199 @@
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::TestApp;
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn signup_returns_the_user_and_a_working_token(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app
+        .post(
+            "/api/accounts/signup/",
+            None,
+            json!({"username": "Alice_1", "email": "A@Example.com", "password": "12345678"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED);
+    assert_eq!(res.body["success"], true);
+    assert_eq!(res.body["user"]["username"], "alice_1");
+    assert_eq!(res.body["user"]["nickname"], json!(null));
+    assert_eq!(res.body["user"]["avatar_url"], json!(null));
+    let token = res.body["token"].as_str().unwrap();
+    let status = app.get("/api/accounts/login_status/", Some(token)).await;
+    assert_eq!(status.body["has_logged_in"], true);
+    assert_eq!(status.body["user"]["username"], "alice_1");
+    // Only a hash of the token is stored.
+    let stored: i64 =
+        sqlx::query_scalar("select count(*) from auth_tokens where token_hash = $1::bytea")
+            .bind(token.as_bytes())
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+    assert_eq!(stored, 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn signup_rejects_bad_input_with_field_errors_and_creates_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let cases = [
+        (
+            json!({"username": "ab", "email": "a@b.io", "password": "12345678"}),
+            "username",
+        ),
+        (
+            json!({"username": "bad name", "email": "a@b.io", "password": "12345678"}),
+            "username",
+        ),
+        (
+            json!({"username": "x".repeat(31), "email": "a@b.io", "password": "12345678"}),
+            "username",
+        ),
+        (
+            json!({"username": "alice", "email": "not-an-email", "password": "12345678"}),
+            "email",
+        ),
+        (
+            json!({"username": "alice", "email": "a@b.io", "password": "short"}),
+            "password",
+        ),
+        (
+            json!({"username": "alice", "email": "a@b.io", "password": "p".repeat(129)}),
+            "password",
+        ),
+        (json!({"username": "alice", "email": "a@b.io"}), "password"),
+        (
+            json!({"username": 12345, "email": "a@b.io", "password": "12345678"}),
+            "username",
+        ),
+    ];
+    for (body, field) in cases {
+        let res = app.post("/api/accounts/signup/", None, body.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(res.body["success"], false);
+        assert_eq!(res.body["message"], "Please check input");
+        assert!(
+            res.body["errors"][field].is_array(),
+            "{body} -> {}",
+            res.body
+        );
+    }
+    let res = app
+        .request(
+            axum::http::Method::POST,
+            "/api/accounts/signup/",
+            None,
+            Some(json!([1, 2])),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    let users: i64 = sqlx::query_scalar("select count(*) from users")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(users, 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn usernames_and_emails_are_unique_ignoring_case(db: PgPool) {
+    let app = TestApp::new(db).await;
+    app.signup("alice").await;
+    let res = app
+        .post(
+            "/api/accounts/signup/",
+            None,
+            json!({"username": "ALICE", "email": "other@example.com", "password": "12345678"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["username"].is_array());
+    let res = app
+        .post(
+            "/api/accounts/signup/",
+            None,
+            json!({"username": "bob", "email": "ALICE@example.COM", "password": "12345678"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["email"].is_array());
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn form_bodies_work_like_json(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let req = Request::post("/api/accounts/signup")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from(
+            "username=carol&email=carol%40example.com&password=12345678",
+        ))
+        .unwrap();
+    let res = app.send(req).await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let req = Request::post("/api/accounts/login/")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("username=Carol&password=12345678"))
+        .unwrap();
+    let res = app.send(req).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["user"]["username"], "carol");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn login_with_a_wrong_pair_is_a_400_and_logout_revokes_the_token(db: PgPool) {
+    let app = TestApp::new(db).await;
+    app.signup("dave").await;
+    for body in [
+        json!({"username": "dave", "password": "wrong password"}),
+        json!({"username": "nobody", "password": "12345678"}),
+    ] {
+        let res = app.post("/api/accounts/login/", None, body).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST);
+        assert_eq!(
+            res.body,
+            json!({"success": false, "message": "username and password does not match"})
+        );
+    }
+    let res = app
+        .post("/api/accounts/login/", None, json!({"username": "dave"}))
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["password"].is_array());
+
+    let res = app
+        .post(
+            "/api/accounts/login/",
+            None,
+            json!({"username": "dave", "password": "correct horse"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    let token = res.body["token"].as_str().unwrap().to_owned();
+    let res = app
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.body, json!({"success": true}));
+    let res = app.get("/api/newsfeeds/", Some(&token)).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(res.body, json!({"detail": "Invalid token."}));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn missing_and_bad_tokens_are_401s(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app.get("/api/newsfeeds/", None).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        res.body,
+        json!({"detail": "Authentication credentials were not provided."})
+    );
+    for token in ["garbage", &"a".repeat(43), "x y"] {
+        let res = app.get("/api/newsfeeds/", Some(token)).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{token}");
+        assert_eq!(res.body, json!({"detail": "Invalid token."}));
+    }
+    let res = app.post("/api/accounts/logout/", None, json!({})).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+    let res = app.get("/api/accounts/login_status/", None).await;
+    assert_eq!(res.body, json!({"has_logged_in": false}));
+}

@@ -1,0 +1,294 @@
+//! The cache-aside behaviour, observed through the API and by looking into Redis.
+
+use axum::http::StatusCode;
+use chirp::cache::ListKey;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, page_all, tweet_ids};
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_newsfeed_is_loaded_once_then_served_and_updated_in_redis(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    let first = app.tweet(&ta, "before any read").await["id"]
+        .as_i64()
+        .unwrap();
+    app.drain().await;
+    let bob_feed = ListKey::Newsfeed(2);
+    assert_eq!(
+        app.cached_members(bob_feed).await,
+        None,
+        "nothing cached before a read"
+    );
+
+    // Miss: loaded from Postgres, stored.
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![first]
+    );
+    assert_eq!((app.stat("misses"), app.stat("loads")), (1, 1));
+    let members = app
+        .cached_members(bob_feed)
+        .await
+        .expect("cached after the first read");
+    assert_eq!(
+        members.len(),
+        2,
+        "one entry and the completeness marker: {members:?}"
+    );
+
+    // Hit.
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![first]
+    );
+    assert_eq!((app.stat("hits"), app.stat("loads")), (1, 1));
+
+    // A write updates the cached list in place.
+    let second = app.tweet(&ta, "after").await["id"].as_i64().unwrap();
+    app.drain().await;
+    let members = app.cached_members(bob_feed).await.unwrap();
+    assert_eq!(members.len(), 3);
+    assert!(members[0].ends_with(&format!(":{second}")), "{members:?}");
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![second, first]
+    );
+    assert_eq!(app.stat("loads"), 1, "served without reloading");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn cached_lists_are_trimmed_to_the_limit_and_paging_continues_in_postgres(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 10).await;
+    let (alice, ta) = app.signup("alice").await;
+    let mut ids = Vec::new();
+    for i in 0..25 {
+        ids.push(
+            app.tweet(&ta, &format!("t{i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    ids.reverse();
+    let listing = format!("/api/tweets/?user_id={alice}");
+    app.get(&listing, None).await; // load
+    for i in 25..30 {
+        ids.insert(
+            0,
+            app.tweet(&ta, &format!("t{i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    let members = app
+        .cached_members(ListKey::UserTweets(alice))
+        .await
+        .unwrap();
+    assert_eq!(
+        members.len(),
+        10,
+        "trimmed to the limit, marker gone: {members:?}"
+    );
+    let expected: Vec<String> = ids[..10].iter().map(|i| i.to_string()).collect();
+    assert_eq!(members, expected);
+    assert_eq!(page_all(&app, &listing, None, 4).await, ids);
+    assert!(app.stat("fallbacks") > 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn thirty_concurrent_cold_reads_load_once_and_leave_no_duplicates(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    for i in 0..15 {
+        app.tweet(&ta, &format!("t{i}")).await;
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..30 {
+        let app_ = app.app.clone();
+        tasks.push(tokio::spawn(async move {
+            use tower::ServiceExt;
+            let req = axum::http::Request::get(format!("/api/tweets/?user_id={alice}"))
+                .body(axum::body::Body::empty())
+                .unwrap();
+            let res = app_.oneshot(req).await.unwrap();
+            assert_eq!(res.status(), StatusCode::OK);
+            http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .unwrap()
+                .to_bytes()
+        }));
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        bodies.push(t.await.unwrap());
+    }
+    assert!(
+        bodies.windows(2).all(|w| w[0] == w[1]),
+        "every reader saw the same page"
+    );
+    let members = app
+        .cached_members(ListKey::UserTweets(alice))
+        .await
+        .unwrap();
+    assert_eq!(members.len(), 16, "15 entries + marker, no duplicates");
+    assert_eq!(app.stat("loads"), 1, "one Postgres load for the stampede");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn paging_survives_a_cache_flush_in_the_middle(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 8).await;
+    let (alice, ta) = app.signup("alice").await;
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(
+            app.tweet(&ta, &format!("t{i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    ids.reverse();
+    let base = format!("/api/tweets/?user_id={alice}&page_size=6");
+    let page1 = app.get(&base, None).await.body;
+    assert_eq!(tweet_ids(&page1), ids[..6].to_vec());
+    app.flush_cache().await;
+    let last = page1["results"][5]["created_at"]
+        .as_str()
+        .unwrap()
+        .replace(':', "%3A");
+    let page2 = app
+        .get(&format!("{base}&created_at__lt={last}"), None)
+        .await
+        .body;
+    assert_eq!(tweet_ids(&page2), ids[6..12].to_vec());
+    app.flush_cache().await;
+    let last = page2["results"][5]["created_at"]
+        .as_str()
+        .unwrap()
+        .replace(':', "%3A");
+    let page3 = app
+        .get(&format!("{base}&created_at__lt={last}&page_size=100"), None)
+        .await
+        .body;
+    assert_eq!(tweet_ids(&page3), ids[12..].to_vec());
+}
+
+/// The warm path must not touch the tweets or newsfeeds tables. To prove it, the tables are
+/// renamed away: any query against them fails, which would turn the response into a 500.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_warm_first_page_queries_neither_tweets_nor_newsfeeds(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    for i in 0..30 {
+        app.tweet(&ta, &format!("t{i}")).await;
+    }
+    app.drain().await;
+    let feed = app.get("/api/newsfeeds/", Some(&tb)).await.body;
+    let tweets = app
+        .get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await
+        .body;
+
+    sqlx::query("alter table tweets rename to tweets_away")
+        .execute(app.db())
+        .await
+        .unwrap();
+    sqlx::query("alter table newsfeeds rename to newsfeeds_away")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let warm_feed = app.get("/api/newsfeeds/", Some(&tb)).await;
+    assert_eq!(warm_feed.status, StatusCode::OK, "{}", warm_feed.body);
+    assert_eq!(warm_feed.body, feed);
+    let warm_tweets = app
+        .get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
+    assert_eq!(warm_tweets.status, StatusCode::OK);
+    assert_eq!(warm_tweets.body, tweets);
+
+    // The control: a read that needs Postgres does fail while the tables are away.
+    app.flush_cache().await;
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&tb)).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    sqlx::query("alter table tweets_away rename to tweets")
+        .execute(app.db())
+        .await
+        .unwrap();
+    sqlx::query("alter table newsfeeds_away rename to newsfeeds")
+        .execute(app.db())
+        .await
+        .unwrap();
+    assert_eq!(app.get("/api/newsfeeds/", Some(&tb)).await.body, feed);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn deleting_a_tweet_removes_it_from_every_cached_list(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let mut readers = Vec::new();
+    for name in ["bob", "carol", "dave"] {
+        let (id, token) = app.signup(name).await;
+        app.follow(&token, alice).await;
+        readers.push((id, token));
+    }
+    let keep = app.tweet(&ta, "keep").await["id"].as_i64().unwrap();
+    let gone = app.tweet(&ta, "gone").await["id"].as_i64().unwrap();
+    app.drain().await;
+    // bob and carol have cached feeds; dave's is not cached.
+    for (_, token) in &readers[..2] {
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            vec![gone, keep]
+        );
+    }
+    app.get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
+
+    let res = app
+        .request(
+            axum::http::Method::DELETE,
+            &format!("/api/tweets/{gone}/"),
+            Some(&ta),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    for (id, token) in &readers {
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            vec![keep]
+        );
+        if let Some(members) = app.cached_members(ListKey::Newsfeed(*id)).await {
+            assert!(
+                !members.iter().any(|m| m.ends_with(&format!(":{gone}"))),
+                "{members:?}"
+            );
+        }
+    }
+    assert_eq!(
+        tweet_ids(
+            &app.get(&format!("/api/tweets/?user_id={alice}"), None)
+                .await
+                .body
+        ),
+        vec![keep]
+    );
+    assert_eq!(
+        app.cached_members(ListKey::UserTweets(alice))
+            .await
+            .unwrap(),
+        vec![keep.to_string(), "#".to_string()]
+    );
+    let mut r = app.redis().await;
+    let object: Option<String> = redis::cmd("GET")
+        .arg(app.state.cache.keys().unwrap().tweet(gone))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(object.as_deref(), Some("-"), "tombstone");
+}

@@ -1,0 +1,270 @@
+//! Test harness: a chirp app over the per-test database that `#[sqlx::test]` creates, with its own
+//! Redis key prefix, driven in-process with `tower::ServiceExt::oneshot`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use chirp::cache::{ListKey, outbox};
+use chirp::config::{CacheMode, Config};
+use chirp::state::AppState;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tower::ServiceExt;
+use tower_http::normalize_path::NormalizePath;
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+/// The Redis every test uses (`REDIS_URL`, default the local one).
+pub fn redis_url() -> String {
+    std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/0".into())
+}
+
+/// A Redis key prefix no other test (or earlier run) uses.
+pub fn unique_prefix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "chirptest:{}:{nanos}:{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Test configuration: defaults, a unique prefix, a short TTL so leftovers expire.
+pub fn test_config() -> Config {
+    let mut config = Config::defaults();
+    config.redis_url = redis_url();
+    config.redis_prefix = unique_prefix();
+    config.cache_ttl_secs = 600;
+    config
+}
+
+pub struct TestApp {
+    pub state: AppState,
+    pub app: NormalizePath<Router>,
+    pub prefix: String,
+}
+
+/// A response: status and JSON body (`Value::Null` if the body is not JSON).
+pub struct Res {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl TestApp {
+    /// An app with the cache on and Redis in use.
+    pub async fn new(db: PgPool) -> Self {
+        Self::with(db, |_| {}).await
+    }
+
+    /// An app with a modified test configuration.
+    pub async fn with(db: PgPool, tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = test_config();
+        tweak(&mut config);
+        let prefix = config.redis_prefix.clone();
+        let wants_cache = config.cache == CacheMode::On;
+        let state = AppState::new(db, config).expect("state");
+        if wants_cache {
+            // What the monitor does at start; false when Redis is unreachable on purpose.
+            outbox::recover(&state.cache, &state.db).await;
+        }
+        let app = chirp::http::app(state.clone());
+        TestApp { state, app, prefix }
+    }
+
+    pub fn db(&self) -> &PgPool {
+        &self.state.db
+    }
+
+    pub async fn request(
+        &self,
+        method: Method,
+        uri: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> Res {
+        let mut req = Request::builder().method(method).uri(uri);
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = match body {
+            Some(b) => req
+                .header("content-type", "application/json")
+                .body(Body::from(b.to_string())),
+            None => req.body(Body::empty()),
+        }
+        .expect("request");
+        self.send(req).await
+    }
+
+    pub async fn send(&self, req: Request<Body>) -> Res {
+        let res = self.app.clone().oneshot(req).await.expect("infallible");
+        let status = res.status();
+        let bytes = res.into_body().collect().await.expect("body").to_bytes();
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Res { status, body }
+    }
+
+    pub async fn get(&self, uri: &str, token: Option<&str>) -> Res {
+        self.request(Method::GET, uri, token, None).await
+    }
+
+    pub async fn post(&self, uri: &str, token: Option<&str>, body: Value) -> Res {
+        self.request(Method::POST, uri, token, Some(body)).await
+    }
+
+    /// Signs up `name` and returns `(id, token)`.
+    pub async fn signup(&self, name: &str) -> (i64, String) {
+        let res = self
+            .post(
+                "/api/accounts/signup/",
+                None,
+                json!({"username": name, "email": format!("{name}@example.com"), "password": "correct horse"}),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        (
+            res.body["user"]["id"].as_i64().expect("id"),
+            res.body["token"].as_str().expect("token").to_owned(),
+        )
+    }
+
+    /// Posts a tweet and returns its JSON.
+    pub async fn tweet(&self, token: &str, content: &str) -> Value {
+        let res = self
+            .post("/api/tweets/", Some(token), json!({"content": content}))
+            .await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        res.body
+    }
+
+    pub async fn follow(&self, token: &str, target: i64) {
+        let res = self
+            .post(
+                &format!("/api/friendships/{target}/follow/"),
+                Some(token),
+                json!({}),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    }
+
+    /// Runs every ready job (fan-out, backfill, unmerge) to completion.
+    pub async fn drain(&self) -> usize {
+        self.state.worker.run_until_idle().await.expect("jobs")
+    }
+
+    /// A direct Redis connection, to look at what the cache holds.
+    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(redis_url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis")
+    }
+
+    pub fn list_key(&self, list: ListKey) -> String {
+        self.state.cache.keys().expect("cache on").list(list)
+    }
+
+    /// Members of a cached list, newest first (`None`: not cached).
+    pub async fn cached_members(&self, list: ListKey) -> Option<Vec<String>> {
+        let mut r = self.redis().await;
+        let key = self.list_key(list);
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut r)
+            .await
+            .expect("exists");
+        if !exists {
+            return None;
+        }
+        Some(
+            redis::cmd("ZREVRANGE")
+                .arg(&key)
+                .arg(0)
+                .arg(-1)
+                .query_async(&mut r)
+                .await
+                .expect("zrange"),
+        )
+    }
+
+    /// Deletes every key of this app's prefix (as `FLUSHALL` would, without touching other tests).
+    pub async fn flush_cache(&self) {
+        let mut r = self.redis().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.prefix))
+            .query_async(&mut r)
+            .await
+            .expect("keys");
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(&mut r)
+                .await
+                .expect("del");
+        }
+    }
+
+    pub fn stat(&self, name: &str) -> u64 {
+        let s = self.state.cache.stats().expect("cache on");
+        let counter = match name {
+            "hits" => &s.hits,
+            "misses" => &s.misses,
+            "loads" => &s.loads,
+            "fallbacks" => &s.fallbacks,
+            _ => &s.errors,
+        };
+        counter.load(Ordering::Relaxed)
+    }
+}
+
+/// Ids of the tweets in a page of tweets or newsfeeds.
+pub fn tweet_ids(page: &Value) -> Vec<i64> {
+    page["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r.get("tweet").unwrap_or(r)["id"].as_i64().expect("id"))
+        .collect()
+}
+
+/// Pages through a listing with `created_at__lt` until the end; returns tweet ids.
+pub async fn page_all(
+    app: &TestApp,
+    base: &str,
+    token: Option<&str>,
+    page_size: usize,
+) -> Vec<i64> {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let mut uri = format!("{base}{sep}page_size={page_size}");
+    let mut all = Vec::new();
+    for _ in 0..10_000 {
+        let res = app.get(&uri, token).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        let results = res.body["results"].as_array().expect("results").clone();
+        assert!(results.len() <= page_size);
+        all.extend(tweet_ids(&res.body));
+        if !res.body["has_next_page"].as_bool().expect("has_next_page") {
+            return all;
+        }
+        let last = results.last().expect("a full page has a last item")["created_at"]
+            .as_str()
+            .expect("ts")
+            .to_owned();
+        uri = format!(
+            "{base}{sep}page_size={page_size}&created_at__lt={}",
+            urlencode(&last)
+        );
+    }
+    panic!("paging did not end");
+}
+
+pub fn urlencode(s: &str) -> String {
+    s.replace('+', "%2B").replace(':', "%3A")
+}

@@ -1,0 +1,12 @@
+//! chirp's integration tests: real Postgres (a database per test from `#[sqlx::test]`) and real
+//! Redis (a key prefix per test).
+
+mod accounts;
+mod cache;
+mod fanout;
+mod friendships;
+mod helpers;
+mod pagination;
+mod resilience;
+mod tweets;
+mod users;

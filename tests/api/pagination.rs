@@ -1,0 +1,223 @@
+use axum::http::StatusCode;
+use chirp::config::CacheMode;
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, page_all, tweet_ids, urlencode};
+
+/// 45 tweets by alice (whom bob follows), oldest first; returns (app, alice id, bob token, ids newest first).
+async fn setup(app: &TestApp) -> (i64, String, Vec<i64>) {
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    let mut ids = Vec::new();
+    for i in 0..45 {
+        ids.push(
+            app.tweet(&ta, &format!("tweet {i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    app.drain().await;
+    ids.reverse();
+    (alice, tb, ids)
+}
+
+async fn pages_equal_the_full_list(app: &TestApp) {
+    let (alice, tb, ids) = setup(app).await;
+    for size in [1, 7, 20, 44, 45, 100] {
+        let listed = page_all(app, &format!("/api/tweets/?user_id={alice}"), None, size).await;
+        assert_eq!(listed, ids, "user tweets, page_size {size}");
+        let feed = page_all(app, "/api/newsfeeds/", Some(&tb), size).await;
+        assert_eq!(feed, ids, "newsfeed, page_size {size}");
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn paging_45_items_in_any_page_size_gives_the_whole_list(db: PgPool) {
+    pages_equal_the_full_list(&TestApp::new(db).await).await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn paging_gives_the_whole_list_with_the_cache_off(db: PgPool) {
+    pages_equal_the_full_list(&TestApp::with(db, |c| c.cache = CacheMode::Off).await).await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn paging_gives_the_whole_list_across_a_small_cached_window(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 10).await;
+    pages_equal_the_full_list(&app).await;
+    assert!(
+        app.stat("fallbacks") > 0,
+        "pages past the window came from Postgres"
+    );
+}
+
+fn created(page: &Value, i: usize) -> String {
+    urlencode(page["results"][i]["created_at"].as_str().unwrap())
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn newer_than_and_between_cursors_work(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, _, ids) = setup(&app).await;
+    let base = format!("/api/tweets/?user_id={alice}");
+    let all = app.get(&format!("{base}&page_size=45"), None).await.body;
+
+    // Pull to refresh: everything newer than item 30, newest first.
+    let res = app
+        .get(
+            &format!("{base}&created_at__gt={}", created(&all, 30)),
+            None,
+        )
+        .await;
+    assert_eq!(tweet_ids(&res.body), ids[..30].to_vec());
+    assert_eq!(res.body["has_next_page"], false);
+    // Nothing newer than the newest.
+    let res = app
+        .get(&format!("{base}&created_at__gt={}", created(&all, 0)), None)
+        .await;
+    assert_eq!(tweet_ids(&res.body), Vec::<i64>::new());
+
+    // Gap filling: strictly between items 5 and 20, page_size at a time from the __lt end.
+    let between = format!(
+        "{base}&created_at__lt={}&created_at__gt={}",
+        created(&all, 5),
+        created(&all, 20)
+    );
+    let res = app.get(&format!("{between}&page_size=10"), None).await;
+    assert_eq!(tweet_ids(&res.body), ids[6..16].to_vec());
+    assert_eq!(res.body["has_next_page"], true);
+    let res = app.get(&format!("{between}&page_size=14"), None).await;
+    assert_eq!(tweet_ids(&res.body), ids[6..20].to_vec());
+    assert_eq!(res.body["has_next_page"], false);
+
+    // Older than the oldest: empty.
+    let res = app
+        .get(
+            &format!("{base}&created_at__lt={}", created(&all, 44)),
+            None,
+        )
+        .await;
+    assert_eq!(res.body["results"].as_array().unwrap().len(), 0);
+    assert_eq!(res.body["has_next_page"], false);
+    // Any RFC 3339 timestamp works as a cursor, e.g. with an offset.
+    let res = app
+        .get(
+            &format!("{base}&created_at__lt=2000-01-01T01:00:00%2B01:00"),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn bad_cursors_and_page_sizes_are_400s(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    for (query, field) in [
+        ("created_at__lt=yesterday", "created_at__lt"),
+        ("created_at__gt=2026-13-01T00:00:00Z", "created_at__gt"),
+        ("page_size=0", "page_size"),
+        ("page_size=101", "page_size"),
+        ("page_size=ten", "page_size"),
+    ] {
+        let res = app
+            .get(&format!("/api/tweets/?user_id={alice}&{query}"), None)
+            .await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{query}");
+        assert!(
+            res.body["errors"][field].is_array(),
+            "{query}: {}",
+            res.body
+        );
+        let res = app
+            .get(&format!("/api/newsfeeds/?{query}"), Some(&ta))
+            .await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{query}");
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn concurrent_tweets_get_unique_timestamps_and_page_without_skips(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let app_ = app.app.clone();
+        let ta = ta.clone();
+        tasks.push(tokio::spawn(async move {
+            use tower::ServiceExt;
+            let req = axum::http::Request::post("/api/tweets/")
+                .header("authorization", format!("Bearer {ta}"))
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(format!("{{\"content\": \"t{i}\"}}")))
+                .unwrap();
+            app_.oneshot(req).await.unwrap().status()
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap(), StatusCode::CREATED);
+    }
+    let distinct: i64 = sqlx::query_scalar("select count(distinct created_at) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(distinct, 40);
+    let listed = page_all(&app, &format!("/api/tweets/?user_id={alice}"), None, 3).await;
+    let mut sorted = listed.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 40);
+    assert_eq!(listed.len(), 40);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn the_schema_refuses_equal_timestamps_in_a_listing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let t = app.tweet(&ta, "first").await;
+    let dup = sqlx::query(
+        "insert into tweets (user_id, content, created_at) values ($1, 'dup', $2::timestamptz)",
+    )
+    .bind(alice)
+    .bind(t["created_at"].as_str().unwrap())
+    .execute(app.db())
+    .await;
+    assert!(chirp::db::violates(
+        &dup.unwrap_err(),
+        "tweets_created_at_key"
+    ));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_refresh_of_more_than_1000_items_says_there_is_a_gap(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, _) = app.signup("alice").await;
+    sqlx::query(
+        "insert into tweets (user_id, content, created_at)
+         select $1, 'bulk ' || i, timestamptz '2020-01-01' + i * interval '1 second' from generate_series(1, 1005) i",
+    )
+    .bind(alice)
+    .execute(app.db())
+    .await
+    .unwrap();
+    let res = app
+        .get(
+            &format!("/api/tweets/?user_id={alice}&created_at__gt=2019-01-01T00:00:00Z"),
+            None,
+        )
+        .await;
+    let results = res.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 1000);
+    assert_eq!(res.body["has_next_page"], true);
+    assert_eq!(results[0]["content"], "bulk 1005");
+    let res = app
+        .get(
+            &format!("/api/tweets/?user_id={alice}&created_at__gt=2020-01-01T00:10:00Z"),
+            None,
+        )
+        .await;
+    assert_eq!(res.body["results"].as_array().unwrap().len(), 1005 - 600);
+    assert_eq!(res.body["has_next_page"], false);
+}

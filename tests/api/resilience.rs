@@ -1,0 +1,207 @@
+//! Redis is an optimisation: with it unreachable every request still answers correctly, and once
+//! it is back no cached list lacks a write made meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::http::StatusCode;
+use chirp::cache::{ListKey, outbox};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::helpers::{TestApp, redis_url, tweet_ids};
+
+/// A TCP proxy to Redis that can be cut (existing connections dropped, new ones refused).
+struct Proxy {
+    port: u16,
+    up: Arc<AtomicBool>,
+    cut: watch::Sender<u64>,
+}
+
+impl Proxy {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = redis_url()
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let up = Arc::new(AtomicBool::new(true));
+        let (cut, _) = watch::channel(0u64);
+        let (up_, cut_) = (up.clone(), cut.clone());
+        tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !up_.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection close
+                }
+                let Ok(mut server) = TcpStream::connect(&target).await else {
+                    continue;
+                };
+                let mut cut_rx = cut_.subscribe();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = cut_rx.changed() => {}
+                    }
+                });
+            }
+        });
+        Proxy { port, up, cut }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::SeqCst);
+        if !up {
+            self.cut.send_modify(|n| *n += 1);
+        }
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn with_redis_down_everything_answers_and_after_it_returns_no_write_is_missing(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let app = TestApp::with(db, |c| {
+        c.redis_url = proxy.url();
+        c.redis_timeout_ms = 100;
+    })
+    .await;
+    assert!(app.state.cache.available());
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    let (carol, tc) = app.signup("carol").await;
+    app.follow(&tb, alice).await;
+    let old = app.tweet(&ta, "old").await["id"].as_i64().unwrap();
+    app.tweet(&tc, "carol's").await;
+    app.drain().await;
+    // Warm bob's feed and alice's tweets.
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![old]
+    );
+    app.get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
+
+    proxy.set_up(false);
+    // Writes succeed: a tweet fanned out to bob, a follow backfilled, a delete.
+    let new = app.tweet(&ta, "written while redis was down").await["id"]
+        .as_i64()
+        .unwrap();
+    app.follow(&tb, carol).await;
+    app.drain().await;
+    let res = app
+        .request(
+            axum::http::Method::DELETE,
+            &format!("/api/tweets/{old}/"),
+            Some(&ta),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert!(!app.state.cache.available());
+    let pending: i64 = sqlx::query_scalar("select count(*) from cache_outbox")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert!(pending > 0, "the missed cache updates were recorded");
+
+    // Reads answer correctly from Postgres.
+    let feed = tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body);
+    assert_eq!(feed.len(), 2);
+    assert_eq!(feed[0], new);
+    assert_eq!(
+        tweet_ids(
+            &app.get(&format!("/api/tweets/?user_id={alice}"), None)
+                .await
+                .body
+        ),
+        vec![new]
+    );
+    let health = app.get("/healthz", None).await;
+    assert_eq!(
+        (health.status, health.body["redis"].clone()),
+        (StatusCode::OK, json!("down"))
+    );
+
+    // Redis is back, still holding the stale lists; the monitor's recovery replays the outbox.
+    proxy.set_up(true);
+    let stale = app
+        .cached_members(ListKey::Newsfeed(bob))
+        .await
+        .expect("stale list still in redis");
+    assert!(!stale.iter().any(|m| m.ends_with(&format!(":{new}"))));
+    // What the monitor does every 500 ms until Redis answers (the connection reconnects lazily).
+    let mut recovered = false;
+    for _ in 0..50 {
+        if outbox::recover(&app.state.cache, app.db()).await {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "redis is used again once it answers");
+    assert!(app.state.cache.available());
+    let pending: i64 = sqlx::query_scalar("select count(*) from cache_outbox")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(pending, 0);
+
+    let hits = app.stat("hits") + app.stat("misses");
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        feed
+    );
+    assert_eq!(
+        tweet_ids(
+            &app.get(&format!("/api/tweets/?user_id={alice}"), None)
+                .await
+                .body
+        ),
+        vec![new]
+    );
+    assert_eq!(
+        app.stat("hits") + app.stat("misses"),
+        hits + 2,
+        "served through the cache again"
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{old}/"), None).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn chirp_starts_and_serves_when_redis_never_answered(db: PgPool) {
+    let app = TestApp::with(db, |c| {
+        c.redis_url = "redis://127.0.0.1:1/0".into();
+        c.redis_timeout_ms = 50;
+    })
+    .await;
+    let (alice, ta) = app.signup("alice").await;
+    let id = app.tweet(&ta, "no redis").await["id"].as_i64().unwrap();
+    assert_eq!(
+        tweet_ids(
+            &app.get(&format!("/api/tweets/?user_id={alice}"), None)
+                .await
+                .body
+        ),
+        vec![id]
+    );
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&ta)).await.body),
+        vec![id]
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{id}/"), None).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(app.get("/healthz", None).await.body["redis"], "down");
+}

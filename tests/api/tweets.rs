@@ -1,0 +1,175 @@
+use axum::http::{Method, StatusCode};
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, tweet_ids};
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn posting_a_tweet_returns_it_and_lists_it_at_once(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let tweet = app.tweet(&ta, "  hello world  ").await;
+    assert_eq!(tweet["content"], "hello world");
+    assert_eq!(tweet["user"]["id"], alice);
+    assert_eq!(tweet["likes_count"], 0);
+    assert_eq!(tweet["comments_count"], 0);
+    assert_eq!(tweet["has_liked"], false);
+    let created = tweet["created_at"].as_str().unwrap();
+    assert_eq!(
+        created.len(),
+        "2026-11-21T09:16:11.005227Z".len(),
+        "{created}"
+    );
+
+    // Read your writes: own listing and own newsfeed, before any worker ran.
+    let listed = app
+        .get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
+    assert_eq!(tweet_ids(&listed.body), vec![tweet["id"].as_i64().unwrap()]);
+    let feed = app.get("/api/newsfeeds/", Some(&ta)).await;
+    assert_eq!(tweet_ids(&feed.body), vec![tweet["id"].as_i64().unwrap()]);
+    assert_eq!(feed.body["results"][0]["created_at"], tweet["created_at"]);
+
+    let detail = app
+        .get(&format!("/api/tweets/{}/", tweet["id"]), None)
+        .await;
+    assert_eq!(detail.status, StatusCode::OK);
+    assert_eq!(detail.body["content"], "hello world");
+    assert_eq!(detail.body["comments"], json!([]));
+    assert_eq!(detail.body["likes"], json!([]));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn bad_tweets_are_rejected_and_change_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    assert_eq!(
+        app.post("/api/tweets/", None, json!({"content": "hi"}))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    for body in [
+        json!({}),
+        json!({"content": "   "}),
+        json!({"content": "x".repeat(281)}),
+        json!({"content": 5}),
+    ] {
+        let res = app.post("/api/tweets/", Some(&ta), body.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(res.body["errors"]["content"].is_array(), "{}", res.body);
+    }
+    // 280 characters (not bytes) is fine.
+    app.tweet(&ta, &"é".repeat(280)).await;
+    let count: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn listing_tweets_needs_a_valid_existing_user(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app.get("/api/tweets/", None).await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["user_id"].is_array());
+    assert_eq!(
+        app.get("/api/tweets/?user_id=abc", None).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        app.get("/api/tweets/?user_id=424242", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.get("/api/tweets/424242/", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn only_the_author_deletes_a_tweet(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let id = app.tweet(&ta, "mine").await["id"].as_i64().unwrap();
+    let uri = format!("/api/tweets/{id}/");
+    assert_eq!(
+        app.request(Method::DELETE, &uri, None, None).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let res = app.request(Method::DELETE, &uri, Some(&tb), None).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        res.body,
+        json!({"detail": "You do not have permission to perform this action."})
+    );
+    assert_eq!(app.get(&uri, None).await.status, StatusCode::OK);
+
+    let res = app.request(Method::DELETE, &uri, Some(&ta), None).await;
+    assert_eq!(res.body, json!({"success": true}));
+    assert_eq!(app.get(&uri, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.request(Method::DELETE, &uri, Some(&ta), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    let profile = app.get(&format!("/api/users/{alice}/"), None).await;
+    assert_eq!(profile.body["tweets_count"], 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn unknown_routes_methods_and_bodies_get_json_errors(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    let res = app.get("/api/nothing/here/", None).await;
+    assert_eq!(
+        (res.status, res.body),
+        (StatusCode::NOT_FOUND, json!({"detail": "Not found."}))
+    );
+    let res = app
+        .request(Method::PUT, "/api/tweets/", Some(&ta), None)
+        .await;
+    assert_eq!(
+        (res.status, res.body),
+        (
+            StatusCode::METHOD_NOT_ALLOWED,
+            json!({"detail": "Method not allowed."})
+        )
+    );
+    let big = json!({"content": "x".repeat(70 * 1024)});
+    let res = app.post("/api/tweets/", Some(&ta), big).await;
+    assert_eq!(res.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(res.body["detail"].is_string());
+    let req = axum::http::Request::post("/api/tweets/")
+        .header("authorization", format!("Bearer {ta}"))
+        .header("content-type", "text/plain")
+        .body(axum::body::Body::from("hi"))
+        .unwrap();
+    let res = app.send(req).await;
+    assert_eq!(res.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let req = axum::http::Request::post("/api/tweets/")
+        .header("authorization", format!("Bearer {ta}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from("{\"content\": "))
+        .unwrap();
+    let res = app.send(req).await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["body"].is_array());
+    let count: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(count, 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn healthz_reports_both_stores(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app.get("/healthz", None).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body["postgres"], "ok");
+    assert_eq!(res.body["redis"], "ok");
+}
