@@ -86,7 +86,7 @@ pub async fn signup(
     let hash = hash_password(password).await?;
     let inserted = sqlx::query_as::<_, UserRecord>(
         "insert into users (username, email, password_hash) values ($1, $2, $3)
-         returning id, username, nickname, avatar_url, version",
+         returning id, username, nickname, avatar_url, version, created_at",
     )
     .bind(username)
     .bind(email)

@@ -6,13 +6,13 @@ use std::collections::{HashMap, HashSet};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs;
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
-use crate::users::{self, User};
+use crate::users::{self, User, UserCounts};
 
 /// The public `Friendship` object: the other user, when the friendship began, and whether the
 /// caller follows that user.
@@ -44,32 +44,34 @@ async fn check_target(db: &PgPool, me: i64, target: i64) -> ApiResult<()> {
 }
 
 /// Shifts both users' counts in one statement (rows lock in id order: no deadlock between
-/// opposite follows).
+/// opposite follows); returns the cache updates for both.
 async fn shift_counts(
     tx: &mut sqlx::PgConnection,
     follower: i64,
     followee: i64,
     by: i64,
-) -> sqlx::Result<()> {
-    sqlx::query(
+) -> sqlx::Result<Vec<Update>> {
+    let rows: Vec<UserCounts> = sqlx::query_as(concat!(
         "update users set
             followings_count = followings_count + case when id = $1 then $3 else 0 end,
-            followers_count = followers_count + case when id = $2 then $3 else 0 end
+            followers_count = followers_count + case when id = $2 then $3 else 0 end,
+            counts_version = counts_version + 1
          where id = any(array[$1, $2]::bigint[])",
-    )
+        crate::returning_user_counts!()
+    ))
     .bind(follower)
     .bind(followee)
     .bind(by)
-    .execute(tx)
+    .fetch_all(tx)
     .await?;
-    Ok(())
+    Ok(rows.iter().map(UserCounts::update).collect())
 }
 
 /// `me` follows `target`; queues the newsfeed backfill.
 ///
 /// # Errors
 /// 404 if `target` does not exist, 400 if it is `me`.
-pub async fn follow(db: &PgPool, me: i64, target: i64) -> ApiResult<Followed> {
+pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<Followed> {
     check_target(db, me, target).await?;
     let outcome =
         db::with_unique_timestamp("friendships_created_at_key", |created_at| async move {
@@ -84,22 +86,23 @@ pub async fn follow(db: &PgPool, me: i64, target: i64) -> ApiResult<Followed> {
             .fetch_optional(&mut *tx)
             .await?;
             let Some(created_at) = inserted else {
-                return Ok(Followed::Duplicate);
+                return Ok((Followed::Duplicate, Vec::new()));
             };
-            shift_counts(&mut tx, me, target, 1).await?;
+            let updates = shift_counts(&mut tx, me, target, 1).await?;
             jobs::enqueue_backfill(&mut tx, me, target).await?;
             tx.commit().await?;
-            Ok(Followed::New(created_at))
+            Ok((Followed::New(created_at), updates))
         })
         .await?;
-    Ok(outcome)
+    cache.apply(db, outcome.1).await;
+    Ok(outcome.0)
 }
 
 /// `me` stops following `target`; queues the newsfeed unmerge. Returns rows deleted (0 or 1).
 ///
 /// # Errors
 /// 404 if `target` does not exist, 400 if it is `me`.
-pub async fn unfollow(db: &PgPool, me: i64, target: i64) -> ApiResult<u64> {
+pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<u64> {
     check_target(db, me, target).await?;
     let mut tx = db.begin().await?;
     let deleted =
@@ -109,11 +112,13 @@ pub async fn unfollow(db: &PgPool, me: i64, target: i64) -> ApiResult<u64> {
             .execute(&mut *tx)
             .await?
             .rows_affected();
+    let mut updates = Vec::new();
     if deleted > 0 {
-        shift_counts(&mut tx, me, target, -1).await?;
+        updates = shift_counts(&mut tx, me, target, -1).await?;
         jobs::enqueue_unmerge(&mut tx, me, target).await?;
     }
     tx.commit().await?;
+    cache.apply(db, updates).await;
     Ok(deleted)
 }
 

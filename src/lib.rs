@@ -3,12 +3,14 @@
 
 pub mod accounts;
 pub mod cache;
+pub mod comments;
 pub mod config;
 pub mod db;
 pub mod error;
 pub mod friendships;
 pub mod http;
 pub mod jobs;
+pub mod likes;
 pub mod newsfeeds;
 pub mod pagination;
 pub mod startup;

@@ -26,8 +26,9 @@ pub async fn list_page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     sqlx::query_as(
-        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content,
-                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version
+        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count, t.comments_count,
+                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
+                u.created_at as author_created_at
          from newsfeeds n
          join tweets t on t.id = n.tweet_id
          join users u on u.id = t.user_id

@@ -4,14 +4,15 @@
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::cache::counts::{Counts, CountsOf};
 use crate::cache::objects::Cached;
-use crate::cache::timeline::{FeedRow, ListEntry};
+use crate::cache::timeline::{FeedRow, Item, ListEntry};
 use crate::cache::{Cache, Expect, ListKey, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs;
 use crate::time::{self, Timestamp};
-use crate::users::{self, User, UserRecord};
+use crate::users::{self, User, UserCounts, UserRecord};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -39,17 +40,59 @@ pub struct Tweet {
 }
 
 impl Tweet {
-    /// A tweet object from its record and author.
-    pub fn new(record: TweetRecord, user: User) -> Self {
+    /// A tweet object from its parts.
+    pub fn new(record: TweetRecord, user: User, counts: &Counts, has_liked: bool) -> Self {
         Tweet {
             id: record.id,
             user,
             created_at: record.created_at,
             content: record.content,
-            comments_count: 0,
-            likes_count: 0,
-            has_liked: false,
+            likes_count: counts.get(0),
+            comments_count: counts.get(1),
+            has_liked,
         }
+    }
+
+    /// A tweet object from a hydrated timeline item.
+    pub fn from_item(item: Item, has_liked: bool) -> Self {
+        let counts = Counts {
+            version: 0,
+            values: vec![item.likes_count, item.comments_count],
+        };
+        Tweet::new(item.tweet, item.author.into(), &counts, has_liked)
+    }
+}
+
+/// The `returning` clause that reads a tweet row with its counts after changing them.
+#[macro_export]
+macro_rules! returning_tweet_row {
+    () => {
+        " returning id, user_id, content, created_at, likes_count, comments_count, counts_version"
+    };
+}
+
+/// A tweet row with its counters, as read from Postgres.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct TweetRow {
+    #[sqlx(flatten)]
+    pub record: TweetRecord,
+    pub likes_count: i64,
+    pub comments_count: i64,
+    pub counts_version: i64,
+}
+
+impl TweetRow {
+    /// `[likes_count, comments_count]` with their version.
+    pub fn counts(&self) -> Counts {
+        Counts {
+            version: self.counts_version,
+            values: vec![self.likes_count, self.comments_count],
+        }
+    }
+
+    /// The write-through cache update for these counts.
+    pub fn counts_update(&self) -> Update {
+        Update::Counts(CountsOf::Tweet(self.record.id), self.counts())
     }
 }
 
@@ -74,7 +117,7 @@ pub async fn create(
     author: i64,
     content: &str,
 ) -> sqlx::Result<TweetRecord> {
-    let (tweet, newsfeed_id) = db::with_unique_timestamp("tweets_created_at_key", |created_at| async move {
+    let (tweet, newsfeed_id, author_counts) = db::with_unique_timestamp("tweets_created_at_key", |created_at| async move {
         let mut tx = db.begin().await?;
         let tweet: TweetRecord = sqlx::query_as(
             "insert into tweets (user_id, content, created_at) values ($1, $2, $3)
@@ -93,13 +136,16 @@ pub async fn create(
         .bind(created_at)
         .fetch_one(&mut *tx)
         .await?;
-        sqlx::query("update users set tweets_count = tweets_count + 1 where id = $1")
-            .bind(author)
-            .execute(&mut *tx)
-            .await?;
+        let author_counts: UserCounts = sqlx::query_as(concat!(
+            "update users set tweets_count = tweets_count + 1, counts_version = counts_version + 1 where id = $1",
+            crate::returning_user_counts!()
+        ))
+        .bind(author)
+        .fetch_one(&mut *tx)
+        .await?;
         jobs::enqueue_fanout(&mut tx, tweet.id).await?;
         tx.commit().await?;
-        Ok((tweet, newsfeed_id))
+        Ok((tweet, newsfeed_id, author_counts))
     })
     .await?;
     let score = time::to_micros(tweet.created_at);
@@ -123,6 +169,7 @@ pub async fn create(
                     vec![(score, entry.newsfeed_member())],
                 ),
                 Update::TweetCreated(tweet.clone()),
+                author_counts.update(),
             ],
         )
         .await;
@@ -152,18 +199,24 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
             .bind(id)
             .fetch_all(&mut *tx)
             .await?;
+    // Its comments and likes go with it (on delete cascade).
     sqlx::query("delete from tweets where id = $1")
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    sqlx::query("update users set tweets_count = tweets_count - 1 where id = $1")
-        .bind(me)
-        .execute(&mut *tx)
-        .await?;
+    let author_counts: UserCounts = sqlx::query_as(concat!(
+        "update users set tweets_count = tweets_count - 1, counts_version = counts_version + 1 where id = $1",
+        crate::returning_user_counts!()
+    ))
+    .bind(me)
+    .fetch_one(&mut *tx)
+    .await?;
     tx.commit().await?;
 
     let mut updates = vec![
         Update::TweetDeleted(id),
+        Update::DropCounts(CountsOf::Tweet(id)),
+        author_counts.update(),
         Update::Remove(ListKey::UserTweets(me), vec![id.to_string()]),
     ];
     updates.extend(readers.into_iter().map(|(newsfeed_id, reader)| {
@@ -178,12 +231,15 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
     Ok(())
 }
 
-/// Tweets by id (any order; unknown ids are absent).
-pub async fn records_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRecord>> {
-    sqlx::query_as("select id, user_id, content, created_at from tweets where id = any($1)")
-        .bind(ids)
-        .fetch_all(db)
-        .await
+/// Tweets with their counts by id (any order; unknown ids are absent).
+pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
+    sqlx::query_as(
+        "select id, user_id, content, created_at, likes_count, comments_count, counts_version
+         from tweets where id = any($1)",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await
 }
 
 /// The newest `limit` entries of user `user_id`'s tweets (for filling the cache).
@@ -207,8 +263,9 @@ pub async fn list_page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     sqlx::query_as(
-        "select t.id as entry_id, t.created_at, t.id as tweet_id, t.content,
-                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version
+        "select t.id as entry_id, t.created_at, t.id as tweet_id, t.content, t.likes_count, t.comments_count,
+                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
+                u.created_at as author_created_at
          from tweets t join users u on u.id = t.user_id
          where t.user_id = $1
            and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
@@ -222,30 +279,31 @@ pub async fn list_page(
     .await
 }
 
-/// Tweet `id` and its author, from the object caches where possible.
+/// Tweet `id`, its counts and its author, from the caches where possible.
 pub async fn load(
     db: &PgPool,
     cache: &Cache,
     id: i64,
-) -> sqlx::Result<Option<(TweetRecord, UserRecord)>> {
-    let cached = match cache.get_tweets(&[id]).await {
-        Ok(mut v) => v.pop().unwrap_or(Cached::Miss),
-        Err(_) => Cached::Miss,
+) -> sqlx::Result<Option<(TweetRecord, Counts, UserRecord)>> {
+    let (tweet, counts) = match cache.get_tweets(&[id]).await {
+        Ok((mut t, mut c)) => (t.pop().unwrap_or(Cached::Miss), c.pop().flatten()),
+        Err(_) => (Cached::Miss, None),
     };
-    let record = match cached {
-        Cached::Deleted => return Ok(None),
-        Cached::Hit(t) => t,
-        Cached::Miss => match records_by_ids(db, &[id]).await?.pop() {
+    let (record, counts) = match (tweet, counts) {
+        (Cached::Deleted, _) => return Ok(None),
+        (Cached::Hit(t), Some(c)) => (t, c),
+        _ => match rows_by_ids(db, &[id]).await?.pop() {
             // No tombstone for a missing id: it may be one that is not assigned yet.
             None => return Ok(None),
-            Some(t) => {
-                cache.put_tweets(std::slice::from_ref(&t), &[]).await;
-                t
+            Some(row) => {
+                cache.put_tweets(std::slice::from_ref(&row), &[]).await;
+                let counts = row.counts();
+                (row.record, counts)
             }
         },
     };
     let author = users::load_many(db, cache, &[record.user_id])
         .await?
         .remove(&record.user_id);
-    Ok(author.map(|a| (record, a)))
+    Ok(author.map(|a| (record, counts, a)))
 }

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::cache::counts::{Counts, CountsOf};
 use crate::cache::{Cache, Update};
 use crate::time::{self, Timestamp};
 
@@ -25,6 +26,7 @@ pub struct UserRecord {
     pub nickname: Option<String>,
     pub avatar_url: Option<String>,
     pub version: i64,
+    pub created_at: Timestamp,
 }
 
 impl From<UserRecord> for User {
@@ -39,11 +41,10 @@ impl From<UserRecord> for User {
 }
 
 /// The public `Profile` object: [`User`] plus counts and the sign-up time.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Profile {
     #[serde(flatten)]
-    #[sqlx(flatten)]
-    pub user: ProfileUser,
+    pub user: User,
     pub followers_count: i64,
     pub followings_count: i64,
     pub tweets_count: i64,
@@ -51,24 +52,78 @@ pub struct Profile {
     pub created_at: Timestamp,
 }
 
-/// The [`User`] part of a [`Profile`] row.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ProfileUser {
-    pub id: i64,
-    pub username: String,
-    pub nickname: Option<String>,
-    pub avatar_url: Option<String>,
+/// The `returning` clause that reads a user's counts after changing them (a macro, so queries
+/// stay `&'static str` with `concat!`).
+#[macro_export]
+macro_rules! returning_user_counts {
+    () => {
+        " returning id, followers_count, followings_count, tweets_count, counts_version"
+    };
 }
 
-/// The profile of user `id`, if it exists.
-pub async fn profile(db: &PgPool, id: i64) -> sqlx::Result<Option<Profile>> {
-    sqlx::query_as(
-        "select id, username, nickname, avatar_url, followers_count, followings_count, tweets_count, created_at
-         from users where id = $1",
-    )
-    .bind(id)
-    .fetch_optional(db)
-    .await
+/// A user's counts as an `update ... returning` gives them after a change.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct UserCounts {
+    pub id: i64,
+    pub followers_count: i64,
+    pub followings_count: i64,
+    pub tweets_count: i64,
+    pub counts_version: i64,
+}
+
+impl UserCounts {
+    /// The write-through cache update for these counts.
+    pub fn update(&self) -> Update {
+        Update::Counts(CountsOf::User(self.id), self.counts())
+    }
+
+    fn counts(&self) -> Counts {
+        Counts {
+            version: self.counts_version,
+            values: vec![
+                self.followers_count,
+                self.followings_count,
+                self.tweets_count,
+            ],
+        }
+    }
+}
+
+/// The profile of user `id`, if it exists: the user object and its counts from the cache, from
+/// Postgres for what is not cached.
+pub async fn profile(db: &PgPool, cache: &Cache, id: i64) -> sqlx::Result<Option<Profile>> {
+    let Some(user) = load_many(db, cache, &[id]).await?.remove(&id) else {
+        return Ok(None);
+    };
+    let cached = cache
+        .get_counts(&[CountsOf::User(id)])
+        .await
+        .ok()
+        .and_then(|mut v| v.pop().flatten());
+    let counts = match cached {
+        Some(c) => c,
+        None => {
+            let row: Option<UserCounts> = sqlx::query_as(
+                "select id, followers_count, followings_count, tweets_count, counts_version from users where id = $1",
+            )
+            .bind(id)
+            .fetch_optional(db)
+            .await?;
+            let Some(row) = row else { return Ok(None) };
+            cache
+                .put_counts(&[(CountsOf::User(id), row.counts())])
+                .await;
+            row.counts()
+        }
+    };
+    let created_at = user.created_at;
+    Ok(Some(Profile {
+        user: user.into(),
+        followers_count: counts.get(0),
+        followings_count: counts.get(1),
+        tweets_count: counts.get(2),
+        created_at,
+    }))
 }
 
 /// Whether user `id` exists.
@@ -111,7 +166,7 @@ pub async fn update_profile(
         return Ok(None);
     }
     cache.apply(db, vec![Update::UserChanged(id)]).await;
-    profile(db, id).await
+    profile(db, cache, id).await
 }
 
 /// Users by id, from the user object cache where possible and from Postgres (one query) for
@@ -144,7 +199,7 @@ pub async fn load_many(
     }
     if !missing.is_empty() {
         let rows: Vec<UserRecord> = sqlx::query_as(
-            "select id, username, nickname, avatar_url, version from users where id = any($1)",
+            "select id, username, nickname, avatar_url, version, created_at from users where id = any($1)",
         )
         .bind(&missing)
         .fetch_all(db)

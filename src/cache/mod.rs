@@ -13,6 +13,7 @@
 //!   stores its result only if no write happened since it started, and a merge that was planned
 //!   under an older generation invalidates the list instead of applying (see [`scripts`]).
 
+pub mod counts;
 pub mod keys;
 pub mod objects;
 pub mod outbox;
@@ -79,6 +80,10 @@ pub enum Update {
     TweetDeleted(i64),
     /// Drop a user object (its profile changed).
     UserChanged(i64),
+    /// Write through counts committed with this version (see [`counts`]).
+    Counts(counts::CountsOf, counts::Counts),
+    /// Drop the counts of a deleted object.
+    DropCounts(counts::CountsOf),
 }
 
 struct Inner {
@@ -407,6 +412,10 @@ impl Cache {
                 Update::UserChanged(id) => {
                     pipe.cmd("DEL").arg(inner.keys.user(*id)).ignore();
                 }
+                Update::Counts(of, counts) => self.pipe_put_counts(&mut pipe, *of, counts),
+                Update::DropCounts(of) => {
+                    pipe.cmd("DEL").arg(self.counts_key(*of)).ignore();
+                }
             }
         }
         if self.run::<()>(&pipe).await.is_err() {
@@ -419,6 +428,9 @@ impl Cache {
                     Update::TweetCreated(t) => (inner.keys.tweet(t.id), false),
                     Update::TweetDeleted(id) => (inner.keys.tweet(*id), false),
                     Update::UserChanged(id) => (inner.keys.user(*id), false),
+                    Update::Counts(of, _) | Update::DropCounts(of) => {
+                        (self.counts_key(*of).unwrap_or_default(), false)
+                    }
                 })
                 .collect();
             outbox::record(db, &keys).await;

@@ -1,8 +1,9 @@
 //! Per-object caches used for hydration: tweet objects (immutable until deleted, then a
 //! tombstone) and user objects (versioned, so a slow reader can not put back an old profile).
 
+use crate::cache::counts::{Counts, CountsOf};
 use crate::cache::{Cache, CacheUnavailable, scripts};
-use crate::tweets::TweetRecord;
+use crate::tweets::{TweetRecord, TweetRow};
 use crate::users::UserRecord;
 
 /// The value a deleted tweet's object key holds, so no reader can cache the tweet again.
@@ -20,47 +21,52 @@ pub enum Cached<T> {
 }
 
 impl Cache {
-    /// Tweet objects for `ids`, in order, in one `MGET`.
+    /// Tweet objects and their counts for `ids`, in order, in one round trip (two `MGET`s in
+    /// one pipeline).
     pub async fn get_tweets(
         &self,
         ids: &[i64],
-    ) -> Result<Vec<Cached<TweetRecord>>, CacheUnavailable> {
+    ) -> Result<(Vec<Cached<TweetRecord>>, Vec<Option<Counts>>), CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), Vec::new()));
         }
         let names: Vec<String> = ids.iter().map(|id| keys.tweet(*id)).collect();
+        let counts: Vec<CountsOf> = ids.iter().map(|id| CountsOf::Tweet(*id)).collect();
         let mut pipe = redis::pipe();
         pipe.cmd("MGET").arg(&names);
-        let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
-        Ok(values
+        self.pipe_get_counts(&mut pipe, &counts);
+        let (values, counts): (Vec<Option<String>>, Vec<Option<String>>) = self.run(&pipe).await?;
+        let tweets = values
             .into_iter()
             .map(|v| match v.as_deref() {
                 None => Cached::Miss,
                 Some(TOMBSTONE) => Cached::Deleted,
                 Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
             })
-            .collect())
+            .collect();
+        Ok((tweets, Self::decode_counts(counts)))
     }
 
-    /// Caches tweets loaded from Postgres (`SET NX`: a tombstone written meanwhile wins) and
-    /// tombstones for ids Postgres did not have. Best effort.
-    pub async fn put_tweets(&self, rows: &[TweetRecord], missing: &[i64]) {
+    /// Caches tweets and counts loaded from Postgres (`SET NX`: a tombstone written meanwhile
+    /// wins; counts only if newer) and tombstones for ids Postgres did not have. Best effort.
+    pub async fn put_tweets(&self, rows: &[TweetRow], missing: &[i64]) {
         let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
             return;
         };
         let mut pipe = redis::pipe();
         for row in rows {
-            let Ok(json) = serde_json::to_string(row) else {
+            let Ok(json) = serde_json::to_string(&row.record) else {
                 continue;
             };
             pipe.cmd("SET")
-                .arg(keys.tweet(row.id))
+                .arg(keys.tweet(row.record.id))
                 .arg(json)
                 .arg("NX")
                 .arg("EX")
                 .arg(ttl)
                 .ignore();
+            self.pipe_put_counts(&mut pipe, CountsOf::Tweet(row.record.id), &row.counts());
         }
         for id in missing {
             pipe.cmd("SET")

@@ -17,6 +17,7 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
+use crate::cache::counts::Counts;
 use crate::cache::objects::Cached;
 use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
 use crate::newsfeeds;
@@ -80,6 +81,8 @@ pub struct Item {
     pub created_at: Timestamp,
     pub tweet: TweetRecord,
     pub author: UserRecord,
+    pub likes_count: i64,
+    pub comments_count: i64,
 }
 
 /// A timeline row read from Postgres with its tweet and author joined in.
@@ -89,11 +92,14 @@ pub struct FeedRow {
     pub created_at: Timestamp,
     pub tweet_id: i64,
     pub content: String,
+    pub likes_count: i64,
+    pub comments_count: i64,
     pub author_id: i64,
     pub username: String,
     pub nickname: Option<String>,
     pub avatar_url: Option<String>,
     pub version: i64,
+    pub author_created_at: Timestamp,
 }
 
 impl From<FeedRow> for Item {
@@ -113,7 +119,10 @@ impl From<FeedRow> for Item {
                 nickname: r.nickname,
                 avatar_url: r.avatar_url,
                 version: r.version,
+                created_at: r.author_created_at,
             },
+            likes_count: r.likes_count,
+            comments_count: r.comments_count,
         }
     }
 }
@@ -261,27 +270,32 @@ async fn hydrate(
     entries: &[ListEntry],
 ) -> Result<(Vec<Item>, Vec<ListEntry>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
-    let cached = cache.get_tweets(&ids).await?;
+    let (cached, cached_counts) = cache.get_tweets(&ids).await?;
     let mut tweets: HashMap<i64, TweetRecord> = HashMap::with_capacity(ids.len());
+    let mut counts: HashMap<i64, Counts> = HashMap::with_capacity(ids.len());
     let mut misses = Vec::new();
-    for (id, c) in ids.iter().zip(cached) {
-        match c {
-            Cached::Hit(t) => {
+    for ((id, tweet), count) in ids.iter().zip(cached).zip(cached_counts) {
+        match (tweet, count) {
+            (Cached::Deleted, _) => {}
+            (Cached::Hit(t), Some(c)) => {
                 tweets.insert(*id, t);
+                counts.insert(*id, c);
             }
-            Cached::Miss => misses.push(*id),
-            Cached::Deleted => {}
+            _ => misses.push(*id),
         }
     }
     if !misses.is_empty() {
-        let loaded = tweets::records_by_ids(db, &misses).await?;
+        let loaded = tweets::rows_by_ids(db, &misses).await?;
         let absent: Vec<i64> = misses
             .iter()
             .copied()
-            .filter(|id| !loaded.iter().any(|t| t.id == *id))
+            .filter(|id| !loaded.iter().any(|t| t.record.id == *id))
             .collect();
         cache.put_tweets(&loaded, &absent).await;
-        tweets.extend(loaded.into_iter().map(|t| (t.id, t)));
+        for row in loaded {
+            counts.insert(row.record.id, row.counts());
+            tweets.insert(row.record.id, row.record);
+        }
     }
     let author_ids: Vec<i64> = tweets.values().map(|t| t.user_id).collect();
     let authors = users::load_many(db, cache, &author_ids).await?;
@@ -293,12 +307,17 @@ async fn hydrate(
             .get(&e.tweet_id)
             .and_then(|t| Some((t, authors.get(&t.user_id)?)))
         {
-            Some((tweet, author)) => items.push(Item {
-                id: e.id,
-                created_at: e.created_at,
-                tweet: tweet.clone(),
-                author: author.clone(),
-            }),
+            Some((tweet, author)) => {
+                let c = counts.get(&e.tweet_id);
+                items.push(Item {
+                    id: e.id,
+                    created_at: e.created_at,
+                    tweet: tweet.clone(),
+                    author: author.clone(),
+                    likes_count: c.map_or(0, |c| c.get(0)),
+                    comments_count: c.map_or(0, |c| c.get(1)),
+                })
+            }
             None => gone.push(*e),
         }
     }

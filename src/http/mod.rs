@@ -1,9 +1,11 @@
 //! The HTTP API: one router per module, merged here, with the layers every route shares.
 
 pub mod accounts;
+pub mod comments;
 pub mod extract;
 pub mod friendships;
 pub mod health;
+pub mod likes;
 pub mod newsfeeds;
 pub mod tweets;
 pub mod users;
@@ -43,6 +45,8 @@ pub fn router(state: AppState) -> Router {
         .merge(tweets::router())
         .merge(newsfeeds::router())
         .merge(friendships::router())
+        .merge(comments::router())
+        .merge(likes::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

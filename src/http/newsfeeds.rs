@@ -8,6 +8,7 @@ use serde::Serialize;
 use crate::cache::{ListKey, timeline};
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, QueryMap};
+use crate::http::tweets::tweet_page;
 use crate::pagination::Page;
 use crate::state::AppState;
 use crate::time::{self, Timestamp};
@@ -39,9 +40,10 @@ async fn list(
         &req,
     )
     .await?;
-    Ok(Json(Page::from_items(items, &req).map(|i| NewsFeed {
-        id: i.id,
-        created_at: i.created_at,
-        tweet: Tweet::new(i.tweet, i.author.into()),
+    let page = tweet_page(&state, items, &req, Some(auth.user.id)).await?;
+    Ok(Json(page.map(|((id, created_at), tweet)| NewsFeed {
+        id,
+        created_at,
+        tweet,
     })))
 }

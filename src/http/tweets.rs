@@ -7,11 +7,17 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::cache::counts::Counts;
+use crate::cache::timeline::Item;
 use crate::cache::{ListKey, timeline};
+use crate::comments::{self, Comment};
 use crate::error::{ApiError, ApiResult, FieldErrors};
-use crate::http::extract::{Auth, Fields, PathId, QueryMap};
+use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
+use crate::likes::{self, Like};
 use crate::pagination::Page;
+use crate::pagination::PageRequest;
 use crate::state::AppState;
+use crate::time::Timestamp;
 use crate::tweets::{self, Tweet};
 use crate::users;
 
@@ -21,7 +27,11 @@ pub fn router() -> Router<AppState> {
         .route("/api/tweets/{id}", get(detail).delete(remove))
 }
 
-async fn list(State(state): State<AppState>, query: QueryMap) -> ApiResult<Json<Page<Tweet>>> {
+async fn list(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    query: QueryMap,
+) -> ApiResult<Json<Page<Tweet>>> {
     let user_id = query.required_id("user_id")?;
     let req = query.page()?;
     // The user object cache makes this check free on the warm path.
@@ -33,8 +43,27 @@ async fn list(State(state): State<AppState>, query: QueryMap) -> ApiResult<Json<
     }
     let items = timeline::read(&state.db, &state.cache, ListKey::UserTweets(user_id), &req).await?;
     Ok(Json(
-        Page::from_items(items, &req).map(|i| Tweet::new(i.tweet, i.author.into())),
+        tweet_page(&state, items, &req, caller.id())
+            .await?
+            .map(|(_, tweet)| tweet),
     ))
+}
+
+/// A page of timeline items as tweets, with `has_liked` for the viewer from one query. Also
+/// gives each item's id and `created_at`, for newsfeeds.
+pub(crate) async fn tweet_page(
+    state: &AppState,
+    items: Vec<Item>,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> ApiResult<Page<((i64, Timestamp), Tweet)>> {
+    let page = Page::from_items(items, req);
+    let ids: Vec<i64> = page.results.iter().map(|i| i.tweet.id).collect();
+    let liked = likes::liked_tweets(&state.db, viewer, &ids).await?;
+    Ok(page.map(|i| {
+        let has_liked = liked.contains(&i.tweet.id);
+        ((i.id, i.created_at), Tweet::from_item(i, has_liked))
+    }))
 }
 
 async fn create(
@@ -51,26 +80,55 @@ async fn create(
     };
     let tweet = tweets::create(&state.db, &state.cache, auth.user.id, &content).await?;
     state.worker.wake.notify_one();
-    Ok((StatusCode::CREATED, Json(Tweet::new(tweet, auth.user))))
+    let no_counts = Counts {
+        version: 0,
+        values: vec![0, 0],
+    };
+    Ok((
+        StatusCode::CREATED,
+        Json(Tweet::new(tweet, auth.user, &no_counts, false)),
+    ))
 }
+
+/// How many comments and likes a `TweetDetail` carries.
+const DETAIL_NEWEST: usize = 20;
 
 /// `TweetDetail`: the tweet with its newest comments and likes.
 #[derive(Serialize)]
 struct TweetDetail {
     #[serde(flatten)]
     tweet: Tweet,
-    comments: Vec<Value>,
-    likes: Vec<Value>,
+    comments: Vec<Comment>,
+    likes: Vec<Like>,
 }
 
-async fn detail(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<TweetDetail>> {
-    let (record, author) = tweets::load(&state.db, &state.cache, id)
+async fn detail(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    PathId(id): PathId,
+) -> ApiResult<Json<TweetDetail>> {
+    let (record, counts, author) = tweets::load(&state.db, &state.cache, id)
         .await?
         .ok_or(ApiError::NotFound)?;
+    let viewer = caller.id();
+    let has_liked = !likes::liked_tweets(&state.db, viewer, &[id])
+        .await?
+        .is_empty();
+    let mut comments = comments::page(
+        &state.db,
+        &state.cache,
+        id,
+        &PageRequest::first(DETAIL_NEWEST),
+        viewer,
+    )
+    .await?;
+    comments.truncate(DETAIL_NEWEST);
+    let likes =
+        likes::newest_tweet_likes(&state.db, &state.cache, id, DETAIL_NEWEST as i64).await?;
     Ok(Json(TweetDetail {
-        tweet: Tweet::new(record, author.into()),
-        comments: Vec::new(),
-        likes: Vec::new(),
+        tweet: Tweet::new(record, author.into(), &counts, has_liked),
+        comments,
+        likes,
     }))
 }
 

@@ -19,7 +19,7 @@ pub fn router() -> Router<AppState> {
 }
 
 async fn profile(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Profile>> {
-    users::profile(&state.db, id)
+    users::profile(&state.db, &state.cache, id)
         .await?
         .map(Json)
         .ok_or(ApiError::NotFound)

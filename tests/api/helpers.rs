@@ -15,6 +15,8 @@ use sqlx::PgPool;
 use tower::ServiceExt;
 use tower_http::normalize_path::NormalizePath;
 
+pub use proxy::Proxy;
+
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
 /// The Redis every test uses (`REDIS_URL`, default the local one).
@@ -211,6 +213,35 @@ impl TestApp {
         }
     }
 
+    /// Creates a user directly (no password hashing) with a token: for tests that need many.
+    pub async fn quick_user(&self, name: &str) -> (i64, String) {
+        let id: i64 = sqlx::query_scalar(
+            "insert into users (username, email, password_hash) values ($1, $1 || '@example.com', '!') returning id",
+        )
+        .bind(name)
+        .fetch_one(self.db())
+        .await
+        .expect("user");
+        (
+            id,
+            chirp::accounts::issue_token(self.db(), id)
+                .await
+                .expect("token"),
+        )
+    }
+
+    /// What the cache monitor does every 500 ms until Redis answers: replay the outbox, then use
+    /// Redis again. The connection reconnects lazily, so this may take a few tries.
+    pub async fn recover(&self) -> bool {
+        for _ in 0..50 {
+            if outbox::recover(&self.state.cache, &self.state.db).await {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        false
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         let s = self.state.cache.stats().expect("cache on");
         let counter = match name {
@@ -267,4 +298,66 @@ pub async fn page_all(
 
 pub fn urlencode(s: &str) -> String {
     s.replace('+', "%2B").replace(':', "%3A")
+}
+
+mod proxy {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::watch;
+
+    use super::redis_url;
+
+    /// A TCP proxy to Redis that can be cut (existing connections dropped, new ones refused).
+    pub struct Proxy {
+        port: u16,
+        up: Arc<AtomicBool>,
+        cut: watch::Sender<u64>,
+    }
+
+    impl Proxy {
+        pub async fn start() -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
+            let target = redis_url()
+                .trim_start_matches("redis://")
+                .split('/')
+                .next()
+                .unwrap()
+                .to_owned();
+            let up = Arc::new(AtomicBool::new(true));
+            let (cut, _) = watch::channel(0u64);
+            let (up_, cut_) = (up.clone(), cut.clone());
+            tokio::spawn(async move {
+                while let Ok((mut client, _)) = listener.accept().await {
+                    if !up_.load(Ordering::SeqCst) {
+                        continue; // dropped: the client sees the connection close
+                    }
+                    let Ok(mut server) = TcpStream::connect(&target).await else {
+                        continue;
+                    };
+                    let mut cut_rx = cut_.subscribe();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                            _ = cut_rx.changed() => {}
+                        }
+                    });
+                }
+            });
+            Proxy { port, up, cut }
+        }
+
+        pub fn url(&self) -> String {
+            format!("redis://127.0.0.1:{}/0", self.port)
+        }
+
+        pub fn set_up(&self, up: bool) {
+            self.up.store(up, Ordering::SeqCst);
+            if !up {
+                self.cut.send_modify(|n| *n += 1);
+            }
+        }
+    }
 }

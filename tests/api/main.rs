@@ -3,9 +3,11 @@
 
 mod accounts;
 mod cache;
+mod comments;
 mod fanout;
 mod friendships;
 mod helpers;
+mod likes;
 mod pagination;
 mod resilience;
 mod tweets;

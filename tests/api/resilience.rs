@@ -1,69 +1,12 @@
 //! Redis is an optimisation: with it unreachable every request still answers correctly, and once
 //! it is back no cached list lacks a write made meanwhile.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use axum::http::StatusCode;
-use chirp::cache::{ListKey, outbox};
+use chirp::cache::ListKey;
 use serde_json::json;
 use sqlx::PgPool;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
-use crate::helpers::{TestApp, redis_url, tweet_ids};
-
-/// A TCP proxy to Redis that can be cut (existing connections dropped, new ones refused).
-struct Proxy {
-    port: u16,
-    up: Arc<AtomicBool>,
-    cut: watch::Sender<u64>,
-}
-
-impl Proxy {
-    async fn start() -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let target = redis_url()
-            .trim_start_matches("redis://")
-            .split('/')
-            .next()
-            .unwrap()
-            .to_owned();
-        let up = Arc::new(AtomicBool::new(true));
-        let (cut, _) = watch::channel(0u64);
-        let (up_, cut_) = (up.clone(), cut.clone());
-        tokio::spawn(async move {
-            while let Ok((mut client, _)) = listener.accept().await {
-                if !up_.load(Ordering::SeqCst) {
-                    continue; // dropped: the client sees the connection close
-                }
-                let Ok(mut server) = TcpStream::connect(&target).await else {
-                    continue;
-                };
-                let mut cut_rx = cut_.subscribe();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = cut_rx.changed() => {}
-                    }
-                });
-            }
-        });
-        Proxy { port, up, cut }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
-    }
-
-    fn set_up(&self, up: bool) {
-        self.up.store(up, Ordering::SeqCst);
-        if !up {
-            self.cut.send_modify(|n| *n += 1);
-        }
-    }
-}
+use crate::helpers::{Proxy, TestApp, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn with_redis_down_everything_answers_and_after_it_returns_no_write_is_missing(db: PgPool) {
@@ -137,16 +80,7 @@ async fn with_redis_down_everything_answers_and_after_it_returns_no_write_is_mis
         .await
         .expect("stale list still in redis");
     assert!(!stale.iter().any(|m| m.ends_with(&format!(":{new}"))));
-    // What the monitor does every 500 ms until Redis answers (the connection reconnects lazily).
-    let mut recovered = false;
-    for _ in 0..50 {
-        if outbox::recover(&app.state.cache, app.db()).await {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    assert!(recovered, "redis is used again once it answers");
+    assert!(app.recover().await, "redis is used again once it answers");
     assert!(app.state.cache.available());
     let pending: i64 = sqlx::query_scalar("select count(*) from cache_outbox")
         .fetch_one(app.db())

@@ -1,0 +1,232 @@
+//! Comments on tweets: create, edit, delete (each moving the tweet's exact `comments_count`) and
+//! the paginated listing per tweet.
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::cache::Cache;
+use crate::db;
+use crate::error::{ApiError, ApiResult};
+use crate::likes;
+use crate::pagination::{Page, PageRequest};
+use crate::time::{self, Timestamp};
+use crate::tweets::TweetRow;
+use crate::users::{self, User};
+
+/// The public `Comment` object.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comment {
+    pub id: i64,
+    pub tweet_id: i64,
+    pub user: User,
+    pub content: String,
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+    pub likes_count: i64,
+    pub has_liked: bool,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct CommentRow {
+    id: i64,
+    tweet_id: i64,
+    user_id: i64,
+    content: String,
+    created_at: Timestamp,
+    likes_count: i64,
+}
+
+/// Turns rows into `Comment`s: authors from the user cache, `has_liked` in one query.
+async fn hydrate(
+    db: &PgPool,
+    cache: &Cache,
+    rows: Vec<CommentRow>,
+    viewer: Option<i64>,
+) -> sqlx::Result<Vec<Comment>> {
+    let author_ids: Vec<i64> = rows.iter().map(|r| r.user_id).collect();
+    let comment_ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let authors = users::load_many(db, cache, &author_ids).await?;
+    let liked = likes::liked_comments(db, viewer, &comment_ids).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| {
+            Some(Comment {
+                id: r.id,
+                tweet_id: r.tweet_id,
+                user: authors.get(&r.user_id)?.clone().into(),
+                has_liked: liked.contains(&r.id),
+                content: r.content,
+                created_at: r.created_at,
+                likes_count: r.likes_count,
+            })
+        })
+        .collect())
+}
+
+/// `author` comments on `tweet_id` (content already validated).
+///
+/// # Errors
+/// 400 naming `tweet_id` if the tweet does not exist.
+pub async fn create(
+    db: &PgPool,
+    cache: &Cache,
+    author: &User,
+    tweet_id: i64,
+    content: &str,
+) -> ApiResult<Comment> {
+    let created = db::with_unique_timestamp("comments_created_at_key", |created_at| async move {
+        let mut tx = db.begin().await?;
+        let exists: Option<i32> =
+            sqlx::query_scalar("select 1 from tweets where id = $1 for key share")
+                .bind(tweet_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        if exists.is_none() {
+            return Ok(None);
+        }
+        let row: CommentRow = sqlx::query_as(
+            "insert into comments (tweet_id, user_id, content, created_at) values ($1, $2, $3, $4)
+             returning id, tweet_id, user_id, content, created_at, likes_count",
+        )
+        .bind(tweet_id)
+        .bind(author.id)
+        .bind(content)
+        .bind(created_at)
+        .fetch_one(&mut *tx)
+        .await?;
+        let tweet = shift_comments(&mut tx, tweet_id, 1).await?;
+        tx.commit().await?;
+        Ok(Some((row, tweet)))
+    })
+    .await?;
+    let (row, tweet) = created.ok_or_else(|| ApiError::field("tweet_id", "No such tweet."))?;
+    cache.apply(db, vec![tweet.counts_update()]).await;
+    Ok(Comment {
+        id: row.id,
+        tweet_id: row.tweet_id,
+        user: author.clone(),
+        content: row.content,
+        created_at: row.created_at,
+        likes_count: row.likes_count,
+        has_liked: false,
+    })
+}
+
+async fn shift_comments(
+    tx: &mut sqlx::PgConnection,
+    tweet_id: i64,
+    by: i64,
+) -> sqlx::Result<TweetRow> {
+    sqlx::query_as(concat!(
+        "update tweets set comments_count = comments_count + $2, counts_version = counts_version + 1 where id = $1",
+        crate::returning_tweet_row!()
+    ))
+    .bind(tweet_id)
+    .bind(by)
+    .fetch_one(tx)
+    .await
+}
+
+/// Checks that comment `id` exists and belongs to `me`, locking it; returns its tweet id.
+async fn owned(tx: &mut sqlx::PgConnection, me: i64, id: i64) -> ApiResult<i64> {
+    let row: Option<(i64, i64)> =
+        sqlx::query_as("select user_id, tweet_id from comments where id = $1 for update")
+            .bind(id)
+            .fetch_optional(tx)
+            .await?;
+    match row {
+        None => Err(ApiError::NotFound),
+        Some((owner, _)) if owner != me => Err(ApiError::Forbidden),
+        Some((_, tweet_id)) => Ok(tweet_id),
+    }
+}
+
+/// `me` edits comment `id` (content already validated).
+///
+/// # Errors
+/// 404 if there is no such comment, 403 if it is not `me`'s.
+pub async fn edit(
+    db: &PgPool,
+    cache: &Cache,
+    me: &User,
+    id: i64,
+    content: &str,
+) -> ApiResult<Comment> {
+    let mut tx = db.begin().await?;
+    owned(&mut tx, me.id, id).await?;
+    let row: CommentRow = sqlx::query_as(
+        "update comments set content = $2 where id = $1
+         returning id, tweet_id, user_id, content, created_at, likes_count",
+    )
+    .bind(id)
+    .bind(content)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    let mut hydrated = hydrate(db, cache, vec![row], Some(me.id)).await?;
+    hydrated.pop().ok_or(ApiError::NotFound)
+}
+
+/// `me` deletes comment `id` (its likes go with it).
+///
+/// # Errors
+/// 404 if there is no such comment, 403 if it is not `me`'s.
+pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<()> {
+    let mut tx = db.begin().await?;
+    let tweet_id = owned(&mut tx, me, id).await?;
+    sqlx::query("delete from comments where id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let tweet = shift_comments(&mut tx, tweet_id, -1).await?;
+    tx.commit().await?;
+    cache.apply(db, vec![tweet.counts_update()]).await;
+    Ok(())
+}
+
+/// A page of a tweet's comments, newest first.
+///
+/// # Errors
+/// 404 if the tweet does not exist.
+pub async fn list(
+    db: &PgPool,
+    cache: &Cache,
+    tweet_id: i64,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> ApiResult<Page<Comment>> {
+    let exists: bool = sqlx::query_scalar("select exists (select 1 from tweets where id = $1)")
+        .bind(tweet_id)
+        .fetch_one(db)
+        .await?;
+    if !exists {
+        return Err(ApiError::NotFound);
+    }
+    Ok(Page::from_items(
+        page(db, cache, tweet_id, req, viewer).await?,
+        req,
+    ))
+}
+
+/// Up to `req.want()` comments of a tweet, newest first (no existence check).
+pub async fn page(
+    db: &PgPool,
+    cache: &Cache,
+    tweet_id: i64,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> sqlx::Result<Vec<Comment>> {
+    let rows: Vec<CommentRow> = sqlx::query_as(
+        "select id, tweet_id, user_id, content, created_at, likes_count from comments
+         where tweet_id = $1
+           and created_at < coalesce($2, 'infinity') and created_at > coalesce($3, '-infinity')
+         order by created_at desc limit $4",
+    )
+    .bind(tweet_id)
+    .bind(req.lt)
+    .bind(req.gt)
+    .bind(req.want() as i64)
+    .fetch_all(db)
+    .await?;
+    hydrate(db, cache, rows, viewer).await
+}

@@ -1,0 +1,253 @@
+//! Likes on tweets and comments, with exact counters.
+//!
+//! A like is a row in `tweet_likes` / `comment_likes` (primary key: object, user), so liking twice
+//! is a no-op. The object's `likes_count` moves in the same transaction, and only when a row was
+//! actually inserted or deleted; the tweet's new counts are then written through to Redis
+//! (see `cache::counts`). Comments are read from Postgres, which carries their count.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::cache::{Cache, Update};
+use crate::error::{ApiError, ApiResult};
+use crate::time::{self, Timestamp};
+use crate::tweets::TweetRow;
+use crate::users::{self, User};
+
+/// What is liked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Tweet(i64),
+    Comment(i64),
+}
+
+impl Target {
+    /// From the API's `content_type` (`tweet` or `comment`, any case) and `object_id`.
+    ///
+    /// # Errors
+    /// 400 naming `content_type` for another value.
+    pub fn parse(content_type: &str, object_id: i64) -> ApiResult<Self> {
+        match content_type.trim().to_ascii_lowercase().as_str() {
+            "tweet" => Ok(Target::Tweet(object_id)),
+            "comment" => Ok(Target::Comment(object_id)),
+            _ => Err(ApiError::field(
+                "content_type",
+                "Must be \"tweet\" or \"comment\".",
+            )),
+        }
+    }
+}
+
+/// The public like object: `{"user": User, "created_at"}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Like {
+    pub user: User,
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+}
+
+fn no_such_object() -> ApiError {
+    ApiError::field("object_id", "No such object.")
+}
+
+/// Locks the liked object against deletion for the transaction; `false` if it does not exist.
+async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Result<bool> {
+    let sql = match target {
+        Target::Tweet(_) => "select 1 from tweets where id = $1 for key share",
+        Target::Comment(_) => "select 1 from comments where id = $1 for key share",
+    };
+    let id = match target {
+        Target::Tweet(id) | Target::Comment(id) => id,
+    };
+    Ok(sqlx::query_scalar::<_, i32>(sql)
+        .bind(id)
+        .fetch_optional(tx)
+        .await?
+        .is_some())
+}
+
+/// Moves the object's `likes_count` by `by`; for a tweet, returns the cache update.
+async fn shift_likes(
+    tx: &mut sqlx::PgConnection,
+    target: Target,
+    by: i64,
+) -> sqlx::Result<Option<Update>> {
+    match target {
+        Target::Tweet(id) => {
+            let row: TweetRow = sqlx::query_as(concat!(
+                "update tweets set likes_count = likes_count + $2, counts_version = counts_version + 1 where id = $1",
+                crate::returning_tweet_row!()
+            ))
+            .bind(id)
+            .bind(by)
+            .fetch_one(tx)
+            .await?;
+            Ok(Some(row.counts_update()))
+        }
+        Target::Comment(id) => {
+            sqlx::query("update comments set likes_count = likes_count + $2 where id = $1")
+                .bind(id)
+                .bind(by)
+                .execute(tx)
+                .await?;
+            Ok(None)
+        }
+    }
+}
+
+/// `user` likes `target`; liking again changes nothing and answers the first like.
+///
+/// # Errors
+/// 400 naming `object_id` if the object does not exist.
+pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<Like> {
+    let mut tx = db.begin().await?;
+    if !lock_object(&mut tx, target).await? {
+        return Err(no_such_object());
+    }
+    let (insert, existing) = match target {
+        Target::Tweet(_) => (
+            "insert into tweet_likes (tweet_id, user_id, created_at) values ($1, $2, $3)
+             on conflict do nothing returning created_at",
+            "select created_at from tweet_likes where tweet_id = $1 and user_id = $2",
+        ),
+        Target::Comment(_) => (
+            "insert into comment_likes (comment_id, user_id, created_at) values ($1, $2, $3)
+             on conflict do nothing returning created_at",
+            "select created_at from comment_likes where comment_id = $1 and user_id = $2",
+        ),
+    };
+    let (Target::Tweet(id) | Target::Comment(id)) = target;
+    let inserted: Option<Timestamp> = sqlx::query_scalar(insert)
+        .bind(id)
+        .bind(user.id)
+        .bind(time::next_timestamp())
+        .fetch_optional(&mut *tx)
+        .await?;
+    let (created_at, update) = match inserted {
+        Some(at) => (at, shift_likes(&mut tx, target, 1).await?),
+        None => (
+            sqlx::query_scalar(existing)
+                .bind(id)
+                .bind(user.id)
+                .fetch_one(&mut *tx)
+                .await?,
+            None,
+        ),
+    };
+    tx.commit().await?;
+    cache.apply(db, update.into_iter().collect()).await;
+    Ok(Like {
+        user: user.clone(),
+        created_at,
+    })
+}
+
+/// `user` takes back a like of `target`; returns rows deleted (0 or 1).
+///
+/// # Errors
+/// 400 naming `object_id` if the object does not exist.
+pub async fn cancel(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<u64> {
+    let mut tx = db.begin().await?;
+    if !lock_object(&mut tx, target).await? {
+        return Err(no_such_object());
+    }
+    let sql = match target {
+        Target::Tweet(_) => "delete from tweet_likes where tweet_id = $1 and user_id = $2",
+        Target::Comment(_) => "delete from comment_likes where comment_id = $1 and user_id = $2",
+    };
+    let (Target::Tweet(id) | Target::Comment(id)) = target;
+    let deleted = sqlx::query(sql)
+        .bind(id)
+        .bind(user.id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    let update = if deleted > 0 {
+        shift_likes(&mut tx, target, -1).await?
+    } else {
+        None
+    };
+    tx.commit().await?;
+    cache.apply(db, update.into_iter().collect()).await;
+    Ok(deleted)
+}
+
+/// Which of `tweet_ids` `viewer` liked: one indexed query for a whole page (none if anonymous).
+pub async fn liked_tweets(
+    db: &PgPool,
+    viewer: Option<i64>,
+    tweet_ids: &[i64],
+) -> sqlx::Result<HashSet<i64>> {
+    liked(
+        db,
+        viewer,
+        tweet_ids,
+        "select tweet_id from tweet_likes where user_id = $1 and tweet_id = any($2)",
+    )
+    .await
+}
+
+/// Which of `comment_ids` `viewer` liked: one indexed query (none if anonymous).
+pub async fn liked_comments(
+    db: &PgPool,
+    viewer: Option<i64>,
+    comment_ids: &[i64],
+) -> sqlx::Result<HashSet<i64>> {
+    liked(
+        db,
+        viewer,
+        comment_ids,
+        "select comment_id from comment_likes where user_id = $1 and comment_id = any($2)",
+    )
+    .await
+}
+
+async fn liked(
+    db: &PgPool,
+    viewer: Option<i64>,
+    ids: &[i64],
+    sql: &'static str,
+) -> sqlx::Result<HashSet<i64>> {
+    let Some(viewer) = viewer else {
+        return Ok(HashSet::new());
+    };
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    Ok(sqlx::query_scalar(sql)
+        .bind(viewer)
+        .bind(ids)
+        .fetch_all(db)
+        .await?
+        .into_iter()
+        .collect())
+}
+
+/// The newest `limit` likes of a tweet.
+pub async fn newest_tweet_likes(
+    db: &PgPool,
+    cache: &Cache,
+    tweet_id: i64,
+    limit: i64,
+) -> sqlx::Result<Vec<Like>> {
+    let rows: Vec<(i64, Timestamp)> = sqlx::query_as(
+        "select user_id, created_at from tweet_likes where tweet_id = $1 order by created_at desc limit $2",
+    )
+    .bind(tweet_id)
+    .bind(limit)
+    .fetch_all(db)
+    .await?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let people = users::load_many(db, cache, &ids).await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(id, created_at)| {
+            Some(Like {
+                user: people.get(&id)?.clone().into(),
+                created_at,
+            })
+        })
+        .collect())
+}

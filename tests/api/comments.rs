@@ -1,0 +1,273 @@
+use axum::http::{Method, StatusCode};
+use chirp::cache::counts::CountsOf;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, page_all};
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn comments_are_created_edited_and_deleted_only_by_their_owner(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let tweet = app.tweet(&ta, "discuss").await["id"].as_i64().unwrap();
+    let res = app
+        .post(
+            "/api/comments/",
+            Some(&tb),
+            json!({"tweet_id": tweet, "content": " first! "}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    assert_eq!(res.body["content"], "first!");
+    assert_eq!(res.body["tweet_id"], tweet);
+    assert_eq!(res.body["user"]["username"], "bob");
+    assert_eq!(
+        (
+            res.body["likes_count"].clone(),
+            res.body["has_liked"].clone()
+        ),
+        (json!(0), json!(false))
+    );
+    let id = res.body["id"].as_i64().unwrap();
+    assert_eq!(
+        app.get(&format!("/api/tweets/{tweet}/"), None).await.body["comments_count"],
+        1
+    );
+
+    let uri = format!("/api/comments/{id}/");
+    let edit = json!({"content": "edited"});
+    assert_eq!(
+        app.request(Method::PUT, &uri, None, Some(edit.clone()))
+            .await
+            .status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        app.request(Method::PUT, &uri, Some(&ta), Some(edit.clone()))
+            .await
+            .status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        app.request(Method::PUT, &uri, Some(&tb), Some(json!({"content": ""})))
+            .await
+            .status,
+        StatusCode::BAD_REQUEST
+    );
+    let res = app.request(Method::PUT, &uri, Some(&tb), Some(edit)).await;
+    assert_eq!(
+        (res.status, res.body["content"].clone()),
+        (StatusCode::OK, json!("edited"))
+    );
+    assert_eq!(
+        app.request(
+            Method::PUT,
+            "/api/comments/999999/",
+            Some(&tb),
+            Some(json!({"content": "x"}))
+        )
+        .await
+        .status,
+        StatusCode::NOT_FOUND
+    );
+
+    assert_eq!(
+        app.request(Method::DELETE, &uri, Some(&ta), None)
+            .await
+            .status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{tweet}/"), None).await.body["comments_count"],
+        1
+    );
+    let res = app.request(Method::DELETE, &uri, Some(&tb), None).await;
+    assert_eq!(res.body, json!({"success": true}));
+    assert_eq!(
+        app.request(Method::DELETE, &uri, Some(&tb), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{tweet}/"), None).await.body["comments_count"],
+        0
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn bad_comments_are_rejected_and_change_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    let tweet = app.tweet(&ta, "t").await["id"].as_i64().unwrap();
+    for (body, field) in [
+        (json!({"tweet_id": 999999, "content": "x"}), "tweet_id"),
+        (json!({"content": "x"}), "tweet_id"),
+        (json!({"tweet_id": tweet}), "content"),
+        (
+            json!({"tweet_id": tweet, "content": "x".repeat(281)}),
+            "content",
+        ),
+    ] {
+        let res = app.post("/api/comments/", Some(&ta), body.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(res.body["errors"][field].is_array(), "{body}: {}", res.body);
+    }
+    assert_eq!(
+        app.get("/api/comments/", None).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        app.get("/api/comments/?tweet_id=999999", None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let rows: i64 = sqlx::query_scalar("select count(*) from comments")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    assert_eq!(
+        app.get(&format!("/api/tweets/{tweet}/"), None).await.body["comments_count"],
+        0
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn comments_page_like_every_listing_and_the_detail_has_the_newest_20(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let tweet = app.tweet(&ta, "busy").await["id"].as_i64().unwrap();
+    let mut ids = Vec::new();
+    for i in 0..45 {
+        let res = app
+            .post(
+                "/api/comments/",
+                Some(&ta),
+                json!({"tweet_id": tweet, "content": format!("c{i}")}),
+            )
+            .await;
+        ids.push(res.body["id"].as_i64().unwrap());
+    }
+    ids.reverse();
+    for size in [1, 7, 45, 100] {
+        assert_eq!(
+            page_all(
+                &app,
+                &format!("/api/comments/?tweet_id={tweet}"),
+                None,
+                size
+            )
+            .await,
+            ids,
+            "page_size {size}"
+        );
+    }
+    let mut likers = Vec::new();
+    for i in 0..25 {
+        let (_, token) = app.quick_user(&format!("liker{i}")).await;
+        app.post(
+            "/api/likes/",
+            Some(&token),
+            json!({"content_type": "tweet", "object_id": tweet}),
+        )
+        .await;
+        likers.push(format!("liker{i}"));
+    }
+    let detail = app.get(&format!("/api/tweets/{tweet}/"), None).await.body;
+    assert_eq!(detail["comments_count"], 45);
+    assert_eq!(detail["likes_count"], 25);
+    let shown: Vec<i64> = detail["comments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["id"].as_i64().unwrap())
+        .collect();
+    assert_eq!(shown, ids[..20].to_vec());
+    let likes: Vec<&str> = detail["likes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["user"]["username"].as_str().unwrap())
+        .collect();
+    likers.reverse();
+    assert_eq!(
+        likes,
+        likers[..20].iter().map(String::as_str).collect::<Vec<_>>()
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (_, tb) = app.quick_user("bob").await;
+    let tweet = app.tweet(&ta, "doomed").await["id"].as_i64().unwrap();
+    let comment = app
+        .post(
+            "/api/comments/",
+            Some(&tb),
+            json!({"tweet_id": tweet, "content": "c"}),
+        )
+        .await
+        .body["id"]
+        .as_i64()
+        .unwrap();
+    app.post(
+        "/api/likes/",
+        Some(&tb),
+        json!({"content_type": "tweet", "object_id": tweet}),
+    )
+    .await;
+    app.post(
+        "/api/likes/",
+        Some(&ta),
+        json!({"content_type": "comment", "object_id": comment}),
+    )
+    .await;
+    assert!(
+        app.state
+            .cache
+            .get_counts(&[CountsOf::Tweet(tweet)])
+            .await
+            .unwrap()[0]
+            .is_some()
+    );
+
+    app.request(
+        Method::DELETE,
+        &format!("/api/tweets/{tweet}/"),
+        Some(&ta),
+        None,
+    )
+    .await;
+    let rows: (i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from comments), (select count(*) from tweet_likes), (select count(*) from comment_likes)",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(rows, (0, 0, 0));
+    assert!(
+        app.state
+            .cache
+            .get_counts(&[CountsOf::Tweet(tweet)])
+            .await
+            .unwrap()[0]
+            .is_none()
+    );
+    assert_eq!(
+        app.get(&format!("/api/comments/?tweet_id={tweet}"), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    let res = app
+        .post(
+            "/api/likes/",
+            Some(&tb),
+            json!({"content_type": "comment", "object_id": comment}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+}
