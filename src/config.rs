@@ -23,6 +23,29 @@ pub enum Command {
     Worker,
     /// Create the database if missing and apply migrations, then exit.
     Migrate,
+    /// Load a SNAP-style follower graph and Twitter v1.1 JSON-lines tweets (plain or .gz).
+    Import(ImportArgs),
+}
+
+/// Arguments of `chirp import` (see `chirp::import`).
+#[derive(Debug, Clone, Args)]
+pub struct ImportArgs {
+    /// Edge list, one `A B` per line: A follows B (e.g. SNAP's twitter_combined.txt.gz).
+    #[arg(long)]
+    pub follows: std::path::PathBuf,
+    /// Tweets as Twitter API v1.1 JSON, one object per line; repeat for several files.
+    #[arg(long = "tweets", required = true)]
+    pub tweets: Vec<std::path::PathBuf>,
+    /// Empty every chirp table first (in the same transaction as the import).
+    #[arg(long)]
+    pub reset: bool,
+    /// Write `user_id<TAB>token` bearer tokens for a sample of imported accounts to this file.
+    #[arg(long)]
+    pub tokens_out: Option<std::path::PathBuf>,
+    /// How many accounts get a token with --tokens-out (a seeded random sample of the accounts
+    /// that follow someone).
+    #[arg(long, default_value_t = 2000)]
+    pub tokens: usize,
 }
 
 /// Whether Redis is used at all.

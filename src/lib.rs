@@ -9,6 +9,7 @@ pub mod db;
 pub mod error;
 pub mod friendships;
 pub mod http;
+pub mod import;
 pub mod jobs;
 pub mod likes;
 pub mod newsfeeds;

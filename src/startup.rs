@@ -142,5 +142,22 @@ pub async fn main() -> anyhow::Result<()> {
                 .await
         }
         Command::Worker => run_worker(cli.config, shutdown_signal()).await,
+        Command::Import(args) => {
+            let db = db::migrate(&cli.config).await?;
+            let summary = crate::import::run(&db, &args).await?;
+            println!("{summary}");
+            // The import wrote around the cache: drop what Redis holds for this deployment.
+            match crate::cache::Cache::new(&cli.config)?.clear().await {
+                Ok(n) => println!(
+                    "cache: {n} keys under '{}' dropped",
+                    cli.config.redis_prefix
+                ),
+                Err(_) => println!(
+                    "cache: Redis not reachable; drop the keys under '{}:*' before serving",
+                    cli.config.redis_prefix
+                ),
+            }
+            Ok(())
+        }
     }
 }

@@ -259,6 +259,35 @@ impl Cache {
         matches!(tokio::time::timeout(inner.timeout, ping).await, Ok(Ok(_)))
     }
 
+    /// Deletes every key under the prefix (after a bulk import, whose writes bypass the cache).
+    /// Works while Redis is marked down; returns how many keys were deleted.
+    pub async fn clear(&self) -> Result<usize, CacheUnavailable> {
+        let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
+        let pattern = format!("{}:*", inner.keys.prefix());
+        let mut cursor: u64 = 0;
+        let mut deleted = 0;
+        loop {
+            let mut scan = redis::pipe();
+            scan.cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let ((next, keys),): ((u64, Vec<String>),) = self.run_unchecked(&scan).await?;
+            if !keys.is_empty() {
+                let mut del = redis::pipe();
+                del.cmd("UNLINK").arg(&keys).ignore();
+                self.run_unchecked::<()>(&del).await?;
+                deleted += keys.len();
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
     // ----- lists -------------------------------------------------------------------------
 
     /// Reads the newest `count` entries strictly between `gt` and `lt` (µs) of a cached list.

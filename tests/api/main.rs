@@ -7,6 +7,7 @@ mod comments;
 mod fanout;
 mod friendships;
 mod helpers;
+mod import;
 mod likes;
 mod pagination;
 mod resilience;

@@ -1,0 +1,249 @@
+//! `chirp import` on small files written by the test.
+
+use std::io::Write;
+
+use axum::http::StatusCode;
+use chirp::config::ImportArgs;
+use flate2::write::GzEncoder;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, page_all};
+
+fn tweet(id: u64, author: u64, at: &str, text: &str, reply_to: Option<u64>) -> String {
+    json!({
+        "id_str": id.to_string(), "id": 7.9e17, "created_at": at, "text": text,
+        "user": {"id_str": author.to_string(), "screen_name": format!("a{author}")},
+        "in_reply_to_status_id_str": reply_to.map(|r| r.to_string()),
+        "_id": {"$oid": "x"}
+    })
+    .to_string()
+}
+
+struct Files {
+    dir: std::path::PathBuf,
+}
+
+impl Files {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(crate::helpers::unique_prefix().replace(':', "_"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Files { dir }
+    }
+
+    fn write(&self, name: &str, content: &str) -> std::path::PathBuf {
+        let path = self.dir.join(name);
+        if name.ends_with(".gz") {
+            let mut gz = GzEncoder::new(
+                std::fs::File::create(&path).unwrap(),
+                flate2::Compression::fast(),
+            );
+            gz.write_all(content.as_bytes()).unwrap();
+            gz.finish().unwrap();
+        } else {
+            std::fs::write(&path, content).unwrap();
+        }
+        path
+    }
+}
+
+impl Drop for Files {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let files = Files::new();
+    // 10 and 11 follow 20; 10 follows 30; a duplicate, a self-follow and a malformed line.
+    let follows = files.write(
+        "graph.txt",
+        "10 20\n11 20\n10 30\n10 20\n30 30\nnot an edge\n",
+    );
+    let same_second = "Wed Nov 09 06:57:54 +0000 2016";
+    let tweets = [
+        tweet(1001, 500, same_second, "busiest author, first", None),
+        tweet(1002, 500, same_second, "busiest author, second", None),
+        tweet(
+            1003,
+            600,
+            "Thu Nov 10 08:00:00 +0000 2016",
+            "other author",
+            None,
+        ),
+        tweet(
+            1004,
+            700,
+            "Thu Nov 10 09:00:00 +0000 2016",
+            "a reply",
+            Some(1001),
+        ),
+        tweet(
+            1005,
+            800,
+            "Fri Nov 11 09:00:00 +0000 2016",
+            "reply to outside",
+            Some(9),
+        ),
+        "{\"id_str\": \"1006\", \"text\": \"no author or date\"}".to_owned(),
+        "{ broken json".to_owned(),
+    ]
+    .join("\n");
+    let tweets = files.write("tweets.jsonl.gz", &tweets);
+    let tokens = files.dir.join("tokens.tsv");
+    let args = ImportArgs {
+        follows,
+        tweets: vec![tweets],
+        reset: false,
+        tokens_out: Some(tokens.clone()),
+        tokens: 5,
+    };
+
+    let summary = chirp::import::run(app.db(), &args).await.unwrap();
+    assert_eq!(
+        (
+            summary.duplicate_edges,
+            summary.self_follows,
+            summary.skipped_edges.count
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(summary.skipped_tweets.count, 2);
+    assert!(
+        summary.skipped_tweets.examples[0].contains("tweets.jsonl.gz:6"),
+        "{:?}",
+        summary.skipped_tweets.examples
+    );
+    let tables: Vec<(String, i64)> = summary.tables.clone();
+    assert!(tables.contains(&("users".into(), 4)), "{tables:?}");
+    assert!(tables.contains(&("friendships".into(), 3)));
+    assert!(
+        tables.contains(&("tweets".into(), 4)),
+        "1001, 1002, 1003 and the reply to an outside tweet"
+    );
+    assert!(tables.contains(&("comments".into(), 1)));
+
+    // The busiest author (500) got the most-followed account (20, two followers).
+    let owner: i64 = sqlx::query_scalar("select user_id from tweets where id = 1001")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(owner, 20);
+    let name: String = sqlx::query_scalar("select username from users where id = 20")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(name, "u20");
+    let distinct: i64 = sqlx::query_scalar("select count(distinct created_at) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(distinct, 4, "same-second tweets got unique timestamps");
+
+    // Feeds are complete at once: 10 follows 20 (two tweets) and 30.
+    let token = std::fs::read_to_string(&tokens).unwrap();
+    assert_eq!(token.lines().count(), 2, "only 10 and 11 follow someone");
+    let ten = token
+        .lines()
+        .find(|l| l.starts_with("10\t"))
+        .unwrap()
+        .split('\t')
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let feed = page_all(&app, "/api/newsfeeds/", Some(&ten), 1).await;
+    let expected_len: i64 = sqlx::query_scalar(
+        "select count(*) from tweets t join friendships f on f.to_user_id = t.user_id where f.from_user_id = 10",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(feed.len() as i64, expected_len);
+    assert_eq!(&feed[feed.len() - 2..], &[1002, 1001]);
+    let detail = app.get("/api/tweets/1001/", None).await.body;
+    assert_eq!(
+        (
+            detail["comments_count"].clone(),
+            detail["comments"][0]["content"].clone()
+        ),
+        (json!(1), json!("a reply"))
+    );
+    let profile = app.get("/api/users/20/", None).await.body;
+    assert_eq!(
+        (
+            profile["followers_count"].clone(),
+            profile["tweets_count"].clone()
+        ),
+        (json!(2), json!(2))
+    );
+    assert_eq!(
+        app.post(
+            "/api/accounts/login/",
+            None,
+            json!({"username": "u20", "password": "!"})
+        )
+        .await
+        .status,
+        StatusCode::BAD_REQUEST
+    );
+
+    // Again, without --reset: nothing is added.
+    let args = ImportArgs {
+        tokens_out: None,
+        ..args
+    };
+    let again = chirp::import::run(app.db(), &args).await.unwrap();
+    let same: Vec<_> = again
+        .tables
+        .iter()
+        .filter(|t| t.0 != "auth_tokens")
+        .collect();
+    let before: Vec<_> = tables.iter().filter(|t| t.0 != "auth_tokens").collect();
+    assert_eq!(same, before);
+    // New sign-ups get ids above the imported ones.
+    let (id, _) = app.signup("newcomer").await;
+    assert!(id > 30);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_failed_import_changes_nothing_and_says_why(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let files = Files::new();
+    let follows = files.write("graph.txt", "1 2\n");
+    let tweets = files.write(
+        "t.jsonl",
+        &tweet(5, 9, "Wed Nov 09 06:57:54 +0000 2016", "hi", None),
+    );
+    let missing = ImportArgs {
+        follows: files.dir.join("nope.txt"),
+        tweets: vec![tweets.clone()],
+        reset: false,
+        tokens_out: None,
+        tokens: 1,
+    };
+    let err = chirp::import::run(app.db(), &missing).await.unwrap_err();
+    assert!(format!("{err:#}").contains("nope.txt"), "{err:#}");
+
+    // Fails after loading everything, at the token file: rolled back.
+    let unwritable = ImportArgs {
+        follows,
+        tweets: vec![tweets],
+        reset: true,
+        tokens_out: Some(files.dir.join("no/such/dir/tokens.tsv")),
+        tokens: 1,
+    };
+    app.signup("existing").await;
+    assert!(chirp::import::run(app.db(), &unwritable).await.is_err());
+    let (users, tweets): (i64, i64) =
+        sqlx::query_as("select (select count(*) from users), (select count(*) from tweets)")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+    assert_eq!(
+        (users, tweets),
+        (1, 0),
+        "the database is as it was, reset included"
+    );
+}
