@@ -16,6 +16,8 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::cache::objects::CachedToken;
+use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::users::{User, UserRecord};
@@ -157,20 +159,23 @@ pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(
     }
 }
 
-/// Revokes a token.
-pub async fn logout(db: &PgPool, token: &str) -> sqlx::Result<()> {
+/// Revokes a token: deletes it, then tombstones it in the token cache.
+pub async fn logout(db: &PgPool, cache: &Cache, token: &str) -> sqlx::Result<()> {
+    let hash = hash_token(token);
     sqlx::query("delete from auth_tokens where token_hash = $1")
-        .bind(hash_token(token))
+        .bind(&hash)
         .execute(db)
         .await?;
+    cache.apply(db, vec![Update::TokenRevoked(hash)]).await;
     Ok(())
 }
 
-/// The user a token belongs to.
+/// The id of the user a token belongs to: from the token cache (one Redis round trip), else
+/// from Postgres (then cached).
 ///
 /// # Errors
 /// `InvalidToken` for a malformed, unknown or revoked token.
-pub async fn authenticate(db: &PgPool, token: &str) -> ApiResult<User> {
+pub async fn authenticate(db: &PgPool, cache: &Cache, token: &str) -> ApiResult<i64> {
     if token.len() != TOKEN_LEN
         || !token
             .bytes()
@@ -178,20 +183,20 @@ pub async fn authenticate(db: &PgPool, token: &str) -> ApiResult<User> {
     {
         return Err(ApiError::InvalidToken);
     }
-    let user: Option<(i64, String, Option<String>, Option<String>)> = sqlx::query_as(
-        "select u.id, u.username, u.nickname, u.avatar_url
-         from auth_tokens t join users u on u.id = t.user_id where t.token_hash = $1",
-    )
-    .bind(hash_token(token))
-    .fetch_optional(db)
-    .await?;
-    let (id, username, nickname, avatar_url) = user.ok_or(ApiError::InvalidToken)?;
-    Ok(User {
-        id,
-        username,
-        nickname,
-        avatar_url,
-    })
+    let hash = hash_token(token);
+    match cache.get_token(&hash).await {
+        Ok(CachedToken::User(id)) => return Ok(id),
+        Ok(CachedToken::Revoked) => return Err(ApiError::InvalidToken),
+        Ok(CachedToken::Miss) | Err(_) => {}
+    }
+    let user: Option<i64> =
+        sqlx::query_scalar("select user_id from auth_tokens where token_hash = $1")
+            .bind(&hash)
+            .fetch_optional(db)
+            .await?;
+    let id = user.ok_or(ApiError::InvalidToken)?;
+    cache.put_token(&hash, id).await;
+    Ok(id)
 }
 
 /// Validates sign-up input; returns `(username lowercase, email, password)`.

@@ -137,7 +137,13 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
         ),
     };
     tx.commit().await?;
-    cache.apply(db, update.into_iter().collect()).await;
+    let mut updates: Vec<Update> = update.into_iter().collect();
+    if inserted.is_some()
+        && let Target::Tweet(tweet) = target
+    {
+        updates.push(Update::Liked(user.id, tweet, true));
+    }
+    cache.apply(db, updates).await;
     Ok(Like {
         user: user.clone(),
         created_at,
@@ -148,7 +154,7 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
 ///
 /// # Errors
 /// 400 naming `object_id` if the object does not exist.
-pub async fn cancel(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<u64> {
+pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> ApiResult<u64> {
     let mut tx = db.begin().await?;
     if !lock_object(&mut tx, target).await? {
         return Err(no_such_object());
@@ -160,7 +166,7 @@ pub async fn cancel(db: &PgPool, cache: &Cache, user: &User, target: Target) -> 
     let (Target::Tweet(id) | Target::Comment(id)) = target;
     let deleted = sqlx::query(sql)
         .bind(id)
-        .bind(user.id)
+        .bind(user)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -170,19 +176,59 @@ pub async fn cancel(db: &PgPool, cache: &Cache, user: &User, target: Target) -> 
         None
     };
     tx.commit().await?;
-    cache.apply(db, update.into_iter().collect()).await;
+    let mut updates: Vec<Update> = update.into_iter().collect();
+    if deleted > 0
+        && let Target::Tweet(tweet) = target
+    {
+        updates.push(Update::Liked(user, tweet, false));
+    }
+    cache.apply(db, updates).await;
     Ok(deleted)
 }
 
-/// Which of `tweet_ids` `viewer` liked: one indexed query for a whole page (none if anonymous).
+/// Most likes a user's liked set may hold to be cached; beyond it has_liked is asked of Postgres.
+pub const MAX_CACHED_LIKES: usize = 10_000;
+
+/// Which of `tweet_ids` `viewer` liked (none if anonymous): one Redis round trip on the viewer's
+/// cached liked set; on a miss the set is loaded (one indexed query) and cached, guarded by its
+/// generation like the timelines; without Redis, one indexed query for the page.
 pub async fn liked_tweets(
     db: &PgPool,
+    cache: &Cache,
     viewer: Option<i64>,
     tweet_ids: &[i64],
 ) -> sqlx::Result<HashSet<i64>> {
+    let Some(user) = viewer else {
+        return Ok(HashSet::new());
+    };
+    if tweet_ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    if cache.available() {
+        match cache.liked_among(user, tweet_ids).await {
+            Ok(Some(liked)) => return Ok(liked),
+            Ok(None) => {
+                if let Ok(generation) = cache.liked_generation(user).await {
+                    let all: Vec<i64> = sqlx::query_scalar(
+                        "select tweet_id from tweet_likes where user_id = $1 limit $2",
+                    )
+                    .bind(user)
+                    .bind(MAX_CACHED_LIKES as i64 + 1)
+                    .fetch_all(db)
+                    .await?;
+                    if all.len() <= MAX_CACHED_LIKES {
+                        cache.fill_liked(user, generation.as_deref(), &all).await;
+                        let page: HashSet<i64> = tweet_ids.iter().copied().collect();
+                        return Ok(all.into_iter().filter(|id| page.contains(id)).collect());
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+    }
     liked(
         db,
-        viewer,
+        Some(user),
         tweet_ids,
         "select tweet_id from tweet_likes where user_id = $1 and tweet_id = any($2)",
     )

@@ -7,6 +7,9 @@
 //! | `{list}:gen` | string (integer) | generation of a list, bumped by every write to it (see `cache::lists`) |
 //! | `{p}:tweet:{id}` | string | tweet object JSON, or the tombstone `-` once deleted |
 //! | `{p}:user:{id}` | string | `"{version}\|{user JSON}"` |
+//! | `{p}:cnt:tweet:{id}`, `{p}:cnt:user:{id}` | string | versioned counts (see `cache::counts`) |
+//! | `{p}:token:{sha256 hex}` | string | the user id of a bearer token, or the tombstone `-` |
+//! | `{p}:liked:{user_id}` | set | ids of the tweets the user liked, and the marker `#` |
 
 use std::fmt;
 
@@ -54,6 +57,17 @@ impl Keys {
     /// A user object.
     pub fn user(&self, id: i64) -> String {
         format!("{}:user:{id}", self.prefix)
+    }
+
+    /// A bearer token (by the hex SHA-256 it is stored under).
+    pub fn token(&self, hash: &[u8]) -> String {
+        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}:token:{hex}", self.prefix)
+    }
+
+    /// The set of tweets a user liked.
+    pub fn liked(&self, user_id: i64) -> String {
+        format!("{}:liked:{user_id}", self.prefix)
     }
 
     /// The prefix itself (for `SCAN MATCH {prefix}:*`).

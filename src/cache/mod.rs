@@ -84,6 +84,10 @@ pub enum Update {
     Counts(counts::CountsOf, counts::Counts),
     /// Drop the counts of a deleted object.
     DropCounts(counts::CountsOf),
+    /// A bearer token was revoked (by its hash): tombstone it.
+    TokenRevoked(Vec<u8>),
+    /// `user` liked (`true`) or stopped liking a tweet: update the user's liked set if cached.
+    Liked(i64, i64, bool),
 }
 
 struct Inner {
@@ -445,6 +449,24 @@ impl Cache {
                 Update::DropCounts(of) => {
                     pipe.cmd("DEL").arg(self.counts_key(*of)).ignore();
                 }
+                Update::TokenRevoked(hash) => {
+                    let key = inner.keys.token(hash);
+                    pipe.cmd("SET")
+                        .arg(key)
+                        .arg(objects::TOMBSTONE)
+                        .arg("EX")
+                        .arg(ttl)
+                        .ignore();
+                }
+                Update::Liked(user, tweet, liked) => {
+                    let key = inner.keys.liked(*user);
+                    let mut inv = scripts::SET_CHANGE.key(&key);
+                    inv.key(Keys::gen_of(&key))
+                        .arg(if *liked { "add" } else { "rem" })
+                        .arg(ttl)
+                        .arg(*tweet);
+                    pipe.invoke_script(&inv).ignore();
+                }
             }
         }
         if self.run::<()>(&pipe).await.is_err() {
@@ -460,6 +482,8 @@ impl Cache {
                     Update::Counts(of, _) | Update::DropCounts(of) => {
                         (self.counts_key(*of).unwrap_or_default(), false)
                     }
+                    Update::TokenRevoked(hash) => (inner.keys.token(hash), false),
+                    Update::Liked(user, ..) => (inner.keys.liked(*user), true),
                 })
                 .collect();
             outbox::record(db, &keys).await;

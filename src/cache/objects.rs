@@ -2,7 +2,9 @@
 //! tombstone) and user objects (versioned, so a slow reader can not put back an old profile).
 
 use crate::cache::counts::{Counts, CountsOf};
-use crate::cache::{Cache, CacheUnavailable, scripts};
+use std::collections::HashSet;
+
+use crate::cache::{Cache, CacheUnavailable, Keys, scripts};
 use crate::tweets::{TweetRecord, TweetRow};
 use crate::users::UserRecord;
 
@@ -123,6 +125,104 @@ impl Cache {
             )
             .ignore();
         }
+        let _ = self.run::<()>(&pipe).await;
+    }
+}
+
+/// What the cache knows of a bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedToken {
+    /// Not cached: ask Postgres.
+    Miss,
+    /// Revoked (logout).
+    Revoked,
+    /// Valid for this user.
+    User(i64),
+}
+
+impl Cache {
+    /// The user a token (by hash) belongs to, if cached.
+    pub async fn get_token(&self, hash: &[u8]) -> Result<CachedToken, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(keys.token(hash));
+        let (value,): (Option<String>,) = self.run(&pipe).await?;
+        Ok(match value.as_deref() {
+            None => CachedToken::Miss,
+            Some(TOMBSTONE) => CachedToken::Revoked,
+            Some(id) => id.parse().map_or(CachedToken::Miss, CachedToken::User),
+        })
+    }
+
+    /// Caches a token loaded from Postgres (`SET NX`: a revocation written meanwhile wins).
+    pub async fn put_token(&self, hash: &[u8], user_id: i64) {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(keys.token(hash))
+            .arg(user_id)
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl)
+            .ignore();
+        let _ = self.run::<()>(&pipe).await;
+    }
+
+    /// Which of `tweet_ids` `user` liked, from the user's cached liked set in one round trip
+    /// (`SMISMEMBER`); `None` if the set is not cached.
+    pub async fn liked_among(
+        &self,
+        user: i64,
+        tweet_ids: &[i64],
+    ) -> Result<Option<HashSet<i64>>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("SMISMEMBER")
+            .arg(keys.liked(user))
+            .arg("#")
+            .arg(tweet_ids);
+        let (flags,): (Vec<bool>,) = self.run(&pipe).await?;
+        let mut flags = flags.into_iter();
+        if flags.next() != Some(true) {
+            return Ok(None);
+        }
+        Ok(Some(
+            tweet_ids
+                .iter()
+                .zip(flags)
+                .filter(|(_, f)| *f)
+                .map(|(id, _)| *id)
+                .collect(),
+        ))
+    }
+
+    /// The generation of a user's liked set, read before loading it from Postgres.
+    pub async fn liked_generation(&self, user: i64) -> Result<Option<String>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("GET").arg(Keys::gen_of(&keys.liked(user)));
+        let (value,): (Option<String>,) = self.run(&pipe).await?;
+        Ok(value)
+    }
+
+    /// Stores a user's liked set loaded from Postgres unless it exists or changed since
+    /// `generation` was read. Best effort.
+    pub async fn fill_liked(&self, user: i64, generation: Option<&str>, tweet_ids: &[i64]) {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return;
+        };
+        let key = keys.liked(user);
+        let mut inv = scripts::SET_FILL.key(&key);
+        inv.key(Keys::gen_of(&key))
+            .arg(generation.unwrap_or(""))
+            .arg(ttl);
+        for id in tweet_ids {
+            inv.arg(*id);
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&inv).ignore();
         let _ = self.run::<()>(&pipe).await;
     }
 }

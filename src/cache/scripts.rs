@@ -141,7 +141,51 @@ return 1
     )
 });
 
+/// `SET_FILL set gen | expected_gen ttl member ...`: stores a set loaded from Postgres (with the
+/// member `#`, so an empty set exists too) unless it exists or was written since `expected_gen`.
+pub static SET_FILL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if (redis.call('GET', KEYS[2]) or '') ~= ARGV[1] then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('SADD', KEYS[1], '#')
+local i = 3
+while i <= #ARGV do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('SADD', KEYS[1], unpack(ARGV, i, last))
+  i = last + 1
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"#,
+    )
+});
+
+/// `SET_CHANGE set gen | add|rem ttl member`: adds to or removes from a cached set (never
+/// creating one) and bumps its generation.
+pub static SET_CHANGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[1] == 'add' then redis.call('SADD', KEYS[1], ARGV[3]) else redis.call('SREM', KEYS[1], ARGV[3]) end
+end
+redis.call('INCR', KEYS[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"#,
+    )
+});
+
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 6] {
-    [&RANGE, &FILL, &MERGE, &REMOVE, &INVALIDATE, &SET_IF_NEWER]
+pub fn all() -> [&'static Script; 8] {
+    [
+        &RANGE,
+        &FILL,
+        &MERGE,
+        &REMOVE,
+        &INVALIDATE,
+        &SET_IF_NEWER,
+        &SET_FILL,
+        &SET_CHANGE,
+    ]
 }

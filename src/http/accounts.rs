@@ -49,13 +49,19 @@ async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Json<
 }
 
 async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
-    accounts::logout(&state.db, &auth.token).await?;
+    accounts::logout(&state.db, &state.cache, &auth.token).await?;
     Ok(Json(json!({"success": true})))
 }
 
-async fn login_status(caller: MaybeAuth) -> Json<Value> {
-    match caller.0 {
-        Some(user) => Json(json!({"has_logged_in": true, "user": user})),
-        None => Json(json!({"has_logged_in": false})),
+async fn login_status(State(state): State<AppState>, caller: MaybeAuth) -> ApiResult<Json<Value>> {
+    let Some(id) = caller.id() else {
+        return Ok(Json(json!({"has_logged_in": false})));
+    };
+    let user = Auth {
+        user_id: id,
+        token: String::new(),
     }
+    .user(&state)
+    .await?;
+    Ok(Json(json!({"has_logged_in": true, "user": user})))
 }

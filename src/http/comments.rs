@@ -53,7 +53,14 @@ async fn create(
     let (Some(tweet_id), Some(content), true) = (tweet_id, content, errors.is_empty()) else {
         return Err(ApiError::Validation(errors));
     };
-    let comment = comments::create(&state.db, &state.cache, &auth.user, tweet_id, &content).await?;
+    let comment = comments::create(
+        &state.db,
+        &state.cache,
+        &auth.user(&state).await?,
+        tweet_id,
+        &content,
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(comment)))
 }
 
@@ -66,7 +73,14 @@ async fn edit(
     let mut errors = FieldErrors::new();
     let content = content(&fields, &mut errors).ok_or(ApiError::Validation(errors))?;
     Ok(Json(
-        comments::edit(&state.db, &state.cache, &auth.user, id, &content).await?,
+        comments::edit(
+            &state.db,
+            &state.cache,
+            &auth.user(&state).await?,
+            id,
+            &content,
+        )
+        .await?,
     ))
 }
 
@@ -75,6 +89,6 @@ async fn remove(
     auth: Auth,
     PathId(id): PathId,
 ) -> ApiResult<Json<Value>> {
-    comments::delete(&state.db, &state.cache, auth.user.id, id).await?;
+    comments::delete(&state.db, &state.cache, auth.user_id, id).await?;
     Ok(Json(json!({"success": true})))
 }

@@ -13,7 +13,7 @@ use crate::accounts;
 use crate::error::{ApiError, FieldErrors};
 use crate::pagination::{PageQuery, PageRequest};
 use crate::state::AppState;
-use crate::users::User;
+use crate::users::{self, User};
 
 /// A request body's fields, from JSON (an object) or an HTML form; an empty body has none.
 ///
@@ -203,10 +203,10 @@ fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// The authenticated caller and the token used. Rejection: 401.
+/// The authenticated caller (by id) and the token used. Rejection: 401.
 #[derive(Debug, Clone)]
 pub struct Auth {
-    pub user: User,
+    pub user_id: i64,
     pub token: String,
 }
 
@@ -218,14 +218,25 @@ impl FromRequestParts<AppState> for Auth {
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
         let token = bearer(parts)?.ok_or(ApiError::Unauthenticated)?;
-        let user = accounts::authenticate(&state.db, &token).await?;
-        Ok(Auth { user, token })
+        let user_id = accounts::authenticate(&state.db, &state.cache, &token).await?;
+        Ok(Auth { user_id, token })
     }
 }
 
-/// The caller if a token was sent (a bad token is still a 401), else anonymous.
-#[derive(Debug, Clone)]
-pub struct MaybeAuth(pub Option<User>);
+impl Auth {
+    /// The caller's `User` object (from the user cache).
+    pub async fn user(&self, state: &AppState) -> Result<User, ApiError> {
+        let mut found = users::load_many(&state.db, &state.cache, &[self.user_id]).await?;
+        found
+            .remove(&self.user_id)
+            .map(User::from)
+            .ok_or(ApiError::InvalidToken)
+    }
+}
+
+/// The caller's id if a token was sent (a bad token is still a 401), else anonymous.
+#[derive(Debug, Clone, Copy)]
+pub struct MaybeAuth(pub Option<i64>);
 
 impl FromRequestParts<AppState> for MaybeAuth {
     type Rejection = ApiError;
@@ -237,7 +248,7 @@ impl FromRequestParts<AppState> for MaybeAuth {
         match bearer(parts)? {
             None => Ok(MaybeAuth(None)),
             Some(token) => Ok(MaybeAuth(Some(
-                accounts::authenticate(&state.db, &token).await?,
+                accounts::authenticate(&state.db, &state.cache, &token).await?,
             ))),
         }
     }
@@ -246,6 +257,6 @@ impl FromRequestParts<AppState> for MaybeAuth {
 impl MaybeAuth {
     /// The caller's id, if any.
     pub fn id(&self) -> Option<i64> {
-        self.0.as_ref().map(|u| u.id)
+        self.0
     }
 }

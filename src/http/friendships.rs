@@ -26,7 +26,7 @@ async fn follow(
     auth: Auth,
     PathId(target): PathId,
 ) -> ApiResult<(StatusCode, Json<Value>)> {
-    match friendships::follow(&state.db, &state.cache, auth.user.id, target).await? {
+    match friendships::follow(&state.db, &state.cache, auth.user_id, target).await? {
         Followed::Duplicate => Ok((
             StatusCode::CREATED,
             Json(json!({"success": true, "duplicate": true})),
@@ -52,7 +52,7 @@ async fn unfollow(
     auth: Auth,
     PathId(target): PathId,
 ) -> ApiResult<Json<Value>> {
-    let deleted = friendships::unfollow(&state.db, &state.cache, auth.user.id, target).await?;
+    let deleted = friendships::unfollow(&state.db, &state.cache, auth.user_id, target).await?;
     if deleted > 0 {
         state.worker.wake.notify_one();
     }

@@ -35,7 +35,7 @@ async fn like(
     let target = target(&fields)?;
     Ok((
         StatusCode::CREATED,
-        Json(likes::like(&state.db, &state.cache, &auth.user, target).await?),
+        Json(likes::like(&state.db, &state.cache, &auth.user(&state).await?, target).await?),
     ))
 }
 
@@ -45,6 +45,6 @@ async fn cancel(
     fields: Fields,
 ) -> ApiResult<Json<Value>> {
     let target = target(&fields)?;
-    let deleted = likes::cancel(&state.db, &state.cache, &auth.user, target).await?;
+    let deleted = likes::cancel(&state.db, &state.cache, auth.user_id, target).await?;
     Ok(Json(json!({"success": true, "deleted": deleted})))
 }

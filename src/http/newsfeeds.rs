@@ -36,11 +36,11 @@ async fn list(
     let items = timeline::read(
         &state.db,
         &state.cache,
-        ListKey::Newsfeed(auth.user.id),
+        ListKey::Newsfeed(auth.user_id),
         &req,
     )
     .await?;
-    let page = tweet_page(&state, items, &req, Some(auth.user.id)).await?;
+    let page = tweet_page(&state, items, &req, Some(auth.user_id)).await?;
     Ok(Json(page.map(|((id, created_at), tweet)| NewsFeed {
         id,
         created_at,

@@ -59,7 +59,7 @@ pub(crate) async fn tweet_page(
 ) -> ApiResult<Page<((i64, Timestamp), Tweet)>> {
     let page = Page::from_items(items, req);
     let ids: Vec<i64> = page.results.iter().map(|i| i.tweet.id).collect();
-    let liked = likes::liked_tweets(&state.db, viewer, &ids).await?;
+    let liked = likes::liked_tweets(&state.db, &state.cache, viewer, &ids).await?;
     Ok(page.map(|i| {
         let has_liked = liked.contains(&i.tweet.id);
         ((i.id, i.created_at), Tweet::from_item(i, has_liked))
@@ -78,7 +78,7 @@ async fn create(
         Some(Err(msg)) => return Err(ApiError::field("content", msg)),
         _ => return Err(ApiError::Validation(errors)),
     };
-    let tweet = tweets::create(&state.db, &state.cache, auth.user.id, &content).await?;
+    let tweet = tweets::create(&state.db, &state.cache, auth.user_id, &content).await?;
     state.worker.wake.notify_one();
     let no_counts = Counts {
         version: 0,
@@ -86,7 +86,12 @@ async fn create(
     };
     Ok((
         StatusCode::CREATED,
-        Json(Tweet::new(tweet, auth.user, &no_counts, false)),
+        Json(Tweet::new(
+            tweet,
+            auth.user(&state).await?,
+            &no_counts,
+            false,
+        )),
     ))
 }
 
@@ -111,7 +116,7 @@ async fn detail(
         .await?
         .ok_or(ApiError::NotFound)?;
     let viewer = caller.id();
-    let has_liked = !likes::liked_tweets(&state.db, viewer, &[id])
+    let has_liked = !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
         .await?
         .is_empty();
     let mut comments = comments::page(
@@ -137,6 +142,6 @@ async fn remove(
     auth: Auth,
     PathId(id): PathId,
 ) -> ApiResult<Json<Value>> {
-    tweets::delete(&state.db, &state.cache, auth.user.id, id).await?;
+    tweets::delete(&state.db, &state.cache, auth.user_id, id).await?;
     Ok(Json(json!({"success": true})))
 }

@@ -43,7 +43,7 @@ async fn update(
     if !users::exists(&state.db, id).await? {
         return Err(ApiError::NotFound);
     }
-    if auth.user.id != id {
+    if auth.user_id != id {
         return Err(ApiError::Forbidden);
     }
     let mut errors = FieldErrors::new();

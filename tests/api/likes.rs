@@ -415,3 +415,81 @@ async fn profile_counts_are_served_from_redis_and_written_through(db: PgPool) {
         (json!(1), json!(1))
     );
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn tokens_and_liked_sets_are_cached_and_kept_in_step(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let id = app.tweet(&ta, "t").await["id"].as_i64().unwrap();
+    let keys = app.state.cache.keys().unwrap().clone();
+    let mut r = app.redis().await;
+    let token_key = keys.token(&chirp::accounts::hash_token(&tb));
+    let listing = format!("/api/tweets/?user_id={alice}");
+
+    assert_eq!(
+        app.get(&listing, Some(&tb)).await.body["results"][0]["has_liked"],
+        false
+    );
+    let cached: Option<String> = redis::cmd("GET")
+        .arg(&token_key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(cached, Some(bob.to_string()), "the token is cached");
+    let members: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(keys.liked(bob))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(
+        members,
+        vec!["#".to_string()],
+        "bob's (empty) liked set is cached"
+    );
+
+    let like = json!({"content_type": "tweet", "object_id": id});
+    app.post("/api/likes/", Some(&tb), like.clone()).await;
+    let is_member: bool = redis::cmd("SISMEMBER")
+        .arg(keys.liked(bob))
+        .arg(id)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(is_member, "the like went into the cached set");
+    assert_eq!(
+        app.get(&listing, Some(&tb)).await.body["results"][0]["has_liked"],
+        true
+    );
+    app.post("/api/likes/cancel/", Some(&tb), like.clone())
+        .await;
+    assert_eq!(
+        app.get(&listing, Some(&tb)).await.body["results"][0]["has_liked"],
+        false
+    );
+
+    app.post("/api/likes/", Some(&tb), like).await;
+    app.flush_cache().await;
+    assert_eq!(
+        app.get(&listing, Some(&tb)).await.body["results"][0]["has_liked"],
+        true,
+        "reloaded after a flush"
+    );
+
+    app.post("/api/accounts/logout/", Some(&tb), json!({}))
+        .await;
+    let cached: Option<String> = redis::cmd("GET")
+        .arg(&token_key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(
+        cached.as_deref(),
+        Some("-"),
+        "a revoked token is tombstoned"
+    );
+    assert_eq!(
+        app.get(&listing, Some(&tb)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}

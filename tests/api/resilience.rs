@@ -139,3 +139,33 @@ async fn chirp_starts_and_serves_when_redis_never_answered(db: PgPool) {
     );
     assert_eq!(app.get("/healthz", None).await.body["redis"], "down");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_token_revoked_while_redis_is_down_stays_revoked_after_it_returns(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let app = TestApp::with(db, |c| {
+        c.redis_url = proxy.url();
+        c.redis_timeout_ms = 100;
+    })
+    .await;
+    let (_, token) = app.signup("alice").await;
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&token)).await.status,
+        StatusCode::OK
+    ); // token cached
+    proxy.set_up(false);
+    let res = app
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&token)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    proxy.set_up(true);
+    assert!(app.recover().await);
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&token)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
