@@ -228,6 +228,7 @@ impl Worker {
                     let entry = ListEntry {
                         id: *row_of.get(f)?,
                         tweet_id,
+                        author_id: author,
                         created_at,
                     };
                     let list = ListKey::Newsfeed(*f);
@@ -284,7 +285,7 @@ impl Worker {
              select $1, t.id, t.created_at from tweets t
              where t.user_id = $2 order by t.created_at desc limit $3
              on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-             returning id, tweet_id, created_at",
+             returning id, tweet_id, $2::bigint as author_id, created_at",
         )
         .bind(follower)
         .bind(followee)
@@ -315,7 +316,7 @@ impl Worker {
              where n.user_id = $1 and t.user_id = $2
                and n.created_at = t.created_at and n.tweet_id = t.id
                and not exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)
-             returning n.id, n.tweet_id, n.created_at",
+             returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
         )
         .bind(follower)
         .bind(followee)

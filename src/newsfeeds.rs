@@ -8,8 +8,9 @@ use crate::time::Timestamp;
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
 pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
-        "select id, tweet_id, created_at from newsfeeds
-         where user_id = $1 order by created_at desc limit $2",
+        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
+         from newsfeeds n join tweets t on t.id = n.tweet_id
+         where n.user_id = $1 order by n.created_at desc limit $2",
     )
     .bind(user_id)
     .bind(limit as i64)

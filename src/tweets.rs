@@ -54,7 +54,8 @@ impl Tweet {
     }
 
     /// A tweet object from a hydrated timeline item.
-    pub fn from_item(item: Item, has_liked: bool) -> Self {
+    pub fn from_item(item: Item) -> Self {
+        let has_liked = item.has_liked;
         let counts = Counts {
             version: 0,
             values: vec![item.likes_count, item.comments_count],
@@ -152,6 +153,7 @@ pub async fn create(
     let entry = ListEntry {
         id: newsfeed_id,
         tweet_id: tweet.id,
+        author_id: author,
         created_at: tweet.created_at,
     };
     cache
@@ -223,6 +225,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
         let entry = ListEntry {
             id: newsfeed_id,
             tweet_id: id,
+            author_id: me,
             created_at: Timestamp::default(),
         };
         Update::Remove(ListKey::Newsfeed(reader), vec![entry.newsfeed_member()])
@@ -245,7 +248,7 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
 /// The newest `limit` entries of user `user_id`'s tweets (for filling the cache).
 pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
-        "select id, id as tweet_id, created_at from tweets
+        "select id, id as tweet_id, user_id as author_id, created_at from tweets
          where user_id = $1 order by created_at desc limit $2",
     )
     .bind(user_id)

@@ -39,14 +39,7 @@ impl Cache {
         pipe.cmd("MGET").arg(&names);
         self.pipe_get_counts(&mut pipe, &counts);
         let (values, counts): (Vec<Option<String>>, Vec<Option<String>>) = self.run(&pipe).await?;
-        let tweets = values
-            .into_iter()
-            .map(|v| match v.as_deref() {
-                None => Cached::Miss,
-                Some(TOMBSTONE) => Cached::Deleted,
-                Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
-            })
-            .collect();
+        let tweets = values.into_iter().map(decode_tweet).collect();
         Ok((tweets, Self::decode_counts(counts)))
     }
 
@@ -94,13 +87,7 @@ impl Cache {
         let mut pipe = redis::pipe();
         pipe.cmd("MGET").arg(&names);
         let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
-        Ok(values
-            .into_iter()
-            .map(|v| {
-                let (_, json) = v.as_deref()?.split_once('|')?;
-                serde_json::from_str(json).ok()
-            })
-            .collect())
+        Ok(values.into_iter().map(decode_user).collect())
     }
 
     /// Caches users loaded from Postgres unless a newer version is cached. Best effort.
@@ -224,5 +211,106 @@ impl Cache {
         let mut pipe = redis::pipe();
         pipe.invoke_script(&inv).ignore();
         let _ = self.run::<()>(&pipe).await;
+    }
+}
+
+/// Everything one hydration round trip found, in the order asked.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub tweets: Vec<Cached<TweetRecord>>,
+    pub counts: Vec<Option<Counts>>,
+    pub users: Vec<Option<UserRecord>>,
+    /// Which of the tweets the viewer liked; `None` without a viewer or if the viewer's liked
+    /// set is not cached.
+    pub liked: Option<HashSet<i64>>,
+}
+
+fn decode_tweet(v: Option<String>) -> Cached<TweetRecord> {
+    match v.as_deref() {
+        None => Cached::Miss,
+        Some(TOMBSTONE) => Cached::Deleted,
+        Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
+    }
+}
+
+fn decode_user(v: Option<String>) -> Option<UserRecord> {
+    let (_, json) = v.as_deref()?.split_once('|')?;
+    serde_json::from_str(json).ok()
+}
+
+impl Cache {
+    /// Tweet objects, their counts, the authors and the viewer's likes of them, in one pipeline.
+    pub async fn fetch_for_hydration(
+        &self,
+        tweet_ids: &[i64],
+        user_ids: &[i64],
+        viewer: Option<i64>,
+    ) -> Result<Fetched, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        if tweet_ids.is_empty() {
+            return Ok(Fetched::default());
+        }
+        let counts: Vec<CountsOf> = tweet_ids.iter().map(|id| CountsOf::Tweet(*id)).collect();
+        let mut pipe = redis::pipe();
+        pipe.cmd("MGET").arg(
+            tweet_ids
+                .iter()
+                .map(|id| keys.tweet(*id))
+                .collect::<Vec<_>>(),
+        );
+        self.pipe_get_counts(&mut pipe, &counts);
+        pipe.cmd("MGET")
+            .arg(user_ids.iter().map(|id| keys.user(*id)).collect::<Vec<_>>());
+        if let Some(v) = viewer {
+            pipe.cmd("SMISMEMBER")
+                .arg(keys.liked(v))
+                .arg("#")
+                .arg(tweet_ids);
+        }
+        let mut values: Vec<redis::Value> = self.run::<Vec<redis::Value>>(&pipe).await?;
+        values.reverse();
+        let mut next = |what: &str| -> Result<redis::Value, CacheUnavailable> {
+            values.pop().ok_or_else(|| {
+                tracing::warn!(what, "short pipeline reply");
+                CacheUnavailable
+            })
+        };
+        let strings = |v: redis::Value| {
+            redis::from_redis_value::<Vec<Option<String>>>(v).map_err(|_| CacheUnavailable)
+        };
+        let tweets = strings(next("tweets")?)?
+            .into_iter()
+            .map(decode_tweet)
+            .collect();
+        let counts = Self::decode_counts(strings(next("counts")?)?);
+        let users = strings(next("users")?)?
+            .into_iter()
+            .map(decode_user)
+            .collect();
+        let liked = match viewer {
+            None => None,
+            Some(_) => {
+                let flags = redis::from_redis_value::<Vec<bool>>(next("liked")?)
+                    .map_err(|_| CacheUnavailable)?;
+                let mut flags = flags.into_iter();
+                match flags.next() {
+                    Some(true) => Some(
+                        tweet_ids
+                            .iter()
+                            .zip(flags)
+                            .filter(|(_, f)| *f)
+                            .map(|(id, _)| *id)
+                            .collect(),
+                    ),
+                    _ => None,
+                }
+            }
+        };
+        Ok(Fetched {
+            tweets,
+            counts,
+            users,
+            liked,
+        })
     }
 }

@@ -20,11 +20,11 @@ use sqlx::PgPool;
 use crate::cache::counts::Counts;
 use crate::cache::objects::Cached;
 use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
-use crate::newsfeeds;
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
 use crate::tweets::{self, TweetRecord};
 use crate::users::{self, UserRecord};
+use crate::{likes, newsfeeds};
 
 /// A reference to one item of a timeline: what a cached list entry encodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
@@ -32,16 +32,19 @@ pub struct ListEntry {
     /// The newsfeed row id (newsfeeds) or the tweet id (user tweets).
     pub id: i64,
     pub tweet_id: i64,
+    /// The tweet's author, so hydration can fetch tweet and author in the same round trip.
+    pub author_id: i64,
     pub created_at: Timestamp,
 }
 
 impl ListEntry {
-    /// The member of this entry in a newsfeed list: `"{newsfeed_id}:{tweet_id}"`.
+    /// The member of this entry in a newsfeed list: `"{newsfeed_id}:{tweet_id}:{author_id}"`.
     pub fn newsfeed_member(&self) -> String {
-        format!("{}:{}", self.id, self.tweet_id)
+        format!("{}:{}:{}", self.id, self.tweet_id, self.author_id)
     }
 
-    /// The member of this entry in `list`.
+    /// The member of this entry in `list` (in a user's tweets: `"{tweet_id}"`, the author
+    /// being the list's owner).
     pub fn member(&self, list: ListKey) -> String {
         match list {
             ListKey::Newsfeed(_) => self.newsfeed_member(),
@@ -54,18 +57,25 @@ impl ListEntry {
         let created_at = time::from_micros(score);
         match list {
             ListKey::Newsfeed(_) => {
-                let (id, tweet_id) = member.split_once(':')?;
+                let mut parts = member.splitn(3, ':').map(|p| p.parse::<i64>());
+                let (Some(Ok(id)), Some(Ok(tweet_id)), Some(Ok(author_id))) =
+                    (parts.next(), parts.next(), parts.next())
+                else {
+                    return None;
+                };
                 Some(ListEntry {
-                    id: id.parse().ok()?,
-                    tweet_id: tweet_id.parse().ok()?,
+                    id,
+                    tweet_id,
+                    author_id,
                     created_at,
                 })
             }
-            ListKey::UserTweets(_) => {
+            ListKey::UserTweets(owner) => {
                 let id = member.parse().ok()?;
                 Some(ListEntry {
                     id,
                     tweet_id: id,
+                    author_id: owner,
                     created_at,
                 })
             }
@@ -83,6 +93,8 @@ pub struct Item {
     pub author: UserRecord,
     pub likes_count: i64,
     pub comments_count: i64,
+    /// Whether the viewer liked the tweet (false for anonymous readers).
+    pub has_liked: bool,
 }
 
 /// A timeline row read from Postgres with its tweet and author joined in.
@@ -123,6 +135,7 @@ impl From<FeedRow> for Item {
             },
             likes_count: r.likes_count,
             comments_count: r.comments_count,
+            has_liked: false,
         }
     }
 }
@@ -154,11 +167,12 @@ pub async fn read(
     cache: &Cache,
     list: ListKey,
     req: &PageRequest,
+    viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     if cache.available() {
         // A retry happens only after removing entries of deleted tweets from the list.
         for _ in 0..3 {
-            match read_cached(db, cache, list, req).await {
+            match read_cached(db, cache, list, req, viewer).await {
                 Ok(Some(items)) => return Ok(items),
                 Ok(None) => continue,
                 Err(ReadError::Cache) => break,
@@ -166,7 +180,7 @@ pub async fn read(
             }
         }
     }
-    load_page(db, list, req.lt, req.gt, req.want()).await
+    load_page(db, cache, list, req.lt, req.gt, req.want(), viewer).await
 }
 
 async fn read_cached(
@@ -174,6 +188,7 @@ async fn read_cached(
     cache: &Cache,
     list: ListKey,
     req: &PageRequest,
+    viewer: Option<i64>,
 ) -> Result<Option<Vec<Item>>, ReadError> {
     let stats = cache.stats().ok_or(ReadError::Cache)?;
     let want = req.want();
@@ -199,7 +214,7 @@ async fn read_cached(
         || window.complete
         || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
 
-    let (mut items, gone) = hydrate(db, cache, &entries).await?;
+    let (mut items, gone) = hydrate(db, cache, &entries, viewer).await?;
     if !gone.is_empty() {
         let members = gone.iter().map(|e| e.member(list)).collect();
         cache.apply(db, vec![Update::Remove(list, members)]).await;
@@ -212,7 +227,7 @@ async fn read_cached(
             (Some(lt), Some(floor)) => Some(lt.min(floor)),
             (lt, floor) => lt.or(floor),
         };
-        items.extend(load_page(db, list, below, req.gt, want - items.len()).await?);
+        items.extend(load_page(db, cache, list, below, req.gt, want - items.len(), viewer).await?);
     }
     Ok(Some(items))
 }
@@ -268,13 +283,19 @@ async fn hydrate(
     db: &PgPool,
     cache: &Cache,
     entries: &[ListEntry],
+    viewer: Option<i64>,
 ) -> Result<(Vec<Item>, Vec<ListEntry>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
-    let (cached, cached_counts) = cache.get_tweets(&ids).await?;
+    let mut author_ids: Vec<i64> = entries.iter().map(|e| e.author_id).collect();
+    author_ids.sort_unstable();
+    author_ids.dedup();
+    // One round trip: tweets, their counts, their authors, the viewer's likes.
+    let fetched = cache.fetch_for_hydration(&ids, &author_ids, viewer).await?;
+
     let mut tweets: HashMap<i64, TweetRecord> = HashMap::with_capacity(ids.len());
     let mut counts: HashMap<i64, Counts> = HashMap::with_capacity(ids.len());
     let mut misses = Vec::new();
-    for ((id, tweet), count) in ids.iter().zip(cached).zip(cached_counts) {
+    for ((id, tweet), count) in ids.iter().zip(fetched.tweets).zip(fetched.counts) {
         match (tweet, count) {
             (Cached::Deleted, _) => {}
             (Cached::Hit(t), Some(c)) => {
@@ -297,8 +318,23 @@ async fn hydrate(
             tweets.insert(row.record.id, row.record);
         }
     }
-    let author_ids: Vec<i64> = tweets.values().map(|t| t.user_id).collect();
-    let authors = users::load_many(db, cache, &author_ids).await?;
+    let mut authors: HashMap<i64, UserRecord> = HashMap::with_capacity(author_ids.len());
+    let mut missing_authors = Vec::new();
+    for (id, user) in author_ids.iter().zip(fetched.users) {
+        match user {
+            Some(u) => {
+                authors.insert(*id, u);
+            }
+            None => missing_authors.push(*id),
+        }
+    }
+    if !missing_authors.is_empty() {
+        authors.extend(users::load_many(db, cache, &missing_authors).await?);
+    }
+    let liked = match fetched.liked {
+        Some(liked) => liked,
+        None => likes::liked_tweets(db, cache, viewer, &ids).await?,
+    };
 
     let mut items = Vec::with_capacity(entries.len());
     let mut gone = Vec::new();
@@ -316,6 +352,7 @@ async fn hydrate(
                     author: author.clone(),
                     likes_count: c.map_or(0, |c| c.get(0)),
                     comments_count: c.map_or(0, |c| c.get(1)),
+                    has_liked: liked.contains(&e.tweet_id),
                 })
             }
             None => gone.push(*e),
@@ -331,16 +368,25 @@ async fn load_entries(db: &PgPool, list: ListKey, limit: usize) -> sqlx::Result<
     }
 }
 
+/// A page from Postgres alone: one joined query, and `has_liked` for the viewer.
 async fn load_page(
     db: &PgPool,
+    cache: &Cache,
     list: ListKey,
     lt: Option<Timestamp>,
     gt: Option<Timestamp>,
     limit: usize,
+    viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     let rows = match list {
         ListKey::Newsfeed(user) => newsfeeds::list_page(db, user, lt, gt, limit).await?,
         ListKey::UserTweets(user) => tweets::list_page(db, user, lt, gt, limit).await?,
     };
-    Ok(rows.into_iter().map(Item::from).collect())
+    let mut items: Vec<Item> = rows.into_iter().map(Item::from).collect();
+    let ids: Vec<i64> = items.iter().map(|i| i.tweet.id).collect();
+    let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;
+    for item in &mut items {
+        item.has_liked = liked.contains(&item.tweet.id);
+    }
+    Ok(items)
 }

@@ -33,14 +33,9 @@ async fn list(
     query: QueryMap,
 ) -> ApiResult<Json<Page<NewsFeed>>> {
     let req = query.page()?;
-    let items = timeline::read(
-        &state.db,
-        &state.cache,
-        ListKey::Newsfeed(auth.user_id),
-        &req,
-    )
-    .await?;
-    let page = tweet_page(&state, items, &req, Some(auth.user_id)).await?;
+    let list = ListKey::Newsfeed(auth.user_id);
+    let items = timeline::read(&state.db, &state.cache, list, &req, Some(auth.user_id)).await?;
+    let page = tweet_page(items, &req);
     Ok(Json(page.map(|((id, created_at), tweet)| NewsFeed {
         id,
         created_at,

@@ -41,29 +41,15 @@ async fn list(
     {
         return Err(ApiError::NotFound);
     }
-    let items = timeline::read(&state.db, &state.cache, ListKey::UserTweets(user_id), &req).await?;
-    Ok(Json(
-        tweet_page(&state, items, &req, caller.id())
-            .await?
-            .map(|(_, tweet)| tweet),
-    ))
+    let list = ListKey::UserTweets(user_id);
+    let items = timeline::read(&state.db, &state.cache, list, &req, caller.id()).await?;
+    Ok(Json(tweet_page(items, &req).map(|(_, tweet)| tweet)))
 }
 
-/// A page of timeline items as tweets, with `has_liked` for the viewer from one query. Also
-/// gives each item's id and `created_at`, for newsfeeds.
-pub(crate) async fn tweet_page(
-    state: &AppState,
-    items: Vec<Item>,
-    req: &PageRequest,
-    viewer: Option<i64>,
-) -> ApiResult<Page<((i64, Timestamp), Tweet)>> {
-    let page = Page::from_items(items, req);
-    let ids: Vec<i64> = page.results.iter().map(|i| i.tweet.id).collect();
-    let liked = likes::liked_tweets(&state.db, &state.cache, viewer, &ids).await?;
-    Ok(page.map(|i| {
-        let has_liked = liked.contains(&i.tweet.id);
-        ((i.id, i.created_at), Tweet::from_item(i, has_liked))
-    }))
+/// A page of timeline items as tweets (`has_liked` came with the hydration), each with its
+/// item id and `created_at`, for newsfeeds.
+pub(crate) fn tweet_page(items: Vec<Item>, req: &PageRequest) -> Page<((i64, Timestamp), Tweet)> {
+    Page::from_items(items, req).map(|i| ((i.id, i.created_at), Tweet::from_item(i)))
 }
 
 async fn create(

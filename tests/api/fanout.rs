@@ -3,7 +3,7 @@
 use chirp::cache::ListKey;
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, tweet_ids};
+use crate::helpers::{TestApp, member_tweet, tweet_ids};
 
 async fn followers(app: &TestApp, star: i64, n: usize) -> Vec<(i64, String)> {
     let mut out = Vec::new();
@@ -40,7 +40,7 @@ async fn a_tweet_reaches_more_followers_than_one_batch(db: PgPool) {
         let cached = app.cached_members(ListKey::Newsfeed(*fan)).await;
         if i < 4 {
             let members = cached.expect("still cached");
-            assert!(members[0].ends_with(&format!(":{id}")), "{members:?}");
+            assert_eq!(member_tweet(&members[0]), id, "{members:?}");
         } else {
             assert_eq!(
                 cached, None,
@@ -109,10 +109,7 @@ async fn a_crashed_workers_job_is_reclaimed_and_finished_without_duplicates(db: 
             .cached_members(ListKey::Newsfeed(*fan))
             .await
             .expect("cached");
-        let hits = members
-            .iter()
-            .filter(|m| m.ends_with(&format!(":{id}")))
-            .count();
+        let hits = members.iter().filter(|m| member_tweet(m) == id).count();
         assert_eq!(hits, 1, "exactly one cached entry: {members:?}");
         assert_eq!(
             tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),

@@ -255,6 +255,15 @@ impl TestApp {
     }
 }
 
+/// The tweet id of a newsfeed list member (`"{newsfeed_id}:{tweet_id}:{author_id}"`).
+pub fn member_tweet(member: &str) -> i64 {
+    member
+        .split(':')
+        .nth(1)
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(-1)
+}
+
 /// Ids of the tweets in a page of tweets or newsfeeds.
 pub fn tweet_ids(page: &Value) -> Vec<i64> {
     page["results"]
