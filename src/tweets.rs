@@ -137,13 +137,7 @@ pub async fn create(
         .bind(created_at)
         .fetch_one(&mut *tx)
         .await?;
-        let author_counts: UserCounts = sqlx::query_as(concat!(
-            "update users set tweets_count = tweets_count + 1, counts_version = counts_version + 1 where id = $1",
-            crate::returning_user_counts!()
-        ))
-        .bind(author)
-        .fetch_one(&mut *tx)
-        .await?;
+        let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
         jobs::enqueue_fanout(&mut tx, tweet.id).await?;
         tx.commit().await?;
         Ok((tweet, newsfeed_id, author_counts))
@@ -178,6 +172,22 @@ pub async fn create(
     Ok(tweet)
 }
 
+/// Moves the author's `tweets_count` by `by`, returning the new counts for the cache.
+async fn shift_tweets_count(
+    tx: &mut sqlx::PgConnection,
+    author: i64,
+    by: i64,
+) -> sqlx::Result<UserCounts> {
+    sqlx::query_as(concat!(
+        "update users set tweets_count = tweets_count + $2, counts_version = counts_version + 1 where id = $1",
+        crate::returning_user_counts!()
+    ))
+    .bind(author)
+    .bind(by)
+    .fetch_one(tx)
+    .await
+}
+
 /// Deletes tweet `id` of user `me`: the tweet, every newsfeed row of it, and every cached entry
 /// (the tweet object becomes a tombstone, so no late reader can bring it back).
 ///
@@ -206,13 +216,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let author_counts: UserCounts = sqlx::query_as(concat!(
-        "update users set tweets_count = tweets_count - 1, counts_version = counts_version + 1 where id = $1",
-        crate::returning_user_counts!()
-    ))
-    .bind(me)
-    .fetch_one(&mut *tx)
-    .await?;
+    let author_counts = shift_tweets_count(&mut tx, me, -1).await?;
     tx.commit().await?;
 
     let mut updates = vec![

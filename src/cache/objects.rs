@@ -171,18 +171,7 @@ impl Cache {
             .arg("#")
             .arg(tweet_ids);
         let (flags,): (Vec<bool>,) = self.run(&pipe).await?;
-        let mut flags = flags.into_iter();
-        if flags.next() != Some(true) {
-            return Ok(None);
-        }
-        Ok(Some(
-            tweet_ids
-                .iter()
-                .zip(flags)
-                .filter(|(_, f)| *f)
-                .map(|(id, _)| *id)
-                .collect(),
-        ))
+        Ok(liked_from_flags(tweet_ids, flags))
     }
 
     /// The generation of a user's liked set, read before loading it from Postgres.
@@ -223,6 +212,23 @@ pub struct Fetched {
     /// Which of the tweets the viewer liked; `None` without a viewer or if the viewer's liked
     /// set is not cached.
     pub liked: Option<HashSet<i64>>,
+}
+
+/// Decodes `SMISMEMBER liked '#' ids...`: `None` if the set is not cached (no marker), else the
+/// liked ids.
+fn liked_from_flags(tweet_ids: &[i64], flags: Vec<bool>) -> Option<HashSet<i64>> {
+    let mut flags = flags.into_iter();
+    if flags.next() != Some(true) {
+        return None;
+    }
+    Some(
+        tweet_ids
+            .iter()
+            .zip(flags)
+            .filter(|(_, f)| *f)
+            .map(|(id, _)| *id)
+            .collect(),
+    )
 }
 
 fn decode_tweet(v: Option<String>) -> Cached<TweetRecord> {
@@ -292,18 +298,7 @@ impl Cache {
             Some(_) => {
                 let flags = redis::from_redis_value::<Vec<bool>>(next("liked")?)
                     .map_err(|_| CacheUnavailable)?;
-                let mut flags = flags.into_iter();
-                match flags.next() {
-                    Some(true) => Some(
-                        tweet_ids
-                            .iter()
-                            .zip(flags)
-                            .filter(|(_, f)| *f)
-                            .map(|(id, _)| *id)
-                            .collect(),
-                    ),
-                    _ => None,
-                }
+                liked_from_flags(tweet_ids, flags)
             }
         };
         Ok(Fetched {

@@ -225,14 +225,7 @@ async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
         json!({"content_type": "comment", "object_id": comment}),
     )
     .await;
-    assert!(
-        app.state
-            .cache
-            .get_counts(&[CountsOf::Tweet(tweet)])
-            .await
-            .unwrap()[0]
-            .is_some()
-    );
+    assert!(app.cached_counts(CountsOf::Tweet(tweet)).await.is_some());
 
     app.request(
         Method::DELETE,
@@ -248,14 +241,7 @@ async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
     .await
     .unwrap();
     assert_eq!(rows, (0, 0, 0));
-    assert!(
-        app.state
-            .cache
-            .get_counts(&[CountsOf::Tweet(tweet)])
-            .await
-            .unwrap()[0]
-            .is_none()
-    );
+    assert!(app.cached_counts(CountsOf::Tweet(tweet)).await.is_none());
     assert_eq!(
         app.get(&format!("/api/comments/?tweet_id={tweet}"), None)
             .await

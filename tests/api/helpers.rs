@@ -242,6 +242,12 @@ impl TestApp {
         false
     }
 
+    /// The counter values Redis holds for an object (`None`: not cached).
+    pub async fn cached_counts(&self, of: chirp::cache::counts::CountsOf) -> Option<Vec<i64>> {
+        let cached = self.state.cache.get_counts(&[of]).await.expect("redis");
+        cached.into_iter().next().flatten().map(|c| c.values)
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         let s = self.state.cache.stats().expect("cache on");
         let counter = match name {

@@ -209,14 +209,8 @@ async fn counts_stay_exact_after_a_flush_and_while_redis_is_down(db: PgPool) {
         app.get(&format!("/api/users/{alice}/"), None).await.body["followers_count"],
         1
     );
-    let cached = app
-        .state
-        .cache
-        .get_counts(&[CountsOf::Tweet(id)])
-        .await
-        .unwrap();
     assert_eq!(
-        cached[0].as_ref().map(|c| c.values.clone()),
+        app.cached_counts(CountsOf::Tweet(id)).await,
         Some(vec![2, 1]),
         "served from Redis again, right"
     );
@@ -235,14 +229,11 @@ async fn a_counter_is_never_created_by_an_increment(db: PgPool) {
     )
     .await;
     // The write-through carries the full committed counts and their version, not a delta.
-    let cached = app
-        .state
-        .cache
-        .get_counts(&[CountsOf::Tweet(id)])
-        .await
-        .unwrap();
-    let counts = cached[0].clone().expect("written through");
-    assert_eq!(counts.values, vec![1, 0]);
+    assert_eq!(
+        app.cached_counts(CountsOf::Tweet(id)).await,
+        Some(vec![1, 0]),
+        "written through"
+    );
     let mut r = app.redis().await;
     let ttl: i64 = redis::cmd("TTL")
         .arg(app.state.cache.counts_key(CountsOf::Tweet(id)))
@@ -396,14 +387,8 @@ async fn profile_counts_are_served_from_redis_and_written_through(db: PgPool) {
     assert_eq!(app.get(&profile, None).await.body["followers_count"], 0);
     app.follow(&tb, alice).await;
     app.tweet(&ta, "one").await;
-    let cached = app
-        .state
-        .cache
-        .get_counts(&[CountsOf::User(alice)])
-        .await
-        .unwrap();
     assert_eq!(
-        cached[0].as_ref().map(|c| c.values.clone()),
+        app.cached_counts(CountsOf::User(alice)).await,
         Some(vec![1, 0, 1])
     );
     let body = app.get(&profile, None).await.body;
