@@ -208,24 +208,22 @@ pub async fn liked_tweets(
         match cache.liked_among(user, tweet_ids).await {
             Ok(Some(liked)) => return Ok(liked),
             Ok(None) => {
-                if let Ok(generation) = cache.liked_generation(user).await {
-                    let all: Vec<i64> = sqlx::query_scalar(
-                        "select tweet_id from tweet_likes where user_id = $1 limit $2",
-                    )
-                    .bind(user)
-                    .bind(MAX_CACHED_LIKES as i64 + 1)
-                    .fetch_all(db)
-                    .await?;
-                    if all.len() <= MAX_CACHED_LIKES {
-                        cache.fill_liked(user, generation.as_deref(), &all).await;
-                        let page: HashSet<i64> = tweet_ids.iter().copied().collect();
-                        return Ok(all.into_iter().filter(|id| page.contains(id)).collect());
-                    }
+                if let Some(liked) = load_liked_set(db, cache, user, tweet_ids).await? {
+                    return Ok(liked);
                 }
             }
             Err(_) => {}
         }
     }
+    liked_tweets_in_db(db, user, tweet_ids).await
+}
+
+/// Which of `tweet_ids` `user` liked, from Postgres alone: one indexed query.
+pub async fn liked_tweets_in_db(
+    db: &PgPool,
+    user: i64,
+    tweet_ids: &[i64],
+) -> sqlx::Result<HashSet<i64>> {
     liked(
         db,
         Some(user),
@@ -233,6 +231,34 @@ pub async fn liked_tweets(
         "select tweet_id from tweet_likes where user_id = $1 and tweet_id = any($2)",
     )
     .await
+}
+
+/// Loads `user`'s liked set from Postgres and caches it (guarded by its generation), for when
+/// the caller found it missing from the cache; returns which of `tweet_ids` are in it. `None`
+/// if Redis failed or the user has too many likes to cache: ask Postgres per page then.
+pub async fn load_liked_set(
+    db: &PgPool,
+    cache: &Cache,
+    user: i64,
+    tweet_ids: &[i64],
+) -> sqlx::Result<Option<HashSet<i64>>> {
+    let Ok(generation) = cache.liked_generation(user).await else {
+        return Ok(None);
+    };
+    let all: Vec<i64> =
+        sqlx::query_scalar("select tweet_id from tweet_likes where user_id = $1 limit $2")
+            .bind(user)
+            .bind(MAX_CACHED_LIKES as i64 + 1)
+            .fetch_all(db)
+            .await?;
+    if all.len() > MAX_CACHED_LIKES {
+        return Ok(None);
+    }
+    cache.fill_liked(user, generation.as_deref(), &all).await;
+    let page: HashSet<i64> = tweet_ids.iter().copied().collect();
+    Ok(Some(
+        all.into_iter().filter(|id| page.contains(id)).collect(),
+    ))
 }
 
 /// Which of `comment_ids` `viewer` liked: one indexed query (none if anonymous).

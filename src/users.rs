@@ -197,17 +197,28 @@ pub async fn load_many(
         },
         false => missing = ids.clone(),
     }
-    if !missing.is_empty() {
-        let rows: Vec<UserRecord> = sqlx::query_as(
-            "select id, username, nickname, avatar_url, version, created_at from users where id = any($1)",
-        )
-        .bind(&missing)
-        .fetch_all(db)
-        .await?;
-        if cache.available() {
-            cache.put_users(&rows).await;
-        }
-        found.extend(rows.into_iter().map(|r| (r.id, r)));
-    }
+    found.extend(load_uncached(db, cache, &missing).await?);
     Ok(found)
+}
+
+/// Users by id from Postgres (one query), then cached: for ids the caller already found
+/// missing from the cache.
+pub async fn load_uncached(
+    db: &PgPool,
+    cache: &Cache,
+    ids: &[i64],
+) -> sqlx::Result<HashMap<i64, UserRecord>> {
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let rows: Vec<UserRecord> = sqlx::query_as(
+        "select id, username, nickname, avatar_url, version, created_at from users where id = any($1)",
+    )
+    .bind(ids)
+    .fetch_all(db)
+    .await?;
+    if cache.available() {
+        cache.put_users(&rows).await;
+    }
+    Ok(rows.into_iter().map(|r| (r.id, r)).collect())
 }

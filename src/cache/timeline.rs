@@ -12,7 +12,7 @@
 //!
 //! Any Redis failure makes the whole read fall back to one Postgres query.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
@@ -328,12 +328,15 @@ async fn hydrate(
             None => missing_authors.push(*id),
         }
     }
-    if !missing_authors.is_empty() {
-        authors.extend(users::load_many(db, cache, &missing_authors).await?);
-    }
-    let liked = match fetched.liked {
-        Some(liked) => liked,
-        None => likes::liked_tweets(db, cache, viewer, &ids).await?,
+    // Misses were found in the pipeline above: go straight to Postgres for them.
+    authors.extend(users::load_uncached(db, cache, &missing_authors).await?);
+    let liked = match (fetched.liked, viewer) {
+        (Some(liked), _) => liked,
+        (None, None) => HashSet::new(),
+        (None, Some(user)) => match likes::load_liked_set(db, cache, user, &ids).await? {
+            Some(liked) => liked,
+            None => likes::liked_tweets_in_db(db, user, &ids).await?,
+        },
     };
 
     let mut items = Vec::with_capacity(entries.len());
