@@ -20,7 +20,8 @@ use crate::cache::objects::CachedToken;
 use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult, FieldErrors};
-use crate::users::{User, UserRecord};
+use crate::model::UserRecord;
+use crate::users::User;
 
 /// Length of a bearer token in characters.
 pub const TOKEN_LEN: usize = 43;
@@ -159,14 +160,19 @@ pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(
     }
 }
 
-/// Revokes a token: deletes it, then tombstones it in the token cache.
+/// Revokes a token: deletes it and stages its tombstone in the token cache in one transaction.
 pub async fn logout(db: &PgPool, cache: &Cache, token: &str) -> sqlx::Result<()> {
     let hash = hash_token(token);
+    let mut tx = db.begin().await?;
     sqlx::query("delete from auth_tokens where token_hash = $1")
         .bind(&hash)
-        .execute(db)
+        .execute(&mut *tx)
         .await?;
-    cache.apply(db, vec![Update::TokenRevoked(hash)]).await;
+    let staged = cache
+        .stage(&mut tx, &[Update::TokenRevoked { hash }])
+        .await?;
+    tx.commit().await?;
+    cache.finish(db, staged).await;
     Ok(())
 }
 

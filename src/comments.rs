@@ -4,6 +4,8 @@
 use serde::Serialize;
 use sqlx::PgPool;
 
+use anyhow::Context;
+
 use crate::cache::Cache;
 use crate::db;
 use crate::error::{ApiError, ApiResult};
@@ -77,7 +79,8 @@ pub async fn create(
     let created = db::with_unique_timestamp("comments_created_at_key", |created_at| async move {
         let mut tx = db.begin().await?;
         let exists: Option<i32> =
-            sqlx::query_scalar("select 1 from tweets where id = $1 for key share")
+            // The lock the count update needs, taken first (the order of tweet deletes).
+            sqlx::query_scalar("select 1 from tweets where id = $1 for no key update")
                 .bind(tweet_id)
                 .fetch_optional(&mut *tx)
                 .await?;
@@ -95,12 +98,14 @@ pub async fn create(
         .fetch_one(&mut *tx)
         .await?;
         let tweet = shift_comments(&mut tx, tweet_id, 1).await?;
+        let staged = cache.stage(&mut tx, &[tweet.counts_update()]).await?;
         tx.commit().await?;
-        Ok(Some((row, tweet)))
+        Ok(Some((row, staged)))
     })
-    .await?;
-    let (row, tweet) = created.ok_or_else(|| ApiError::field("tweet_id", "No such tweet."))?;
-    cache.apply(db, vec![tweet.counts_update()]).await;
+    .await
+    .context("inserting the comment")?;
+    let (row, staged) = created.ok_or_else(|| ApiError::field("tweet_id", "No such tweet."))?;
+    cache.finish(db, staged).await;
     Ok(Comment {
         id: row.id,
         tweet_id: row.tweet_id,
@@ -127,14 +132,28 @@ async fn shift_comments(
     .await
 }
 
-/// Checks that comment `id` exists and belongs to `me`, locking it; returns its tweet id.
+/// Checks that comment `id` exists and belongs to `me`, and locks its tweet, then the comment
+/// (the order a tweet delete takes them in: tweet first, then its comments by cascade, so the
+/// two can not deadlock); returns the comment's tweet id.
 async fn owned(tx: &mut sqlx::PgConnection, me: i64, id: i64) -> ApiResult<i64> {
+    let tweet: Option<i64> = sqlx::query_scalar("select tweet_id from comments where id = $1")
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(tweet_id) = tweet else {
+        return Err(ApiError::NotFound);
+    };
+    sqlx::query("select 1 from tweets where id = $1 for no key update")
+        .bind(tweet_id)
+        .execute(&mut *tx)
+        .await?;
     let row: Option<(i64, i64)> =
         sqlx::query_as("select user_id, tweet_id from comments where id = $1 for update")
             .bind(id)
-            .fetch_optional(tx)
+            .fetch_optional(&mut *tx)
             .await?;
     match row {
+        // Gone meanwhile (deleted, or with its tweet).
         None => Err(ApiError::NotFound),
         Some((owner, _)) if owner != me => Err(ApiError::Forbidden),
         Some((_, tweet_id)) => Ok(tweet_id),
@@ -178,9 +197,12 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let tweet = shift_comments(&mut tx, tweet_id, -1).await?;
-    tx.commit().await?;
-    cache.apply(db, vec![tweet.counts_update()]).await;
+    let tweet = shift_comments(&mut tx, tweet_id, -1)
+        .await
+        .context("moving comments_count")?;
+    let staged = cache.stage(&mut tx, &[tweet.counts_update()]).await?;
+    tx.commit().await.context("committing the comment delete")?;
+    cache.finish(db, staged).await;
     Ok(())
 }
 

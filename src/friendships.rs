@@ -3,16 +3,17 @@
 
 use std::collections::{HashMap, HashSet};
 
+use anyhow::Context;
 use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
-use crate::jobs;
+use crate::jobs::{self, Job};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
-use crate::users::{self, User, UserCounts};
+use crate::users::{self, User, UserCountsRow};
 
 /// The public `Friendship` object: the other user, when the friendship began, and whether the
 /// caller follows that user.
@@ -51,7 +52,7 @@ async fn shift_counts(
     followee: i64,
     by: i64,
 ) -> sqlx::Result<Vec<Update>> {
-    let rows: Vec<UserCounts> = sqlx::query_as(concat!(
+    let rows: Vec<UserCountsRow> = sqlx::query_as(concat!(
         "update users set
             followings_count = followings_count + case when id = $1 then $3 else 0 end,
             followers_count = followers_count + case when id = $2 then $3 else 0 end,
@@ -64,13 +65,14 @@ async fn shift_counts(
     .bind(by)
     .fetch_all(tx)
     .await?;
-    Ok(rows.iter().map(UserCounts::update).collect())
+    Ok(rows.iter().map(UserCountsRow::update).collect())
 }
 
 /// `me` follows `target`; queues the newsfeed backfill.
 ///
 /// # Errors
 /// 404 if `target` does not exist, 400 if it is `me`.
+#[tracing::instrument(name = "friendships::follow", skip(db, cache))]
 pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<Followed> {
     check_target(db, me, target).await?;
     let outcome =
@@ -86,15 +88,23 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
             .fetch_optional(&mut *tx)
             .await?;
             let Some(created_at) = inserted else {
-                return Ok((Followed::Duplicate, Vec::new()));
+                return Ok((Followed::Duplicate, None));
             };
             let updates = shift_counts(&mut tx, me, target, 1).await?;
-            jobs::enqueue_backfill(&mut tx, me, target).await?;
+            let job = Job::Backfill {
+                follower: me,
+                followee: target,
+            };
+            jobs::enqueue(&mut tx, &job).await?;
+            let staged = cache.stage(&mut tx, &updates).await?;
             tx.commit().await?;
-            Ok((Followed::New(created_at), updates))
+            Ok((Followed::New(created_at), Some(staged)))
         })
-        .await?;
-    cache.apply(db, outcome.1).await;
+        .await
+        .context("inserting the friendship")?;
+    if let Some(staged) = outcome.1 {
+        cache.finish(db, staged).await;
+    }
     Ok(outcome.0)
 }
 
@@ -102,6 +112,7 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
 ///
 /// # Errors
 /// 404 if `target` does not exist, 400 if it is `me`.
+#[tracing::instrument(name = "friendships::unfollow", skip(db, cache))]
 pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<u64> {
     check_target(db, me, target).await?;
     let mut tx = db.begin().await?;
@@ -115,10 +126,15 @@ pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiRe
     let mut updates = Vec::new();
     if deleted > 0 {
         updates = shift_counts(&mut tx, me, target, -1).await?;
-        jobs::enqueue_unmerge(&mut tx, me, target).await?;
+        let job = Job::Unmerge {
+            follower: me,
+            followee: target,
+        };
+        jobs::enqueue(&mut tx, &job).await?;
     }
-    tx.commit().await?;
-    cache.apply(db, updates).await;
+    let staged = cache.stage(&mut tx, &updates).await?;
+    tx.commit().await.context("committing the unfollow")?;
+    cache.finish(db, staged).await;
     Ok(deleted)
 }
 
@@ -166,7 +182,7 @@ pub async fn list(
         .fetch_all(db)
         .await?;
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
-    let people: HashMap<i64, users::UserRecord> = users::load_many(db, cache, &ids).await?;
+    let people: HashMap<i64, crate::model::UserRecord> = users::load_many(db, cache, &ids).await?;
     let followed: HashSet<i64> = match viewer {
         Some(v) if !ids.is_empty() => sqlx::query_scalar(
             "select to_user_id from friendships where from_user_id = $1 and to_user_id = any($2)",

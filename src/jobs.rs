@@ -1,5 +1,7 @@
-//! Durable background jobs: fan-out-on-write of new tweets, follow backfill and unfollow unmerge
-//! (the merge / unmerge of Mastodon's FeedManager and Redis in Action ch. 8).
+//! The durable job queue: typed jobs, claimed with a lease, retried with backoff, parked after
+//! [`MAX_ATTEMPTS`]. The job bodies live with the feature they serve (fan-out, backfill and
+//! unmerge in [`crate::newsfeeds`]); this module only queues and runs them (as crates.io's
+//! `background_job` does).
 //!
 //! Lifecycle: a job row is inserted in the same transaction as the write that needs it, and
 //! `pg_notify('chirp_jobs')` wakes the workers. A worker claims the oldest ready job with
@@ -7,24 +9,120 @@
 //! A job that fails is retried with exponential backoff (`run_after`), and after
 //! [`MAX_ATTEMPTS`] it is kept with `failed_at` set. A worker that crashes leaves its lease to
 //! expire, and the next worker resumes the job: every step is idempotent (`on conflict`, sorted
-//! set adds), and a fan-out job stores its progress after each batch, so a re-run has no visible
-//! effect beyond finishing the work.
+//! set adds, cache updates staged in the outbox with the step's transaction), and a fan-out job
+//! stores its progress after each batch.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use sqlx::postgres::PgListener;
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{Notify, watch};
+use tracing::Instrument;
 
-use crate::cache::timeline::ListEntry;
-use crate::cache::{Cache, Expect, ListKey, Update};
-use crate::time::{self, Timestamp};
+use crate::cache::Cache;
+use crate::newsfeeds;
+use crate::time::Timestamp;
 
 /// Attempts before a job is parked with `failed_at`.
 pub const MAX_ATTEMPTS: i32 = 10;
 /// The Postgres notification channel that wakes workers.
 pub const CHANNEL: &str = "chirp_jobs";
+
+/// A job, parsed once from its row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Job {
+    /// Fan-out-on-write of a new tweet to its author's followers, resuming after `progress`
+    /// (the `created_at` of the last friendship done).
+    Fanout {
+        tweet_id: i64,
+        progress: Option<Timestamp>,
+    },
+    /// Copy `followee`'s recent tweets into `follower`'s newsfeed (after a follow).
+    Backfill { follower: i64, followee: i64 },
+    /// Remove `followee`'s tweets from `follower`'s newsfeed (after an unfollow).
+    Unmerge { follower: i64, followee: i64 },
+}
+
+impl Job {
+    /// The `kind` column of this job.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Job::Fanout { .. } => "fanout",
+            Job::Backfill { .. } => "backfill",
+            Job::Unmerge { .. } => "unmerge",
+        }
+    }
+}
+
+/// A claimed job's row.
+#[derive(Debug, sqlx::FromRow)]
+struct JobRow {
+    id: i64,
+    kind: String,
+    tweet_id: Option<i64>,
+    follower_id: Option<i64>,
+    followee_id: Option<i64>,
+    progress: Option<Timestamp>,
+    attempts: i32,
+}
+
+impl TryFrom<&JobRow> for Job {
+    type Error = String;
+
+    fn try_from(r: &JobRow) -> Result<Self, String> {
+        let pair = || match (r.follower_id, r.followee_id) {
+            (Some(follower), Some(followee)) => Ok((follower, followee)),
+            _ => Err(format!("{} job without its users", r.kind)),
+        };
+        match r.kind.as_str() {
+            "fanout" => Ok(Job::Fanout {
+                tweet_id: r.tweet_id.ok_or("fanout job without a tweet")?,
+                progress: r.progress,
+            }),
+            "backfill" => pair().map(|(follower, followee)| Job::Backfill { follower, followee }),
+            "unmerge" => pair().map(|(follower, followee)| Job::Unmerge { follower, followee }),
+            other => Err(format!("unknown job kind {other:?}")),
+        }
+    }
+}
+
+/// Queues `job` in the transaction of the write that needs it and notifies the workers.
+pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
+    let (tweet, follower, followee) = match job {
+        Job::Fanout { tweet_id, .. } => (Some(*tweet_id), None, None),
+        Job::Backfill { follower, followee } | Job::Unmerge { follower, followee } => {
+            (None, Some(*follower), Some(*followee))
+        }
+    };
+    sqlx::query(
+        "insert into jobs (kind, tweet_id, follower_id, followee_id) values ($1, $2, $3, $4)",
+    )
+    .bind(job.kind())
+    .bind(tweet)
+    .bind(follower)
+    .bind(followee)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("select pg_notify($1, '')")
+        .bind(CHANNEL)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Records a fan-out job's progress and renews its lease (after each batch).
+pub async fn save_progress(db: &PgPool, job_id: i64, progress: Timestamp) -> sqlx::Result<()> {
+    sqlx::query(
+        "update jobs set progress = $2, locked_until = now() + interval '30 seconds' where id = $1",
+    )
+    .bind(job_id)
+    .bind(progress)
+    .execute(db)
+    .await
+    .map(|_| ())
+}
 
 /// What a worker needs: the database, the cache and the batch sizes.
 #[derive(Clone)]
@@ -39,70 +137,18 @@ pub struct Worker {
     pub wake: Arc<Notify>,
 }
 
-/// A claimed job.
-#[derive(Debug, sqlx::FromRow)]
-pub struct Job {
+/// The id and attempt number of a claimed job.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim {
     pub id: i64,
-    pub kind: String,
-    pub tweet_id: Option<i64>,
-    pub follower_id: Option<i64>,
-    pub followee_id: Option<i64>,
-    pub progress: Option<Timestamp>,
     pub attempts: i32,
 }
 
-async fn enqueue(
-    tx: &mut Transaction<'_, Postgres>,
-    kind: &str,
-    tweet: Option<i64>,
-    follower: Option<i64>,
-    followee: Option<i64>,
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into jobs (kind, tweet_id, follower_id, followee_id) values ($1, $2, $3, $4);",
-    )
-    .bind(kind)
-    .bind(tweet)
-    .bind(follower)
-    .bind(followee)
-    .execute(&mut **tx)
-    .await?;
-    sqlx::query("select pg_notify($1, '')")
-        .bind(CHANNEL)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
-/// Queues the fan-out of a new tweet to its author's followers (in the tweet's transaction).
-pub async fn enqueue_fanout(tx: &mut Transaction<'_, Postgres>, tweet: i64) -> sqlx::Result<()> {
-    enqueue(tx, "fanout", Some(tweet), None, None).await
-}
-
-/// Queues copying `followee`'s recent tweets into `follower`'s newsfeed (in the follow's
-/// transaction).
-pub async fn enqueue_backfill(
-    tx: &mut Transaction<'_, Postgres>,
-    follower: i64,
-    followee: i64,
-) -> sqlx::Result<()> {
-    enqueue(tx, "backfill", None, Some(follower), Some(followee)).await
-}
-
-/// Queues removing `followee`'s tweets from `follower`'s newsfeed (in the unfollow's
-/// transaction).
-pub async fn enqueue_unmerge(
-    tx: &mut Transaction<'_, Postgres>,
-    follower: i64,
-    followee: i64,
-) -> sqlx::Result<()> {
-    enqueue(tx, "unmerge", None, Some(follower), Some(followee)).await
-}
-
 impl Worker {
-    /// Claims the oldest ready job, if any, with a 30 s lease.
-    pub async fn claim(&self) -> sqlx::Result<Option<Job>> {
-        sqlx::query_as(
+    /// Claims the oldest ready job, if any, with a 30 s lease. A row that does not parse is
+    /// parked at once.
+    pub async fn claim(&self) -> sqlx::Result<Option<(Claim, Result<Job, String>)>> {
+        let row: Option<JobRow> = sqlx::query_as(
             "update jobs set attempts = attempts + 1, locked_until = now() + interval '30 seconds'
              where id = (
                  select id from jobs
@@ -113,46 +159,79 @@ impl Worker {
              returning id, kind, tweet_id, follower_id, followee_id, progress, attempts",
         )
         .fetch_optional(&self.db)
-        .await
+        .await?;
+        Ok(row.map(|r| {
+            let claim = Claim {
+                id: r.id,
+                attempts: r.attempts,
+            };
+            (claim, Job::try_from(&r))
+        }))
     }
 
     /// Claims and runs one job. Returns whether there was one.
     pub async fn run_one(&self) -> sqlx::Result<bool> {
-        let Some(job) = self.claim().await? else {
+        let Some((claim, job)) = self.claim().await? else {
             return Ok(false);
         };
-        let span =
-            tracing::info_span!("job", id = job.id, kind = %job.kind, attempt = job.attempts);
-        let _enter = span.enter();
-        let result = match job.kind.as_str() {
-            "fanout" => self.fanout(&job).await,
-            "backfill" => self.backfill(&job).await,
-            "unmerge" => self.unmerge(&job).await,
-            other => Err(sqlx::Error::Protocol(format!("unknown job kind {other}"))),
+        let job = match job {
+            Ok(job) => job,
+            Err(e) => {
+                tracing::error!(id = claim.id, error = %e, "unreadable job parked");
+                self.fail(claim, &e, true).await?;
+                return Ok(true);
+            }
         };
+        let span = tracing::info_span!(
+            "job",
+            id = claim.id,
+            kind = job.kind(),
+            attempt = claim.attempts
+        );
+        let result = self.dispatch(claim, &job).instrument(span.clone()).await;
         match result {
             Ok(()) => {
                 sqlx::query("delete from jobs where id = $1")
-                    .bind(job.id)
+                    .bind(claim.id)
                     .execute(&self.db)
                     .await?;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "job failed; will retry");
-                sqlx::query(
-                    "update jobs set locked_until = null, last_error = $2,
-                         run_after = now() + make_interval(secs => least(power(2, attempts), 300)),
-                         failed_at = case when attempts >= $3 then now() end
-                     where id = $1",
-                )
-                .bind(job.id)
-                .bind(e.to_string())
-                .bind(MAX_ATTEMPTS)
-                .execute(&self.db)
-                .await?;
+                span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));
+                self.fail(claim, &format!("{e:#}"), false).await?;
             }
         }
         Ok(true)
+    }
+
+    async fn dispatch(&self, claim: Claim, job: &Job) -> anyhow::Result<()> {
+        match *job {
+            Job::Fanout { tweet_id, progress } => {
+                newsfeeds::fanout(self, claim.id, tweet_id, progress).await
+            }
+            Job::Backfill { follower, followee } => {
+                newsfeeds::backfill(self, follower, followee).await
+            }
+            Job::Unmerge { follower, followee } => {
+                newsfeeds::unmerge(self, follower, followee).await
+            }
+        }
+    }
+
+    async fn fail(&self, claim: Claim, error: &str, park: bool) -> sqlx::Result<()> {
+        sqlx::query(
+            "update jobs set locked_until = null, last_error = $2,
+                 run_after = now() + make_interval(secs => least(power(2, attempts), 300)),
+                 failed_at = case when $4 or attempts >= $3 then now() end
+             where id = $1",
+        )
+        .bind(claim.id)
+        .bind(error)
+        .bind(MAX_ATTEMPTS)
+        .bind(park)
+        .execute(&self.db)
+        .await
+        .map(|_| ())
     }
 
     /// Runs jobs until none is ready (tests and tools use this instead of waiting).
@@ -162,176 +241,6 @@ impl Worker {
             n += 1;
         }
         Ok(n)
-    }
-
-    /// Fan-out-on-write: inserts a newsfeed row for every follower of the author, one batch of
-    /// `batch_size` followers (one set-based insert) per transaction, then merges the entries
-    /// into the followers' cached newsfeeds.
-    ///
-    /// Each batch locks its friendship rows (`for share`), so an unfollow of one of them waits
-    /// for the batch to commit and its unmerge then sees the batch's rows; and the list
-    /// generations are read under that lock, so a merge that lands after the unmerge invalidates
-    /// the list instead of bringing the tweet back.
-    async fn fanout(&self, job: &Job) -> sqlx::Result<()> {
-        let Some(tweet_id) = job.tweet_id else {
-            return Ok(());
-        };
-        let mut progress = job.progress;
-        loop {
-            let mut tx = self.db.begin().await?;
-            // Also waits for, or excludes, a concurrent delete of the tweet.
-            let tweet: Option<(i64, Timestamp)> = sqlx::query_as(
-                "select user_id, created_at from tweets where id = $1 for key share",
-            )
-            .bind(tweet_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some((author, created_at)) = tweet else {
-                return Ok(());
-            };
-            let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
-                "select from_user_id, created_at from friendships
-                 where to_user_id = $1 and created_at > coalesce($2, '-infinity')
-                 order by created_at limit $3
-                 for share",
-            )
-            .bind(author)
-            .bind(progress)
-            .bind(self.batch_size as i64)
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(&(_, last)) = batch.last() else {
-                return Ok(());
-            };
-            let followers: Vec<i64> = batch.iter().map(|(f, _)| *f).collect();
-            let lists: Vec<ListKey> = followers.iter().map(|f| ListKey::Newsfeed(*f)).collect();
-            let generations = self.cache.generations(&lists).await.ok();
-            let rows: Vec<(i64, i64)> = sqlx::query_as(
-                "insert into newsfeeds (user_id, tweet_id, created_at)
-                 select f, $2, $3 from unnest($1::bigint[]) as f
-                 on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-                 returning user_id, id",
-            )
-            .bind(&followers)
-            .bind(tweet_id)
-            .bind(created_at)
-            .fetch_all(&mut *tx)
-            .await?;
-            tx.commit().await?;
-
-            let row_of: std::collections::HashMap<i64, i64> = rows.into_iter().collect();
-            let score = time::to_micros(created_at);
-            let updates = followers
-                .iter()
-                .enumerate()
-                .filter_map(|(i, f)| {
-                    let entry = ListEntry {
-                        id: *row_of.get(f)?,
-                        tweet_id,
-                        author_id: author,
-                        created_at,
-                    };
-                    let list = ListKey::Newsfeed(*f);
-                    Some(guarded_merge(
-                        list,
-                        generations.as_ref().map(|g| g[i].clone()),
-                        vec![(score, entry.newsfeed_member())],
-                    ))
-                })
-                .collect();
-            self.cache.apply(&self.db, updates).await;
-
-            // Record progress only after the cache step, so a crash before it redoes both.
-            sqlx::query(
-                "update jobs set progress = $2, locked_until = now() + interval '30 seconds' where id = $1",
-            )
-            .bind(job.id)
-            .bind(last)
-            .execute(&self.db)
-            .await?;
-            progress = Some(last);
-            if batch.len() < self.batch_size {
-                return Ok(());
-            }
-        }
-    }
-
-    /// Follow backfill: copies the followee's newest `backfill_limit` tweets into the follower's
-    /// newsfeed, if the friendship still exists, and merges them into the cached list.
-    async fn backfill(&self, job: &Job) -> sqlx::Result<()> {
-        let (Some(follower), Some(followee)) = (job.follower_id, job.followee_id) else {
-            return Ok(());
-        };
-        let list = ListKey::Newsfeed(follower);
-        let mut tx = self.db.begin().await?;
-        let follows: Option<i32> = sqlx::query_scalar(
-            "select 1 from friendships where from_user_id = $1 and to_user_id = $2 for share",
-        )
-        .bind(follower)
-        .bind(followee)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if follows.is_none() {
-            return Ok(()); // unfollowed meanwhile
-        }
-        let generation = self
-            .cache
-            .generations(&[list])
-            .await
-            .ok()
-            .map(|mut g| g.pop().flatten());
-        let rows: Vec<ListEntry> = sqlx::query_as(
-            "insert into newsfeeds (user_id, tweet_id, created_at)
-             select $1, t.id, t.created_at from tweets t
-             where t.user_id = $2 order by t.created_at desc limit $3
-             on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-             returning id, tweet_id, $2::bigint as author_id, created_at",
-        )
-        .bind(follower)
-        .bind(followee)
-        .bind(self.backfill_limit as i64)
-        .fetch_all(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        if !rows.is_empty() {
-            let entries = rows
-                .iter()
-                .map(|e| (time::to_micros(e.created_at), e.newsfeed_member()))
-                .collect();
-            self.cache
-                .apply(&self.db, vec![guarded_merge(list, generation, entries)])
-                .await;
-        }
-        Ok(())
-    }
-
-    /// Unfollow unmerge: removes the followee's tweets from the follower's newsfeed, unless
-    /// the follower follows again by now, and from the cached list.
-    async fn unmerge(&self, job: &Job) -> sqlx::Result<()> {
-        let (Some(follower), Some(followee)) = (job.follower_id, job.followee_id) else {
-            return Ok(());
-        };
-        let rows: Vec<ListEntry> = sqlx::query_as(
-            "delete from newsfeeds n using tweets t
-             where n.user_id = $1 and t.user_id = $2
-               and n.created_at = t.created_at and n.tweet_id = t.id
-               and not exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)
-             returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
-        )
-        .bind(follower)
-        .bind(followee)
-        .fetch_all(&self.db)
-        .await?;
-        if !rows.is_empty() {
-            let members = rows.iter().map(ListEntry::newsfeed_member).collect();
-            self.cache
-                .apply(
-                    &self.db,
-                    vec![Update::Remove(ListKey::Newsfeed(follower), members)],
-                )
-                .await;
-        }
-        Ok(())
     }
 
     /// Runs `runners` job loops until `shutdown`; a job in progress finishes first. Wakes on
@@ -364,25 +273,15 @@ impl Worker {
     }
 }
 
-fn guarded_merge(
-    list: ListKey,
-    generation: Option<Option<String>>,
-    entries: Vec<crate::cache::Scored>,
-) -> Update {
-    match generation {
-        // The list was never written: expect that it still was not.
-        Some(g) => Update::Merge(list, Expect::Gen(g.unwrap_or_default()), entries),
-        // The generation could not be read: invalidating is the safe update.
-        None => Update::Invalidate(list),
-    }
-}
-
 async fn listen(db: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<bool>) {
     loop {
-        let mut listener = match PgListener::connect_with(&db).await {
+        let mut listener = match PgListener::connect_with(&db)
+            .await
+            .context("connecting the job listener")
+        {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, "LISTEN unavailable; polling");
+                tracing::warn!(error = ?e, "LISTEN unavailable; polling");
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(5)) => continue,
                     _ = shutdown.changed() => return,

@@ -10,6 +10,9 @@ use std::collections::HashSet;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use anyhow::Context;
+
+use crate::cache::objects::LikedAmong;
 use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::time::{self, Timestamp};
@@ -52,11 +55,13 @@ fn no_such_object() -> ApiError {
     ApiError::field("object_id", "No such object.")
 }
 
-/// Locks the liked object against deletion for the transaction; `false` if it does not exist.
+/// Locks the liked object against deletion for the transaction, with the lock its counter
+/// update needs anyway (taken first, so a concurrent delete of it can not deadlock with us);
+/// `false` if it does not exist.
 async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Result<bool> {
     let sql = match target {
-        Target::Tweet(_) => "select 1 from tweets where id = $1 for key share",
-        Target::Comment(_) => "select 1 from comments where id = $1 for key share",
+        Target::Tweet(_) => "select 1 from tweets where id = $1 for no key update",
+        Target::Comment(_) => "select 1 from comments where id = $1 for no key update",
     };
     let id = match target {
         Target::Tweet(id) | Target::Comment(id) => id,
@@ -97,10 +102,12 @@ async fn shift_likes(
     }
 }
 
-/// `user` likes `target`; liking again changes nothing and answers the first like.
+/// `user` likes `target`; liking again changes nothing and answers the first like. A like
+/// racing the same user's cancel answers whichever state it finds, never an error.
 ///
 /// # Errors
 /// 400 naming `object_id` if the object does not exist.
+#[tracing::instrument(name = "likes::like", skip(db, cache, user), fields(user = user.id))]
 pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<Like> {
     let mut tx = db.begin().await?;
     if !lock_object(&mut tx, target).await? {
@@ -119,31 +126,47 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
         ),
     };
     let (Target::Tweet(id) | Target::Comment(id)) = target;
-    let inserted: Option<Timestamp> = sqlx::query_scalar(insert)
-        .bind(id)
-        .bind(user.id)
-        .bind(time::next_timestamp())
-        .fetch_optional(&mut *tx)
-        .await?;
-    let (created_at, update) = match inserted {
-        Some(at) => (at, shift_likes(&mut tx, target, 1).await?),
-        None => (
-            sqlx::query_scalar(existing)
-                .bind(id)
-                .bind(user.id)
-                .fetch_one(&mut *tx)
-                .await?,
-            None,
-        ),
-    };
-    tx.commit().await?;
-    let mut updates: Vec<Update> = update.into_iter().collect();
-    if inserted.is_some()
-        && let Target::Tweet(tweet) = target
-    {
-        updates.push(Update::Liked(user.id, tweet, true));
+    // `on conflict do nothing` sees a conflicting row that a concurrent cancel may delete
+    // before our read of it: then insert again (the object lock makes a third round unlikely).
+    let mut found = None;
+    for _ in 0..3 {
+        let inserted: Option<Timestamp> = sqlx::query_scalar(insert)
+            .bind(id)
+            .bind(user.id)
+            .bind(time::next_timestamp())
+            .fetch_optional(&mut *tx)
+            .await
+            .context("inserting the like")?;
+        if let Some(at) = inserted {
+            found = Some((at, true));
+            break;
+        }
+        let existing: Option<Timestamp> = sqlx::query_scalar(existing)
+            .bind(id)
+            .bind(user.id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if let Some(at) = existing {
+            found = Some((at, false));
+            break;
+        }
     }
-    cache.apply(db, updates).await;
+    let (created_at, inserted) =
+        found.ok_or_else(|| anyhow::anyhow!("like kept racing a cancel"))?;
+    let mut updates: Vec<Update> = Vec::new();
+    if inserted {
+        updates.extend(shift_likes(&mut tx, target, 1).await?);
+        if let Target::Tweet(tweet) = target {
+            updates.push(Update::Liked {
+                user: user.id,
+                tweet,
+                liked: true,
+            });
+        }
+    }
+    let staged = cache.stage(&mut tx, &updates).await?;
+    tx.commit().await.context("committing the like")?;
+    cache.finish(db, staged).await;
     Ok(Like {
         user: user.clone(),
         created_at,
@@ -154,6 +177,7 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
 ///
 /// # Errors
 /// 400 naming `object_id` if the object does not exist.
+#[tracing::instrument(name = "likes::cancel", skip(db, cache))]
 pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> ApiResult<u64> {
     let mut tx = db.begin().await?;
     if !lock_object(&mut tx, target).await? {
@@ -168,21 +192,23 @@ pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> Ap
         .bind(id)
         .bind(user)
         .execute(&mut *tx)
-        .await?
+        .await
+        .context("deleting the like")?
         .rows_affected();
-    let update = if deleted > 0 {
-        shift_likes(&mut tx, target, -1).await?
-    } else {
-        None
-    };
-    tx.commit().await?;
-    let mut updates: Vec<Update> = update.into_iter().collect();
-    if deleted > 0
-        && let Target::Tweet(tweet) = target
-    {
-        updates.push(Update::Liked(user, tweet, false));
+    let mut updates: Vec<Update> = Vec::new();
+    if deleted > 0 {
+        updates.extend(shift_likes(&mut tx, target, -1).await?);
+        if let Target::Tweet(tweet) = target {
+            updates.push(Update::Liked {
+                user,
+                tweet,
+                liked: false,
+            });
+        }
     }
-    cache.apply(db, updates).await;
+    let staged = cache.stage(&mut tx, &updates).await?;
+    tx.commit().await.context("committing the cancel")?;
+    cache.finish(db, staged).await;
     Ok(deleted)
 }
 
@@ -191,7 +217,9 @@ pub const MAX_CACHED_LIKES: usize = 10_000;
 
 /// Which of `tweet_ids` `viewer` liked (none if anonymous): one Redis round trip on the viewer's
 /// cached liked set; on a miss the set is loaded (one indexed query) and cached, guarded by its
-/// generation like the timelines; without Redis, one indexed query for the page.
+/// generation like the timelines; without Redis, or for a viewer with more than
+/// [`MAX_CACHED_LIKES`] likes (remembered by a marker in the set), one indexed query for the
+/// page.
 pub async fn liked_tweets(
     db: &PgPool,
     cache: &Cache,
@@ -206,13 +234,9 @@ pub async fn liked_tweets(
     }
     if cache.available() {
         match cache.liked_among(user, tweet_ids).await {
-            Ok(Some(liked)) => return Ok(liked),
-            Ok(None) => {
-                if let Some(liked) = load_liked_set(db, cache, user, tweet_ids).await? {
-                    return Ok(liked);
-                }
-            }
-            Err(_) => {}
+            Ok(LikedAmong::Liked(liked)) => return Ok(liked),
+            Ok(LikedAmong::Miss) => return load_liked_set(db, cache, user, tweet_ids).await,
+            Ok(LikedAmong::TooMany) | Err(_) => {}
         }
     }
     liked_tweets_in_db(db, user, tweet_ids).await
@@ -234,16 +258,17 @@ pub async fn liked_tweets_in_db(
 }
 
 /// Loads `user`'s liked set from Postgres and caches it (guarded by its generation), for when
-/// the caller found it missing from the cache; returns which of `tweet_ids` are in it. `None`
-/// if Redis failed or the user has too many likes to cache: ask Postgres per page then.
+/// the caller found it missing from the cache; returns which of `tweet_ids` are in it. A user
+/// with more than [`MAX_CACHED_LIKES`] likes gets the "too many" marker instead, so later pages
+/// go straight to the per-page query.
 pub async fn load_liked_set(
     db: &PgPool,
     cache: &Cache,
     user: i64,
     tweet_ids: &[i64],
-) -> sqlx::Result<Option<HashSet<i64>>> {
-    let Ok(generation) = cache.liked_generation(user).await else {
-        return Ok(None);
+) -> sqlx::Result<HashSet<i64>> {
+    let Ok(generation) = cache.begin_load_liked(user).await else {
+        return liked_tweets_in_db(db, user, tweet_ids).await;
     };
     let all: Vec<i64> =
         sqlx::query_scalar("select tweet_id from tweet_likes where user_id = $1 limit $2")
@@ -252,13 +277,12 @@ pub async fn load_liked_set(
             .fetch_all(db)
             .await?;
     if all.len() > MAX_CACHED_LIKES {
-        return Ok(None);
+        cache.fill_liked(user, &generation, None).await;
+        return liked_tweets_in_db(db, user, tweet_ids).await;
     }
-    cache.fill_liked(user, generation.as_deref(), &all).await;
+    cache.fill_liked(user, &generation, Some(&all)).await;
     let page: HashSet<i64> = tweet_ids.iter().copied().collect();
-    Ok(Some(
-        all.into_iter().filter(|id| page.contains(id)).collect(),
-    ))
+    Ok(all.into_iter().filter(|id| page.contains(id)).collect())
 }
 
 /// Which of `comment_ids` `viewer` liked: one indexed query (none if anonymous).

@@ -1,12 +1,26 @@
-//! The SQL behind newsfeed listings (the rows are written by `tweets` and `jobs`).
+//! Newsfeeds: the fan-out-on-write rows of `newsfeeds` (every SQL statement on that table lives
+//! here) and the three jobs that keep them: fan-out of a new tweet, follow backfill and unfollow
+//! unmerge (the merge / unmerge of Mastodon's `FeedManager` and Redis in Action ch. 8). The read
+//! path is the generic one of [`crate::timeline`].
+//!
+//! Each job step commits its rows and stages its cache updates in the outbox in one transaction
+//! (see [`crate::cache::update`]), so a crash between the commit and Redis is repaired by the
+//! relay, and a re-run of a step is harmless. Backfill and unmerge of one (follower, followee)
+//! pair are serialized by an advisory lock and re-check the friendship under it, so
+//! follow / unfollow / follow in any job order ends with the feed matching the friendship.
 
-use sqlx::PgPool;
+use std::collections::HashMap;
 
-use crate::cache::timeline::{FeedRow, ListEntry};
+use anyhow::Context;
+use sqlx::{PgConnection, PgPool};
+
+use crate::cache::{Guard, ListKey, Update};
+use crate::jobs::{self, Worker};
 use crate::time::Timestamp;
+use crate::timeline::{FeedRow, ListEntry, Timeline};
 
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
-pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
         "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
          from newsfeeds n join tweets t on t.id = n.tweet_id
@@ -19,7 +33,7 @@ pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Resu
 }
 
 /// A page of user `user_id`'s newsfeed strictly between the cursors, hydrated in the same query.
-pub async fn list_page(
+pub async fn page(
     db: &PgPool,
     user_id: i64,
     lt: Option<Timestamp>,
@@ -27,7 +41,8 @@ pub async fn list_page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     sqlx::query_as(
-        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count, t.comments_count,
+        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count,
+                t.comments_count, t.counts_version,
                 u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
                 u.created_at as author_created_at
          from newsfeeds n
@@ -43,4 +58,250 @@ pub async fn list_page(
     .bind(limit as i64)
     .fetch_all(db)
     .await
+}
+
+/// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction); returns
+/// its id.
+pub async fn insert_own(
+    tx: &mut PgConnection,
+    author: i64,
+    tweet_id: i64,
+    created_at: Timestamp,
+) -> sqlx::Result<i64> {
+    sqlx::query_scalar(
+        "insert into newsfeeds (user_id, tweet_id, created_at) values ($1, $2, $3) returning id",
+    )
+    .bind(author)
+    .bind(tweet_id)
+    .bind(created_at)
+    .fetch_one(tx)
+    .await
+}
+
+/// Deletes every newsfeed row of a tweet (in the delete's transaction); returns
+/// `(newsfeed_id, reader)` of each.
+pub async fn delete_for_tweet(
+    tx: &mut PgConnection,
+    tweet_id: i64,
+) -> sqlx::Result<Vec<(i64, i64)>> {
+    sqlx::query_as("delete from newsfeeds where tweet_id = $1 returning id, user_id")
+        .bind(tweet_id)
+        .fetch_all(tx)
+        .await
+}
+
+/// Fan-out-on-write: inserts a newsfeed row for every follower of the tweet's author, one batch
+/// of `batch_size` followers (one set-based insert) per transaction, and merges the entries into
+/// the followers' cached newsfeeds. `progress` is where an earlier run stopped.
+///
+/// Each batch locks its friendship rows (`for share`), so an unfollow of one of them waits for
+/// the batch to commit and its unmerge then sees the batch's rows; the lists' removal
+/// generations are read under that lock, so a merge that lands after the unmerge drops the list
+/// instead of bringing the tweet back. Merges of other fan-outs do not disturb it.
+///
+/// # Errors
+/// Postgres failed; the job is retried from the last recorded batch.
+#[tracing::instrument(name = "newsfeeds::fanout", skip(worker))]
+pub async fn fanout(
+    worker: &Worker,
+    job_id: i64,
+    tweet_id: i64,
+    mut progress: Option<Timestamp>,
+) -> anyhow::Result<()> {
+    loop {
+        let mut tx = worker.db.begin().await?;
+        // Also waits for, or excludes, a concurrent delete of the tweet.
+        let tweet: Option<(i64, Timestamp)> =
+            sqlx::query_as("select user_id, created_at from tweets where id = $1 for key share")
+                .bind(tweet_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .context("locking the tweet")?;
+        let Some((author, created_at)) = tweet else {
+            return Ok(()); // deleted meanwhile
+        };
+        let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
+            "select from_user_id, created_at from friendships
+             where to_user_id = $1 and created_at > coalesce($2, '-infinity')
+             order by created_at limit $3
+             for share",
+        )
+        .bind(author)
+        .bind(progress)
+        .bind(worker.batch_size as i64)
+        .fetch_all(&mut *tx)
+        .await
+        .context("locking a batch of followers")?;
+        let Some(&(_, last)) = batch.last() else {
+            return Ok(());
+        };
+        let followers: Vec<i64> = batch.iter().map(|(f, _)| *f).collect();
+        let lists: Vec<ListKey> = followers
+            .iter()
+            .map(|f| Timeline::Newsfeed(*f).key())
+            .collect();
+        let guards = worker.cache.removal_generations(&lists).await.ok();
+        let rows: Vec<(i64, i64)> = sqlx::query_as(
+            "insert into newsfeeds (user_id, tweet_id, created_at)
+             select f, $2, $3 from unnest($1::bigint[]) as f
+             on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
+             returning user_id, id",
+        )
+        .bind(&followers)
+        .bind(tweet_id)
+        .bind(created_at)
+        .fetch_all(&mut *tx)
+        .await
+        .context("inserting a batch of newsfeed rows")?;
+        let row_of: HashMap<i64, i64> = rows.into_iter().collect();
+        let updates: Vec<Update> = followers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, f)| {
+                let entry = ListEntry {
+                    id: *row_of.get(f)?,
+                    tweet_id,
+                    author_id: author,
+                    created_at,
+                };
+                let timeline = Timeline::Newsfeed(*f);
+                let guard = guards.as_ref().and_then(|g| g.get(i).cloned());
+                Some(guarded_merge(timeline, guard, &[entry]))
+            })
+            .collect();
+        let staged = worker.cache.stage(&mut tx, &updates).await?;
+        tx.commit().await.context("committing a fan-out batch")?;
+        worker.cache.finish(&worker.db, staged).await;
+        jobs::save_progress(&worker.db, job_id, last).await?;
+        progress = Some(last);
+        if batch.len() < worker.batch_size {
+            return Ok(());
+        }
+    }
+}
+
+/// Takes the advisory lock that serializes backfill and unmerge of one (follower, followee)
+/// pair for the rest of the transaction.
+async fn lock_pair(tx: &mut PgConnection, follower: i64, followee: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "select pg_advisory_xact_lock(hashtextextended('newsfeed-pair:' || $1 || ':' || $2, 0))",
+    )
+    .bind(follower)
+    .bind(followee)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
+async fn follows(tx: &mut PgConnection, follower: i64, followee: i64) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+    )
+    .bind(follower)
+    .bind(followee)
+    .fetch_one(tx)
+    .await
+}
+
+/// Follow backfill: if the friendship still exists, copies the followee's newest
+/// `backfill_limit` tweets into the follower's newsfeed and merges them into the cached list.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+#[tracing::instrument(name = "newsfeeds::backfill", skip(worker))]
+pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
+    let timeline = Timeline::Newsfeed(follower);
+    let mut tx = worker.db.begin().await?;
+    lock_pair(&mut tx, follower, followee)
+        .await
+        .context("locking the pair")?;
+    if !follows(&mut tx, follower, followee).await? {
+        return Ok(()); // unfollowed meanwhile
+    }
+    let guard = worker
+        .cache
+        .removal_generations(&[timeline.key()])
+        .await
+        .ok()
+        .and_then(|mut g| g.pop());
+    let rows: Vec<ListEntry> = sqlx::query_as(
+        "insert into newsfeeds (user_id, tweet_id, created_at)
+         select $1, t.id, t.created_at from tweets t
+         where t.user_id = $2 order by t.created_at desc limit $3
+         on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
+         returning id, tweet_id, $2::bigint as author_id, created_at",
+    )
+    .bind(follower)
+    .bind(followee)
+    .bind(worker.backfill_limit as i64)
+    .fetch_all(&mut *tx)
+    .await
+    .context("inserting the backfill")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let staged = worker
+        .cache
+        .stage(&mut tx, &[guarded_merge(timeline, guard, &rows)])
+        .await?;
+    tx.commit().await.context("committing the backfill")?;
+    worker.cache.finish(&worker.db, staged).await;
+    Ok(())
+}
+
+/// Unfollow unmerge: unless the follower follows again by now, removes the followee's tweets
+/// from the follower's newsfeed and from the cached list. The removal is staged in the delete's
+/// transaction, so a crash after the commit (when a re-run would find nothing to delete) is
+/// still repaired by the outbox relay.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+#[tracing::instrument(name = "newsfeeds::unmerge", skip(worker))]
+pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
+    let timeline = Timeline::Newsfeed(follower);
+    let mut tx = worker.db.begin().await?;
+    lock_pair(&mut tx, follower, followee)
+        .await
+        .context("locking the pair")?;
+    if follows(&mut tx, follower, followee).await? {
+        return Ok(()); // followed again: its backfill keeps the rows
+    }
+    let rows: Vec<ListEntry> = sqlx::query_as(
+        "delete from newsfeeds n using tweets t
+         where n.user_id = $1 and t.user_id = $2
+           and n.created_at = t.created_at and n.tweet_id = t.id
+         returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
+    )
+    .bind(follower)
+    .bind(followee)
+    .fetch_all(&mut *tx)
+    .await
+    .context("deleting the unfollowed rows")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let members = rows.iter().map(|e| timeline.member(e)).collect();
+    let update = Update::Remove {
+        list: timeline.key(),
+        members,
+    };
+    let staged = worker.cache.stage(&mut tx, &[update]).await?;
+    tx.commit().await.context("committing the unmerge")?;
+    worker.cache.finish(&worker.db, staged).await;
+    Ok(())
+}
+
+/// A merge guarded by the removal generation read under the rows' lock; without one (Redis
+/// could not be asked) the safe update is to drop the list.
+fn guarded_merge(timeline: Timeline, guard: Option<String>, entries: &[ListEntry]) -> Update {
+    match guard {
+        Some(r) => Update::Merge {
+            list: timeline.key(),
+            guard: Guard::Removals(r),
+            entries: entries.iter().map(|e| timeline.scored(e)).collect(),
+        },
+        None => Update::Invalidate {
+            list: timeline.key(),
+        },
+    }
 }

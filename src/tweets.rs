@@ -1,30 +1,27 @@
-//! Tweets: creation (with the fan-out job), deletion (removed from every listing), and the SQL
-//! behind the user-tweets listing.
+//! Tweets: creation (with the fan-out job), deletion (removed from every listing), loading one
+//! tweet through the cache, and the SQL behind the user-tweets timeline.
 
-use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use anyhow::Context;
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
 
-use crate::cache::counts::{Counts, CountsOf};
 use crate::cache::objects::Cached;
-use crate::cache::timeline::{FeedRow, Item, ListEntry};
-use crate::cache::{Cache, Expect, ListKey, Update};
+use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
-use crate::jobs;
+use crate::jobs::{self, Job};
+use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
+use crate::newsfeeds;
 use crate::time::{self, Timestamp};
-use crate::users::{self, User, UserCounts, UserRecord};
+use crate::timeline::{FeedRow, Item, ListEntry, Timeline};
+use crate::users::{self, User};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
 
-/// A tweet as stored and cached (the tweet object cache holds this as JSON).
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
-pub struct TweetRecord {
-    pub id: i64,
-    pub user_id: i64,
-    pub content: String,
-    pub created_at: Timestamp,
-}
+/// Above this many readers, a tweet delete does not remove the tweet from each cached newsfeed
+/// in the request: the tombstone hides it, and each reader's next read drops the entry.
+pub const MAX_EAGER_REMOVALS: usize = 1000;
 
 /// The public `Tweet` object.
 #[derive(Debug, Clone, Serialize)]
@@ -41,26 +38,21 @@ pub struct Tweet {
 
 impl Tweet {
     /// A tweet object from its parts.
-    pub fn new(record: TweetRecord, user: User, counts: &Counts, has_liked: bool) -> Self {
+    pub fn new(record: TweetRecord, user: User, counts: &TweetCounts, has_liked: bool) -> Self {
         Tweet {
             id: record.id,
             user,
             created_at: record.created_at,
             content: record.content,
-            likes_count: counts.get(0),
-            comments_count: counts.get(1),
+            likes_count: counts.likes,
+            comments_count: counts.comments,
             has_liked,
         }
     }
 
     /// A tweet object from a hydrated timeline item.
     pub fn from_item(item: Item) -> Self {
-        let has_liked = item.has_liked;
-        let counts = Counts {
-            version: 0,
-            values: vec![item.likes_count, item.comments_count],
-        };
-        Tweet::new(item.tweet, item.author.into(), &counts, has_liked)
+        Tweet::new(item.tweet, item.author.into(), &item.counts, item.has_liked)
     }
 }
 
@@ -77,23 +69,17 @@ macro_rules! returning_tweet_row {
 pub struct TweetRow {
     #[sqlx(flatten)]
     pub record: TweetRecord,
-    pub likes_count: i64,
-    pub comments_count: i64,
-    pub counts_version: i64,
+    #[sqlx(flatten)]
+    pub counts: TweetCounts,
 }
 
 impl TweetRow {
-    /// `[likes_count, comments_count]` with their version.
-    pub fn counts(&self) -> Counts {
-        Counts {
-            version: self.counts_version,
-            values: vec![self.likes_count, self.comments_count],
-        }
-    }
-
     /// The write-through cache update for these counts.
     pub fn counts_update(&self) -> Update {
-        Update::Counts(CountsOf::Tweet(self.record.id), self.counts())
+        Update::TweetCounts {
+            id: self.record.id,
+            counts: self.counts,
+        }
     }
 }
 
@@ -110,71 +96,78 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 }
 
 /// Creates a tweet. One transaction inserts the tweet, the author's own newsfeed row, the
-/// author's count and the fan-out job; then the author's cached lists get the entry at once
-/// (read your writes) and the worker is woken to fan out to followers.
+/// author's count, the fan-out job and the outbox row of its cache updates; then the author's
+/// cached lists get the entry at once (read your writes), the tweet object and its zero counts
+/// are cached, and the worker fans out to followers.
+///
+/// # Errors
+/// Postgres failed.
+#[tracing::instrument(name = "tweets::create", skip(db, cache, content))]
 pub async fn create(
     db: &PgPool,
     cache: &Cache,
     author: i64,
     content: &str,
-) -> sqlx::Result<TweetRecord> {
-    let (tweet, newsfeed_id, author_counts) = db::with_unique_timestamp("tweets_created_at_key", |created_at| async move {
-        let mut tx = db.begin().await?;
-        let tweet: TweetRecord = sqlx::query_as(
-            "insert into tweets (user_id, content, created_at) values ($1, $2, $3)
-             returning id, user_id, content, created_at",
-        )
-        .bind(author)
-        .bind(content)
-        .bind(created_at)
-        .fetch_one(&mut *tx)
-        .await?;
-        let newsfeed_id: i64 = sqlx::query_scalar(
-            "insert into newsfeeds (user_id, tweet_id, created_at) values ($1, $2, $3) returning id",
-        )
-        .bind(author)
-        .bind(tweet.id)
-        .bind(created_at)
-        .fetch_one(&mut *tx)
-        .await?;
-        let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-        jobs::enqueue_fanout(&mut tx, tweet.id).await?;
-        tx.commit().await?;
-        Ok((tweet, newsfeed_id, author_counts))
-    })
-    .await?;
-    let score = time::to_micros(tweet.created_at);
-    let entry = ListEntry {
-        id: newsfeed_id,
-        tweet_id: tweet.id,
-        author_id: author,
-        created_at: tweet.created_at,
-    };
-    cache
-        .apply(
-            db,
-            vec![
-                Update::Merge(
-                    ListKey::UserTweets(author),
-                    Expect::Any,
-                    vec![(score, tweet.id.to_string())],
-                ),
-                Update::Merge(
-                    ListKey::Newsfeed(author),
-                    Expect::Any,
-                    vec![(score, entry.newsfeed_member())],
-                ),
-                Update::TweetCreated(tweet.clone()),
-                author_counts.update(),
-            ],
-        )
-        .await;
+) -> anyhow::Result<TweetRecord> {
+    let (tweet, staged) =
+        db::with_unique_timestamp("tweets_created_at_key", |created_at| async move {
+            let mut tx = db.begin().await?;
+            let tweet: TweetRecord = sqlx::query_as(
+                "insert into tweets (user_id, content, created_at) values ($1, $2, $3)
+                 returning id, user_id, content, created_at",
+            )
+            .bind(author)
+            .bind(content)
+            .bind(created_at)
+            .fetch_one(&mut *tx)
+            .await?;
+            let newsfeed_id = newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
+            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+            jobs::enqueue(
+                &mut tx,
+                &Job::Fanout {
+                    tweet_id: tweet.id,
+                    progress: None,
+                },
+            )
+            .await?;
+            let entry = ListEntry {
+                id: newsfeed_id,
+                tweet_id: tweet.id,
+                author_id: author,
+                created_at,
+            };
+            let updates = [Timeline::UserTweets(author), Timeline::Newsfeed(author)]
+                .into_iter()
+                .map(|t| Update::Merge {
+                    list: t.key(),
+                    guard: Guard::None,
+                    entries: vec![t.scored(&entry)],
+                })
+                .chain([
+                    Update::TweetCreated {
+                        tweet: tweet.clone(),
+                        counts: TweetCounts::default(),
+                    },
+                    Update::UserCounts {
+                        id: author,
+                        counts: author_counts,
+                    },
+                ])
+                .collect::<Vec<_>>();
+            let staged = cache.stage(&mut tx, &updates).await?;
+            tx.commit().await?;
+            Ok((tweet, staged))
+        })
+        .await
+        .context("inserting the tweet")?;
+    cache.finish(db, staged).await;
     Ok(tweet)
 }
 
-/// Moves the author's `tweets_count` by `by`, returning the new counts for the cache.
+/// Moves a user's `tweets_count` by `by`, returning the new counts for the cache.
 async fn shift_tweets_count(
-    tx: &mut sqlx::PgConnection,
+    tx: &mut PgConnection,
     author: i64,
     by: i64,
 ) -> sqlx::Result<UserCounts> {
@@ -189,13 +182,16 @@ async fn shift_tweets_count(
 }
 
 /// Deletes tweet `id` of user `me`: the tweet, every newsfeed row of it, and every cached entry
-/// (the tweet object becomes a tombstone, so no late reader can bring it back).
+/// (the tweet object becomes a tombstone, so no late reader can bring it back). A tweet with more
+/// than [`MAX_EAGER_REMOVALS`] readers leaves their cached entries to the tombstone.
 ///
 /// # Errors
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author.
+#[tracing::instrument(name = "tweets::delete", skip(db, cache))]
 pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<()> {
     let mut tx = db.begin().await?;
-    // Locking the row waits for fan-out batches inserting rows for it (they hold a key share).
+    // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
+    // and for comment deletes and likes (they lock it before their own rows).
     let owner: Option<i64> =
         sqlx::query_scalar("select user_id from tweets where id = $1 for update")
             .bind(id)
@@ -206,36 +202,52 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
         Some(owner) if owner != me => return Err(ApiError::Forbidden),
         Some(_) => {}
     }
-    let readers: Vec<(i64, i64)> =
-        sqlx::query_as("delete from newsfeeds where tweet_id = $1 returning id, user_id")
-            .bind(id)
-            .fetch_all(&mut *tx)
-            .await?;
+    let readers = newsfeeds::delete_for_tweet(&mut tx, id)
+        .await
+        .context("deleting the tweet's newsfeed rows")?;
     // Its comments and likes go with it (on delete cascade).
     sqlx::query("delete from tweets where id = $1")
         .bind(id)
         .execute(&mut *tx)
-        .await?;
-    let author_counts = shift_tweets_count(&mut tx, me, -1).await?;
-    tx.commit().await?;
-
+        .await
+        .context("deleting the tweet")?;
+    let author_counts = shift_tweets_count(&mut tx, me, -1)
+        .await
+        .context("moving tweets_count")?;
+    let own = Timeline::UserTweets(me);
     let mut updates = vec![
-        Update::TweetDeleted(id),
-        Update::DropCounts(CountsOf::Tweet(id)),
-        author_counts.update(),
-        Update::Remove(ListKey::UserTweets(me), vec![id.to_string()]),
+        Update::TweetDeleted { id },
+        Update::UserCounts {
+            id: me,
+            counts: author_counts,
+        },
+        Update::Remove {
+            list: own.key(),
+            members: vec![own.member(&entry_of(id, id, me))],
+        },
     ];
-    updates.extend(readers.into_iter().map(|(newsfeed_id, reader)| {
-        let entry = ListEntry {
-            id: newsfeed_id,
-            tweet_id: id,
-            author_id: me,
-            created_at: Timestamp::default(),
-        };
-        Update::Remove(ListKey::Newsfeed(reader), vec![entry.newsfeed_member()])
-    }));
-    cache.apply(db, updates).await;
+    if readers.len() <= MAX_EAGER_REMOVALS {
+        updates.extend(readers.into_iter().map(|(newsfeed_id, reader)| {
+            let feed = Timeline::Newsfeed(reader);
+            Update::Remove {
+                list: feed.key(),
+                members: vec![feed.member(&entry_of(newsfeed_id, id, me))],
+            }
+        }));
+    }
+    let staged = cache.stage(&mut tx, &updates).await?;
+    tx.commit().await.context("committing the delete")?;
+    cache.finish(db, staged).await;
     Ok(())
+}
+
+fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
+    ListEntry {
+        id,
+        tweet_id,
+        author_id,
+        created_at: Timestamp::default(),
+    }
 }
 
 /// Tweets with their counts by id (any order; unknown ids are absent).
@@ -250,7 +262,11 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
 }
 
 /// The newest `limit` entries of user `user_id`'s tweets (for filling the cache).
-pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+pub async fn timeline_entries(
+    db: &PgPool,
+    user_id: i64,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
         "select id, id as tweet_id, user_id as author_id, created_at from tweets
          where user_id = $1 order by created_at desc limit $2",
@@ -262,7 +278,7 @@ pub async fn list_entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Resu
 }
 
 /// A page of user `user_id`'s tweets strictly between the cursors, hydrated in the same query.
-pub async fn list_page(
+pub async fn timeline_page(
     db: &PgPool,
     user_id: i64,
     lt: Option<Timestamp>,
@@ -270,7 +286,8 @@ pub async fn list_page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     sqlx::query_as(
-        "select t.id as entry_id, t.created_at, t.id as tweet_id, t.content, t.likes_count, t.comments_count,
+        "select t.id as entry_id, t.created_at, t.id as tweet_id, t.content, t.likes_count,
+                t.comments_count, t.counts_version,
                 u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
                 u.created_at as author_created_at
          from tweets t join users u on u.id = t.user_id
@@ -291,7 +308,7 @@ pub async fn load(
     db: &PgPool,
     cache: &Cache,
     id: i64,
-) -> sqlx::Result<Option<(TweetRecord, Counts, UserRecord)>> {
+) -> sqlx::Result<Option<(TweetRecord, TweetCounts, UserRecord)>> {
     let (tweet, counts) = match cache.get_tweets(&[id]).await {
         Ok((mut t, mut c)) => (t.pop().unwrap_or(Cached::Miss), c.pop().flatten()),
         Err(_) => (Cached::Miss, None),
@@ -303,9 +320,10 @@ pub async fn load(
             // No tombstone for a missing id: it may be one that is not assigned yet.
             None => return Ok(None),
             Some(row) => {
-                cache.put_tweets(std::slice::from_ref(&row), &[]).await;
-                let counts = row.counts();
-                (row.record, counts)
+                cache
+                    .put_tweets(&[(row.record.clone(), row.counts)], &[])
+                    .await;
+                (row.record, row.counts)
             }
         },
     };

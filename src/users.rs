@@ -2,11 +2,12 @@
 
 use std::collections::HashMap;
 
-use serde::{Deserialize, Serialize};
+use anyhow::Context;
+use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::cache::counts::{Counts, CountsOf};
 use crate::cache::{Cache, Update};
+use crate::model::{UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 
 /// The public `User` object: `{"id", "username", "nickname", "avatar_url"}`.
@@ -16,17 +17,6 @@ pub struct User {
     pub username: String,
     pub nickname: Option<String>,
     pub avatar_url: Option<String>,
-}
-
-/// A user as stored and cached: [`User`] plus the version that orders profile edits.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
-pub struct UserRecord {
-    pub id: i64,
-    pub username: String,
-    pub nickname: Option<String>,
-    pub avatar_url: Option<String>,
-    pub version: i64,
-    pub created_at: Timestamp,
 }
 
 impl From<UserRecord> for User {
@@ -52,8 +42,21 @@ pub struct Profile {
     pub created_at: Timestamp,
 }
 
-/// The `returning` clause that reads a user's counts after changing them (a macro, so queries
-/// stay `&'static str` with `concat!`).
+impl Profile {
+    fn new(user: UserRecord, counts: UserCounts) -> Self {
+        let created_at = user.created_at;
+        Profile {
+            user: user.into(),
+            followers_count: counts.followers,
+            followings_count: counts.followings,
+            tweets_count: counts.tweets,
+            created_at,
+        }
+    }
+}
+
+/// The `returning` clause that reads a user's id and counts after changing them (a macro, so
+/// queries stay `&'static str` with `concat!`).
 #[macro_export]
 macro_rules! returning_user_counts {
     () => {
@@ -61,30 +64,20 @@ macro_rules! returning_user_counts {
     };
 }
 
-/// A user's counts as an `update ... returning` gives them after a change.
+/// A user's id and counts as an `update ... returning` gives them after a change.
 #[derive(Debug, Clone, sqlx::FromRow)]
-pub struct UserCounts {
+pub struct UserCountsRow {
     pub id: i64,
-    pub followers_count: i64,
-    pub followings_count: i64,
-    pub tweets_count: i64,
-    pub counts_version: i64,
+    #[sqlx(flatten)]
+    pub counts: UserCounts,
 }
 
-impl UserCounts {
+impl UserCountsRow {
     /// The write-through cache update for these counts.
     pub fn update(&self) -> Update {
-        Update::Counts(CountsOf::User(self.id), self.counts())
-    }
-
-    fn counts(&self) -> Counts {
-        Counts {
-            version: self.counts_version,
-            values: vec![
-                self.followers_count,
-                self.followings_count,
-                self.tweets_count,
-            ],
+        Update::UserCounts {
+            id: self.id,
+            counts: self.counts,
         }
     }
 }
@@ -95,35 +88,26 @@ pub async fn profile(db: &PgPool, cache: &Cache, id: i64) -> sqlx::Result<Option
     let Some(user) = load_many(db, cache, &[id]).await?.remove(&id) else {
         return Ok(None);
     };
-    let cached = cache
-        .get_counts(&[CountsOf::User(id)])
-        .await
-        .ok()
-        .and_then(|mut v| v.pop().flatten());
-    let counts = match cached {
+    let counts = match cache.get_user_counts(id).await.ok().flatten() {
         Some(c) => c,
         None => {
-            let row: Option<UserCounts> = sqlx::query_as(
-                "select id, followers_count, followings_count, tweets_count, counts_version from users where id = $1",
-            )
-            .bind(id)
-            .fetch_optional(db)
-            .await?;
-            let Some(row) = row else { return Ok(None) };
-            cache
-                .put_counts(&[(CountsOf::User(id), row.counts())])
-                .await;
-            row.counts()
+            let Some(row) = counts_of(db, id).await? else {
+                return Ok(None);
+            };
+            cache.put_user_counts(id, &row.counts).await;
+            row.counts
         }
     };
-    let created_at = user.created_at;
-    Ok(Some(Profile {
-        user: user.into(),
-        followers_count: counts.get(0),
-        followings_count: counts.get(1),
-        tweets_count: counts.get(2),
-        created_at,
-    }))
+    Ok(Some(Profile::new(user, counts)))
+}
+
+async fn counts_of(db: &PgPool, id: i64) -> sqlx::Result<Option<UserCountsRow>> {
+    sqlx::query_as(
+        "select id, followers_count, followings_count, tweets_count, counts_version from users where id = $1",
+    )
+    .bind(id)
+    .fetch_optional(db)
+    .await
 }
 
 /// Whether user `id` exists.
@@ -141,32 +125,51 @@ pub struct ProfileEdit {
     pub avatar_url: Option<Option<String>>,
 }
 
-/// Applies a profile edit, bumps the user's version and drops the cached user object.
+/// Applies a profile edit and bumps the user's version, then writes the new user object through
+/// to the cache with that version (a reader holding the old version can not put it back). The
+/// answer is built from the committed row, so it always shows the edit.
+///
+/// # Errors
+/// Postgres failed.
+#[tracing::instrument(name = "users::update_profile", skip(db, cache, edit))]
 pub async fn update_profile(
     db: &PgPool,
     cache: &Cache,
     id: i64,
     edit: ProfileEdit,
-) -> sqlx::Result<Option<Profile>> {
-    let updated: Option<(i64,)> = sqlx::query_as(
+) -> anyhow::Result<Option<Profile>> {
+    let mut tx = db.begin().await?;
+    let updated: Option<UserRecord> = sqlx::query_as(
         "update users set
             nickname = case when $2 then $3 else nickname end,
             avatar_url = case when $4 then $5 else avatar_url end,
             version = version + 1
-         where id = $1 returning id",
+         where id = $1 returning id, username, nickname, avatar_url, version, created_at",
     )
     .bind(id)
     .bind(edit.nickname.is_some())
     .bind(edit.nickname.flatten())
     .bind(edit.avatar_url.is_some())
     .bind(edit.avatar_url.flatten())
-    .fetch_optional(db)
-    .await?;
-    if updated.is_none() {
+    .fetch_optional(&mut *tx)
+    .await
+    .context("updating the profile")?;
+    let Some(user) = updated else {
         return Ok(None);
-    }
-    cache.apply(db, vec![Update::UserChanged(id)]).await;
-    profile(db, cache, id).await
+    };
+    let staged = cache
+        .stage(&mut tx, &[Update::UserChanged { user: user.clone() }])
+        .await?;
+    tx.commit().await.context("committing the profile edit")?;
+    cache.finish(db, staged).await;
+    let counts = match cache.get_user_counts(id).await.ok().flatten() {
+        Some(c) => c,
+        None => counts_of(db, id)
+            .await?
+            .map(|r| r.counts)
+            .unwrap_or_default(),
+    };
+    Ok(Some(Profile::new(user, counts)))
 }
 
 /// Users by id, from the user object cache where possible and from Postgres (one query) for

@@ -1,25 +1,44 @@
-//! Typed builders for every Redis key chirp writes, all under `CHIRP_REDIS_PREFIX`.
+//! Typed builders for every Redis key chirp writes, all under `CHIRP_REDIS_PREFIX` (`{p}`).
+//!
+//! Every key of one owner carries the owner's hash tag (`{u42}` for user 42, `{t17}` for tweet
+//! 17), so a list and its generation, and every multi-key command or Lua script on one owner,
+//! stay in one Redis Cluster slot. The prefix itself may not contain `{` or `}`.
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `{p}:feed:{user_id}` | sorted set | the user's newsfeed: member `"{newsfeed_id}:{tweet_id}"`, score = created_at in µs |
-//! | `{p}:utl:{user_id}` | sorted set | the user's own tweets: member `"{tweet_id}"`, score = created_at in µs |
-//! | `{list}:gen` | string (integer) | generation of a list, bumped by every write to it (see `cache::lists`) |
-//! | `{p}:tweet:{id}` | string | tweet object JSON, or the tombstone `-` once deleted |
-//! | `{p}:user:{id}` | string | `"{version}\|{user JSON}"` |
-//! | `{p}:cnt:tweet:{id}`, `{p}:cnt:user:{id}` | string | versioned counts (see `cache::counts`) |
-//! | `{p}:token:{sha256 hex}` | string | the user id of a bearer token, or the tombstone `-` |
-//! | `{p}:liked:{user_id}` | set | ids of the tweets the user liked, and the marker `#` |
+//! | `{p}:{u42}:feed` | sorted set | user 42's newsfeed: member `"{newsfeed_id}:{tweet_id}:{author_id}"`, score = `created_at` in µs |
+//! | `{p}:{u42}:tweets` | sorted set | user 42's own tweets: member `"{tweet_id}"`, score = `created_at` in µs |
+//! | `{p}:{u42}:liked` | set | ids of the tweets user 42 liked, plus the marker `-1` (an integer, so the set stays an intset) |
+//! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
+//! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
+//! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
+//! | `{p}:{t17}:tweet` | string | the tweet object JSON, or the tombstone `-` once deleted |
+//! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
+//! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
+//! | `{p}:epoch` | string | the cache epoch, also kept in Postgres (see [`super::epoch`]) |
 
 use std::fmt;
 
-/// A cached timeline list.
+/// A cached, generation-guarded collection of one user: a timeline list or the liked set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ListKey {
-    /// The newsfeed (home timeline) of a user.
-    Newsfeed(i64),
-    /// The tweets a user wrote (user timeline).
-    UserTweets(i64),
+pub struct ListKey {
+    /// The owner's user id (the hash tag `{u<id>}`).
+    pub owner: i64,
+    /// The collection's name after the hash tag (`feed`, `tweets`, `liked`).
+    pub name: &'static str,
+}
+
+impl ListKey {
+    /// The collection `name` of user `owner`.
+    pub const fn new(owner: i64, name: &'static str) -> Self {
+        ListKey { owner, name }
+    }
+}
+
+impl fmt::Display for ListKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} of user {}", self.name, self.owner)
+    }
 }
 
 /// Builds keys under one prefix.
@@ -30,44 +49,62 @@ pub struct Keys {
 
 impl Keys {
     /// Keys under `prefix` (e.g. `chirp`).
-    pub fn new(prefix: &str) -> Self {
-        Keys {
+    ///
+    /// # Errors
+    /// A prefix with `{` or `}` (it would move the hash tag) or an empty one.
+    pub fn new(prefix: &str) -> anyhow::Result<Self> {
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            anyhow::bail!("CHIRP_REDIS_PREFIX must be non-empty and contain no '{{' or '}}'");
+        }
+        Ok(Keys {
             prefix: prefix.to_owned(),
-        }
+        })
     }
 
-    /// The sorted set of a list.
+    /// The key of a list or set.
     pub fn list(&self, list: ListKey) -> String {
-        match list {
-            ListKey::Newsfeed(id) => format!("{}:feed:{id}", self.prefix),
-            ListKey::UserTweets(id) => format!("{}:utl:{id}", self.prefix),
-        }
+        format!("{}:{{u{}}}:{}", self.prefix, list.owner, list.name)
     }
 
-    /// The generation counter of a list.
+    /// The generation hash of a list or set (same slot as the list).
     pub fn gen_of(list_key: &str) -> String {
         format!("{list_key}:gen")
     }
 
     /// A tweet object.
     pub fn tweet(&self, id: i64) -> String {
-        format!("{}:tweet:{id}", self.prefix)
+        format!("{}:{{t{id}}}:tweet", self.prefix)
+    }
+
+    /// A tweet's counts.
+    pub fn tweet_counts(&self, id: i64) -> String {
+        format!("{}:{{t{id}}}:cnt", self.prefix)
     }
 
     /// A user object.
     pub fn user(&self, id: i64) -> String {
-        format!("{}:user:{id}", self.prefix)
+        format!("{}:{{u{id}}}:user", self.prefix)
     }
 
-    /// A bearer token (by the hex SHA-256 it is stored under).
+    /// A user's profile counts.
+    pub fn user_counts(&self, id: i64) -> String {
+        format!("{}:{{u{id}}}:cnt", self.prefix)
+    }
+
+    /// A bearer token (by the SHA-256 it is stored under).
     pub fn token(&self, hash: &[u8]) -> String {
         let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}:token:{hex}", self.prefix)
+        format!("{}:{{k{hex}}}:token", self.prefix)
     }
 
     /// The set of tweets a user liked.
     pub fn liked(&self, user_id: i64) -> String {
-        format!("{}:liked:{user_id}", self.prefix)
+        self.list(ListKey::new(user_id, LIKED))
+    }
+
+    /// The cache epoch (see [`super::epoch`]).
+    pub fn epoch(&self) -> String {
+        format!("{}:epoch", self.prefix)
     }
 
     /// The prefix itself (for `SCAN MATCH {prefix}:*`).
@@ -76,11 +113,26 @@ impl Keys {
     }
 }
 
-impl fmt::Display for ListKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ListKey::Newsfeed(id) => write!(f, "newsfeed of user {id}"),
-            ListKey::UserTweets(id) => write!(f, "tweets of user {id}"),
-        }
+/// The name of a user's liked set.
+pub const LIKED: &str = "liked";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_of_one_owner_shares_its_hash_tag() {
+        let keys = Keys::new("p").unwrap();
+        let feed = keys.list(ListKey::new(42, "feed"));
+        assert_eq!(feed, "p:{u42}:feed");
+        assert_eq!(Keys::gen_of(&feed), "p:{u42}:feed:gen");
+        assert_eq!(keys.liked(42), "p:{u42}:liked");
+        assert_eq!(keys.user(42), "p:{u42}:user");
+        assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
+        assert_eq!(keys.tweet(7), "p:{t7}:tweet");
+        assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
+        assert_eq!(keys.token(&[0xab, 0x01]), "p:{kab01}:token");
+        assert!(Keys::new("a{b").is_err());
+        assert!(Keys::new("").is_err());
     }
 }

@@ -1,15 +1,22 @@
 //! Per-object caches used for hydration: tweet objects (immutable until deleted, then a
-//! tombstone) and user objects (versioned, so a slow reader can not put back an old profile).
+//! tombstone) with their counts, user objects (versioned, so a slow reader can not put back an
+//! old profile), bearer tokens (tombstoned on logout) and each user's liked set (`has_liked`).
 
-use crate::cache::counts::{Counts, CountsOf};
 use std::collections::HashSet;
 
-use crate::cache::{Cache, CacheUnavailable, Keys, scripts};
-use crate::tweets::{TweetRecord, TweetRow};
-use crate::users::UserRecord;
+use crate::cache::counts::Versioned;
+use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey, keys, scripts};
+use crate::model::{TweetCounts, TweetRecord, UserRecord};
 
-/// The value a deleted tweet's object key holds, so no reader can cache the tweet again.
+/// The value a deleted tweet's object key (or a revoked token's key) holds, so no reader can
+/// cache it again.
 pub const TOMBSTONE: &str = "-";
+
+/// The member that marks a liked set as cached (an integer, so the set keeps Redis's compact
+/// intset encoding; tweet ids are positive).
+pub const LIKED_MARKER: i64 = -1;
+/// The member of a liked set that says "too many likes to cache: ask Postgres per page".
+pub const TOO_MANY_MARKER: i64 = -2;
 
 /// What the cache knows of one object.
 #[derive(Debug, Clone, PartialEq)]
@@ -22,46 +29,73 @@ pub enum Cached<T> {
     Hit(T),
 }
 
+/// What the cache knows of a bearer token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CachedToken {
+    /// Not cached: ask Postgres.
+    Miss,
+    /// Revoked (logout).
+    Revoked,
+    /// Valid for this user.
+    User(i64),
+}
+
+/// What a user's cached liked set says about some tweets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LikedAmong {
+    /// The set is not cached: load it.
+    Miss,
+    /// The user has too many likes to cache: ask Postgres for the page (one indexed query).
+    TooMany,
+    /// These of the asked tweets are liked.
+    Liked(HashSet<i64>),
+}
+
+/// Everything one hydration round trip found, in the order asked.
+#[derive(Debug, Default)]
+pub struct Fetched {
+    pub tweets: Vec<Cached<TweetRecord>>,
+    pub counts: Vec<Option<TweetCounts>>,
+    pub users: Vec<Option<UserRecord>>,
+    /// What the viewer's liked set says; `None` without a viewer.
+    pub liked: Option<LikedAmong>,
+}
+
 impl Cache {
     /// Tweet objects and their counts for `ids`, in order, in one round trip (two `MGET`s in
     /// one pipeline).
     pub async fn get_tweets(
         &self,
         ids: &[i64],
-    ) -> Result<(Vec<Cached<TweetRecord>>, Vec<Option<Counts>>), CacheUnavailable> {
-        let keys = self.keys().ok_or(CacheUnavailable)?;
-        if ids.is_empty() {
-            return Ok((Vec::new(), Vec::new()));
-        }
-        let names: Vec<String> = ids.iter().map(|id| keys.tweet(*id)).collect();
-        let counts: Vec<CountsOf> = ids.iter().map(|id| CountsOf::Tweet(*id)).collect();
-        let mut pipe = redis::pipe();
-        pipe.cmd("MGET").arg(&names);
-        self.pipe_get_counts(&mut pipe, &counts);
-        let (values, counts): (Vec<Option<String>>, Vec<Option<String>>) = self.run(&pipe).await?;
-        let tweets = values.into_iter().map(decode_tweet).collect();
-        Ok((tweets, Self::decode_counts(counts)))
+    ) -> Result<(Vec<Cached<TweetRecord>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
+        let f = self.fetch_for_hydration(ids, &[], None).await?;
+        Ok((f.tweets, f.counts))
     }
 
     /// Caches tweets and counts loaded from Postgres (`SET NX`: a tombstone written meanwhile
     /// wins; counts only if newer) and tombstones for ids Postgres did not have. Best effort.
-    pub async fn put_tweets(&self, rows: &[TweetRow], missing: &[i64]) {
+    pub async fn put_tweets(&self, rows: &[(TweetRecord, TweetCounts)], missing: &[i64]) {
         let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
             return;
         };
         let mut pipe = redis::pipe();
-        for row in rows {
-            let Ok(json) = serde_json::to_string(&row.record) else {
+        for (tweet, counts) in rows {
+            let Ok(json) = serde_json::to_string(tweet) else {
                 continue;
             };
             pipe.cmd("SET")
-                .arg(keys.tweet(row.record.id))
+                .arg(keys.tweet(tweet.id))
                 .arg(json)
                 .arg("NX")
                 .arg("EX")
                 .arg(ttl)
                 .ignore();
-            self.pipe_put_counts(&mut pipe, CountsOf::Tweet(row.record.id), &row.counts());
+            self.pipe_put_versioned(
+                &mut pipe,
+                keys.tweet_counts(tweet.id),
+                counts.version,
+                counts.encode(),
+            );
         }
         for id in missing {
             pipe.cmd("SET")
@@ -92,42 +126,24 @@ impl Cache {
 
     /// Caches users loaded from Postgres unless a newer version is cached. Best effort.
     pub async fn put_users(&self, rows: &[UserRecord]) {
-        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
-            return;
-        };
         if rows.is_empty() {
             return;
         }
         let mut pipe = redis::pipe();
         for row in rows {
-            let Ok(json) = serde_json::to_string(row) else {
-                continue;
-            };
-            pipe.invoke_script(
-                scripts::SET_IF_NEWER
-                    .key(keys.user(row.id))
-                    .arg(row.version)
-                    .arg(format!("{}|{json}", row.version))
-                    .arg(ttl),
-            )
-            .ignore();
+            self.pipe_put_user(&mut pipe, row);
         }
         let _ = self.run::<()>(&pipe).await;
     }
-}
 
-/// What the cache knows of a bearer token.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CachedToken {
-    /// Not cached: ask Postgres.
-    Miss,
-    /// Revoked (logout).
-    Revoked,
-    /// Valid for this user.
-    User(i64),
-}
+    /// Adds the versioned write of a user object to a pipeline.
+    pub(crate) fn pipe_put_user(&self, pipe: &mut redis::Pipeline, user: &UserRecord) {
+        let (Some(keys), Some(value)) = (self.keys(), encode_user(user)) else {
+            return;
+        };
+        self.pipe_put_versioned(pipe, keys.user(user.id), user.version, value);
+    }
 
-impl Cache {
     /// The user a token (by hash) belongs to, if cached.
     pub async fn get_token(&self, hash: &[u8]) -> Result<CachedToken, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
@@ -158,93 +174,51 @@ impl Cache {
     }
 
     /// Which of `tweet_ids` `user` liked, from the user's cached liked set in one round trip
-    /// (`SMISMEMBER`); `None` if the set is not cached.
+    /// (`SMISMEMBER`).
     pub async fn liked_among(
         &self,
         user: i64,
         tweet_ids: &[i64],
-    ) -> Result<Option<HashSet<i64>>, CacheUnavailable> {
+    ) -> Result<LikedAmong, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
         let mut pipe = redis::pipe();
-        pipe.cmd("SMISMEMBER")
-            .arg(keys.liked(user))
-            .arg("#")
-            .arg(tweet_ids);
+        pipe_liked(&mut pipe, keys, user, tweet_ids);
         let (flags,): (Vec<bool>,) = self.run(&pipe).await?;
         Ok(liked_from_flags(tweet_ids, flags))
     }
 
-    /// The generation of a user's liked set, read before loading it from Postgres.
-    pub async fn liked_generation(&self, user: i64) -> Result<Option<String>, CacheUnavailable> {
-        let keys = self.keys().ok_or(CacheUnavailable)?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(Keys::gen_of(&keys.liked(user)));
-        let (value,): (Option<String>,) = self.run(&pipe).await?;
-        Ok(value)
+    /// Starts loading a user's liked set (see [`Cache::begin_load`]).
+    pub async fn begin_load_liked(&self, user: i64) -> Result<Generation, CacheUnavailable> {
+        self.begin_load(ListKey::new(user, keys::LIKED)).await
     }
 
     /// Stores a user's liked set loaded from Postgres unless it exists or changed since
-    /// `generation` was read. Best effort.
-    pub async fn fill_liked(&self, user: i64, generation: Option<&str>, tweet_ids: &[i64]) {
+    /// `generation` was taken; `None` stores the "too many to cache" marker instead. Best
+    /// effort.
+    pub async fn fill_liked(&self, user: i64, generation: &Generation, tweet_ids: Option<&[i64]>) {
         let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
             return;
         };
         let key = keys.liked(user);
         let mut inv = scripts::SET_FILL.key(&key);
-        inv.key(Keys::gen_of(&key))
-            .arg(generation.unwrap_or(""))
-            .arg(ttl);
-        for id in tweet_ids {
-            inv.arg(*id);
+        inv.key(Keys::gen_of(&key)).arg(&generation.0).arg(ttl);
+        match tweet_ids {
+            Some(ids) => {
+                for id in ids {
+                    inv.arg(*id);
+                }
+            }
+            None => {
+                inv.arg(TOO_MANY_MARKER);
+            }
         }
         let mut pipe = redis::pipe();
         pipe.invoke_script(&inv).ignore();
-        let _ = self.run::<()>(&pipe).await;
+        let _ = self
+            .run_bulk::<()>(&pipe, tweet_ids.map_or(1, <[i64]>::len))
+            .await;
     }
-}
 
-/// Everything one hydration round trip found, in the order asked.
-#[derive(Debug, Default)]
-pub struct Fetched {
-    pub tweets: Vec<Cached<TweetRecord>>,
-    pub counts: Vec<Option<Counts>>,
-    pub users: Vec<Option<UserRecord>>,
-    /// Which of the tweets the viewer liked; `None` without a viewer or if the viewer's liked
-    /// set is not cached.
-    pub liked: Option<HashSet<i64>>,
-}
-
-/// Decodes `SMISMEMBER liked '#' ids...`: `None` if the set is not cached (no marker), else the
-/// liked ids.
-fn liked_from_flags(tweet_ids: &[i64], flags: Vec<bool>) -> Option<HashSet<i64>> {
-    let mut flags = flags.into_iter();
-    if flags.next() != Some(true) {
-        return None;
-    }
-    Some(
-        tweet_ids
-            .iter()
-            .zip(flags)
-            .filter(|(_, f)| *f)
-            .map(|(id, _)| *id)
-            .collect(),
-    )
-}
-
-fn decode_tweet(v: Option<String>) -> Cached<TweetRecord> {
-    match v.as_deref() {
-        None => Cached::Miss,
-        Some(TOMBSTONE) => Cached::Deleted,
-        Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
-    }
-}
-
-fn decode_user(v: Option<String>) -> Option<UserRecord> {
-    let (_, json) = v.as_deref()?.split_once('|')?;
-    serde_json::from_str(json).ok()
-}
-
-impl Cache {
     /// Tweet objects, their counts, the authors and the viewer's likes of them, in one pipeline.
     pub async fn fetch_for_hydration(
         &self,
@@ -256,7 +230,6 @@ impl Cache {
         if tweet_ids.is_empty() {
             return Ok(Fetched::default());
         }
-        let counts: Vec<CountsOf> = tweet_ids.iter().map(|id| CountsOf::Tweet(*id)).collect();
         let mut pipe = redis::pipe();
         pipe.cmd("MGET").arg(
             tweet_ids
@@ -264,14 +237,18 @@ impl Cache {
                 .map(|id| keys.tweet(*id))
                 .collect::<Vec<_>>(),
         );
-        self.pipe_get_counts(&mut pipe, &counts);
-        pipe.cmd("MGET")
-            .arg(user_ids.iter().map(|id| keys.user(*id)).collect::<Vec<_>>());
+        pipe.cmd("MGET").arg(
+            tweet_ids
+                .iter()
+                .map(|id| keys.tweet_counts(*id))
+                .collect::<Vec<_>>(),
+        );
+        if !user_ids.is_empty() {
+            pipe.cmd("MGET")
+                .arg(user_ids.iter().map(|id| keys.user(*id)).collect::<Vec<_>>());
+        }
         if let Some(v) = viewer {
-            pipe.cmd("SMISMEMBER")
-                .arg(keys.liked(v))
-                .arg("#")
-                .arg(tweet_ids);
+            pipe_liked(&mut pipe, keys, v, tweet_ids);
         }
         let mut values: Vec<redis::Value> = self.run::<Vec<redis::Value>>(&pipe).await?;
         values.reverse();
@@ -288,17 +265,24 @@ impl Cache {
             .into_iter()
             .map(decode_tweet)
             .collect();
-        let counts = Self::decode_counts(strings(next("counts")?)?);
-        let users = strings(next("users")?)?
+        let counts = strings(next("counts")?)?
             .into_iter()
-            .map(decode_user)
+            .map(|v| v.as_deref().and_then(TweetCounts::decode))
             .collect();
+        let users = if user_ids.is_empty() {
+            Vec::new()
+        } else {
+            strings(next("users")?)?
+                .into_iter()
+                .map(decode_user)
+                .collect()
+        };
         let liked = match viewer {
             None => None,
             Some(_) => {
                 let flags = redis::from_redis_value::<Vec<bool>>(next("liked")?)
                     .map_err(|_| CacheUnavailable)?;
-                liked_from_flags(tweet_ids, flags)
+                Some(liked_from_flags(tweet_ids, flags))
             }
         };
         Ok(Fetched {
@@ -308,4 +292,50 @@ impl Cache {
             liked,
         })
     }
+}
+
+/// `SMISMEMBER liked -1 -2 ids...`.
+fn pipe_liked(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, tweet_ids: &[i64]) {
+    pipe.cmd("SMISMEMBER")
+        .arg(keys.liked(user))
+        .arg(LIKED_MARKER)
+        .arg(TOO_MANY_MARKER)
+        .arg(tweet_ids);
+}
+
+/// Decodes `SMISMEMBER liked -1 -2 ids...`.
+fn liked_from_flags(tweet_ids: &[i64], flags: Vec<bool>) -> LikedAmong {
+    let mut flags = flags.into_iter();
+    let (cached, too_many) = (flags.next() == Some(true), flags.next() == Some(true));
+    match (cached, too_many) {
+        (false, _) => LikedAmong::Miss,
+        (true, true) => LikedAmong::TooMany,
+        (true, false) => LikedAmong::Liked(
+            tweet_ids
+                .iter()
+                .zip(flags)
+                .filter(|(_, f)| *f)
+                .map(|(id, _)| *id)
+                .collect(),
+        ),
+    }
+}
+
+fn decode_tweet(v: Option<String>) -> Cached<TweetRecord> {
+    match v.as_deref() {
+        None => Cached::Miss,
+        Some(TOMBSTONE) => Cached::Deleted,
+        Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
+    }
+}
+
+/// `"{version}|{user JSON}"`.
+pub(crate) fn encode_user(user: &UserRecord) -> Option<String> {
+    let json = serde_json::to_string(user).ok()?;
+    Some(format!("{}|{json}", user.version))
+}
+
+fn decode_user(v: Option<String>) -> Option<UserRecord> {
+    let (_, json) = v.as_deref()?.split_once('|')?;
+    serde_json::from_str(json).ok()
 }

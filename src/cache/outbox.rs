@@ -1,94 +1,121 @@
-//! The durable invalidation outbox, and the monitor that brings Redis back into use.
+//! The outbox relay, and the monitor that brings Redis (back) into use.
 //!
-//! When a cache update after a committed write can not reach Redis, the keys it would have
-//! touched are inserted into `cache_outbox`. Before this process uses Redis again, and every
-//! second while it does (rows may come from other processes), the rows are replayed in order: each
-//! list is invalidated (dropped, generation bumped) and each object deleted, so the next read
-//! reloads it from Postgres with every write included.
+//! Every write records the repairs of its cache updates in `cache_outbox` inside its own
+//! transaction (see [`super::update`]); the post-commit step deletes the row once Redis confirmed
+//! the updates. Rows that remain (the process died after the commit, Redis failed or timed out)
+//! are applied here by whichever process gets to them first: each relay pass claims rows with
+//! `FOR UPDATE SKIP LOCKED` (one process per row), applies their repairs to Redis and deletes
+//! them in the same transaction.
+//!
+//! The monitor, in every `chirp serve` and `chirp worker` process: while Redis is marked down, every
+//! 500 ms it tries [`recover`] (ping, verify the [`super::epoch`], relay every row, then use Redis
+//! again); while Redis is in use, every second it verifies the epoch and relays rows older than
+//! [`RELAY_AFTER`] (younger ones are still being handled by their writer).
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use anyhow::Context;
 use sqlx::PgPool;
+use sqlx::types::Json;
 use tokio::sync::watch;
 
-use crate::cache::{Cache, CacheUnavailable, Keys, scripts};
+use crate::cache::{Cache, CacheUnavailable, Repair, epoch};
 
-/// Records keys to invalidate later (`(key, is_list)`). Logs if even Postgres fails: there is
-/// nothing more to do then, and the lists age out with their TTL.
-pub async fn record(db: &PgPool, keys: &[(String, bool)]) {
-    let (names, lists): (Vec<String>, Vec<bool>) = keys.iter().cloned().unzip();
-    let result = sqlx::query(
-        "insert into cache_outbox (key, is_list) select * from unnest($1::text[], $2::bool[])",
-    )
-    .bind(&names)
-    .bind(&lists)
-    .execute(db)
-    .await;
-    match result {
-        Ok(_) => tracing::info!(keys = names.len(), "cache update deferred to the outbox"),
-        Err(e) => {
-            tracing::error!(error = %e, keys = ?names, "could not record cache invalidations")
-        }
-    }
-}
+/// Age after which the relay takes over a row from the writer's own post-commit step.
+pub const RELAY_AFTER: Duration = Duration::from_secs(5);
+/// Most repairs sent to Redis in one pipeline by the relay.
+const REPAIRS_PER_PIPELINE: usize = 2000;
 
-/// Replays every outbox row; returns how many were applied.
+/// Applies and deletes every outbox row at least `min_age` old; returns how many rows.
 ///
 /// # Errors
 /// Redis or Postgres failed; the rows not yet applied stay in the table.
-pub async fn replay(cache: &Cache, db: &PgPool) -> anyhow::Result<usize> {
+pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Result<usize> {
     let Some(ttl) = cache.ttl() else { return Ok(0) };
     let mut done = 0;
     loop {
-        let rows: Vec<(i64, String, bool)> =
-            sqlx::query_as("select id, key, is_list from cache_outbox order by id limit 500")
-                .fetch_all(db)
-                .await?;
+        let mut tx = db.begin().await.context("starting an outbox relay pass")?;
+        let rows: Vec<(i64, Json<serde_json::Value>)> = sqlx::query_as(
+            "select id, repairs from cache_outbox
+             where created_at <= now() - make_interval(secs => $1)
+             order by id limit 100
+             for update skip locked",
+        )
+        .bind(min_age.as_secs_f64())
+        .fetch_all(&mut *tx)
+        .await
+        .context("claiming outbox rows")?;
         if rows.is_empty() {
             return Ok(done);
         }
         let mut pipe = redis::pipe();
-        for (_, key, is_list) in &rows {
-            if *is_list {
-                let mut inv = scripts::INVALIDATE.key(key);
-                inv.key(Keys::gen_of(key)).arg(ttl);
-                pipe.invoke_script(&inv).ignore();
-            } else {
-                pipe.cmd("DEL").arg(key).ignore();
+        let mut queued = 0;
+        for (id, Json(raw)) in &rows {
+            let repairs: Vec<Repair> = match serde_json::from_value(raw.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::error!(error = %e, outbox_id = id, "unreadable outbox row dropped");
+                    continue;
+                }
+            };
+            for r in &repairs {
+                r.pipe(&mut pipe, ttl);
+            }
+            queued += repairs.len();
+            if queued >= REPAIRS_PER_PIPELINE {
+                flush(cache, &mut pipe, &mut queued).await?;
             }
         }
-        cache
-            .run_unchecked::<()>(&pipe)
-            .await
-            .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
+        flush(cache, &mut pipe, &mut queued).await?;
         let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
         sqlx::query("delete from cache_outbox where id = any($1)")
             .bind(&ids)
-            .execute(db)
-            .await?;
+            .execute(&mut *tx)
+            .await
+            .context("deleting relayed outbox rows")?;
+        tx.commit()
+            .await
+            .context("committing an outbox relay pass")?;
         done += rows.len();
+        tracing::info!(rows = rows.len(), "outbox rows relayed to redis");
     }
 }
 
-/// If Redis answers, replays the outbox and marks Redis usable; returns whether it is usable.
+async fn flush(
+    cache: &Cache,
+    pipe: &mut redis::Pipeline,
+    queued: &mut usize,
+) -> anyhow::Result<()> {
+    if *queued == 0 {
+        return Ok(());
+    }
+    cache
+        .run_unchecked::<()>(pipe, *queued)
+        .await
+        .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
+    *pipe = redis::pipe();
+    *queued = 0;
+    Ok(())
+}
+
+/// If Redis answers, verifies its epoch (clearing the prefix if it came back with other data),
+/// relays every outbox row and marks Redis usable; returns whether it is usable.
 pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
-    let Some(inner) = &cache.inner else {
-        return false;
-    };
-    if !cache.ping().await {
+    if !cache.enabled() || !cache.ping().await {
         return false;
     }
-    if let Err(e) = replay(cache, db).await {
-        tracing::warn!(error = %e, "outbox replay failed");
+    if let Err(e) = epoch::verify(cache, db).await {
+        tracing::warn!(error = %e, "redis epoch check failed");
         return false;
     }
-    let was_up = inner.healthy.swap(true, Ordering::AcqRel);
-    if !was_up {
-        // Writers that saw Redis down may have recorded rows during the first replay.
-        if let Err(e) = replay(cache, db).await {
-            inner.healthy.store(false, Ordering::Release);
-            tracing::warn!(error = %e, "outbox replay failed");
+    if let Err(e) = relay(cache, db, Duration::ZERO).await {
+        tracing::warn!(error = %e, "outbox relay failed");
+        return false;
+    }
+    if cache.mark_up() {
+        // Writers that saw Redis down may have left rows during the first pass.
+        if let Err(e) = relay(cache, db, Duration::ZERO).await {
+            cache.mark_down(&e);
             return false;
         }
         tracing::info!("redis available; cache in use");
@@ -97,7 +124,8 @@ pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
 }
 
 /// Runs until `shutdown`: every 500 ms while Redis is down, tries to [`recover`]; every second
-/// while it is up, replays outbox rows that other processes recorded.
+/// while it is up, verifies the epoch (marking Redis down if it changed, so the next tick fences
+/// it) and relays rows older than [`RELAY_AFTER`].
 pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<bool>) {
     if !cache.enabled() {
         return;
@@ -112,16 +140,21 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
         n += 1;
         if !cache.available() {
             recover(&cache, &db).await;
-        } else if n.is_multiple_of(2) {
-            let pending: Result<bool, _> =
-                sqlx::query_scalar("select exists (select 1 from cache_outbox)")
-                    .fetch_one(&db)
-                    .await;
-            if matches!(pending, Ok(true))
-                && let Err(e) = replay(&cache, &db).await
-            {
-                tracing::warn!(error = %e, "outbox replay failed");
+            continue;
+        }
+        if !n.is_multiple_of(2) {
+            continue;
+        }
+        match epoch::is_trusted(&cache, &db).await {
+            Ok(true) => {}
+            Ok(false) => {
+                cache.mark_down(&"redis epoch changed (restart, failover or flush)");
+                continue;
             }
+            Err(e) => tracing::warn!(error = %e, "redis epoch check failed"),
+        }
+        if let Err(e) = relay(&cache, &db, RELAY_AFTER).await {
+            tracing::warn!(error = %e, "outbox relay failed");
         }
     }
 }

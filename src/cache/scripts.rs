@@ -1,4 +1,5 @@
-//! Lua scripts: each list operation runs atomically inside Redis.
+//! Lua scripts: each list or set operation runs atomically inside Redis, on one owner's keys
+//! (one hash tag, so one Redis Cluster slot).
 //!
 //! A cached list is a sorted set scored by `created_at` in microseconds (as the home timelines of
 //! Redis in Action ch. 8 and Mastodon's FeedManager are). The member `#` with score `-inf` marks a
@@ -6,12 +7,21 @@
 //! ranks first, so a list that grows past the limit loses the marker before any real entry and
 //! stops claiming completeness. An incomplete list holds exactly the items not older than its
 //! lowest entry (its *floor*); everything older is read from Postgres.
+//!
+//! **Generations.** Each list (and liked set) has a hash `{list}:gen` with two counters: `w`,
+//! bumped by every write, and `r`, bumped by every removal or invalidation. A loader creates the
+//! hash with [`BEGIN_LOAD`] *before* its Postgres snapshot and [`FILL`] stores the load only if
+//! neither counter moved, so a load never loses a concurrent write. A fan-out merge is guarded by
+//! `r` alone (read under the friendship lock): merges do not conflict with merges, only with an
+//! unmerge or delete that may have removed what the merge would add. Writes bump the hash only
+//! if the list or the hash exists (cached or being loaded): a fan-out to followers whose feed is
+//! not cached creates no key.
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `RANGE list max min count` → nil if the list is not cached, else
+/// `RANGE list | max min count` → nil if the list is not cached, else
 /// `[complete "1"|"0", floor score or "", member, score, member, score, ...]` with the newest
 /// `count` entries strictly between `min` and `max` (`+inf` / `-inf` for no bound).
 pub static RANGE: LazyLock<Script> = LazyLock::new(|| {
@@ -41,14 +51,37 @@ return out
     )
 });
 
-/// `FILL list gen | expected_gen ttl complete score member ...` → 1 if stored. Stores a freshly
-/// loaded list only if it is still absent and nobody wrote to it since `expected_gen` was read
-/// (before the Postgres load), so a load can never overwrite or miss a concurrent write, and
-/// concurrent loads never leave duplicates.
-pub static FILL: LazyLock<Script> = LazyLock::new(|| {
+/// `BEGIN_LOAD gen | ttl` → `"w:r"`: creates the generation hash if missing (so writes from now
+/// on bump it) and returns its counters, to hand to [`FILL`] / [`SET_FILL`] after the load.
+pub static BEGIN_LOAD: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-if (redis.call('GET', KEYS[2]) or '') ~= ARGV[1] then return 0 end
+redis.call('HSETNX', KEYS[1], 'w', 0)
+redis.call('HSETNX', KEYS[1], 'r', 0)
+redis.call('EXPIRE', KEYS[1], ARGV[1])
+local g = redis.call('HMGET', KEYS[1], 'w', 'r')
+return g[1] .. ':' .. g[2]
+"#,
+    )
+});
+
+/// Shared by the fills: does the generation hash still hold `expected` (`"w:r"`)?
+const SAME_GENERATION: &str = r#"
+local function same_generation(gen, expected)
+  local g = redis.call('HMGET', gen, 'w', 'r')
+  if not g[1] or not g[2] then return false end
+  return (g[1] .. ':' .. g[2]) == expected
+end
+"#;
+
+/// `FILL list gen | expected ttl complete score member ...` → 1 if stored. Stores a freshly
+/// loaded list only if it is still absent and nothing was written to it since [`BEGIN_LOAD`]
+/// returned `expected`, so a load can never overwrite or miss a concurrent write, and concurrent
+/// loads never leave duplicates.
+pub static FILL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{SAME_GENERATION}
+if not same_generation(KEYS[2], ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if ARGV[3] == '1' then redis.call('ZADD', KEYS[1], '-inf', '#') end
 local i = 4
@@ -58,22 +91,31 @@ while i <= #ARGV do
   i = last + 1
 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
-"#,
-    )
+"#
+    ))
 });
 
-/// `MERGE list gen | expected_gen|'*' ttl limit score member ...`: adds entries to a cached list
-/// (never creates one), skipping entries below the floor of an incomplete list, then trims to
-/// `limit` and bumps the generation. With an expected generation other than `*`, a list written
-/// since then is invalidated instead (the safe answer to a race with an unfollow or delete).
+/// `MERGE list gen | guard ttl limit score member ...` → 1 if applied, 0 if the list was
+/// dropped instead. Adds entries to a cached list (never creates one), skipping entries below
+/// the floor of an incomplete list, trims it to `limit` and bumps `w`. `guard` is `*` (no guard)
+/// or the removal generation `r` read when the merge was planned (`""` if there was none): if a
+/// removal landed since, the list is dropped instead (the safe answer to a race with an unfollow
+/// or a delete).
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local ttl = ARGV[2]
-if ARGV[1] ~= '*' and (redis.call('GET', KEYS[2]) or '') ~= ARGV[1] then
-  redis.call('DEL', KEYS[1])
-elseif redis.call('EXISTS', KEYS[1]) == 1 then
+local has_gen = redis.call('EXISTS', KEYS[2]) == 1
+if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
+  if redis.call('DEL', KEYS[1]) == 1 or has_gen then
+    redis.call('HINCRBY', KEYS[2], 'w', 1)
+    redis.call('EXPIRE', KEYS[2], ttl)
+  end
+  return 0
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
   local complete = redis.call('ZSCORE', KEYS[1], '#')
   local floor = nil
   if not complete then floor = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) end
@@ -88,45 +130,56 @@ elseif redis.call('EXISTS', KEYS[1]) == 1 then
   local limit = tonumber(ARGV[3])
   if real > limit then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - limit - 1) end
   redis.call('EXPIRE', KEYS[1], ttl)
+  redis.call('HINCRBY', KEYS[2], 'w', 1)
+  redis.call('EXPIRE', KEYS[2], ttl)
+elseif has_gen then
+  redis.call('HINCRBY', KEYS[2], 'w', 1)
 end
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ttl)
 return 1
 "#,
     )
 });
 
-/// `REMOVE list gen | ttl member ...`: removes entries and bumps the generation.
+/// `REMOVE list gen | ttl member ...`: removes entries and bumps `r` and `w` (if the list or its
+/// generation exists).
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-local i = 2
-while i <= #ARGV do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('ZREM', KEYS[1], unpack(ARGV, i, last))
-  i = last + 1
+local cached = redis.call('EXISTS', KEYS[1]) == 1
+if cached then
+  local i = 2
+  while i <= #ARGV do
+    local last = math.min(i + 999, #ARGV)
+    redis.call('ZREM', KEYS[1], unpack(ARGV, i, last))
+    i = last + 1
+  end
 end
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[1])
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'r', 1)
+  redis.call('HINCRBY', KEYS[2], 'w', 1)
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
 return 1
 "#,
     )
 });
 
-/// `INVALIDATE list gen | ttl`: drops a list and bumps its generation.
+/// `INVALIDATE list gen | ttl`: drops a list or set and bumps `r` and `w` (if either existed).
 pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-redis.call('DEL', KEYS[1])
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[1])
+if redis.call('DEL', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('HINCRBY', KEYS[2], 'r', 1)
+  redis.call('HINCRBY', KEYS[2], 'w', 1)
+  redis.call('EXPIRE', KEYS[2], ARGV[1])
+end
 return 1
 "#,
     )
 });
 
 /// `SET_IF_NEWER key | version value ttl`: stores a versioned object (`"{version}|..."`) unless
-/// the cached one is as new or newer, so a slow reader can not put back an old profile.
+/// the cached one is as new or newer, so a slow reader can not put back an old profile or count.
 pub static SET_IF_NEWER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
@@ -141,14 +194,15 @@ return 1
     )
 });
 
-/// `SET_FILL set gen | expected_gen ttl member ...`: stores a set loaded from Postgres (with the
-/// member `#`, so an empty set exists too) unless it exists or was written since `expected_gen`.
+/// `SET_FILL set gen | expected ttl member ...`: stores a set loaded from Postgres (with the
+/// integer marker `-1`, so an empty set exists too and the set stays an intset) unless it exists
+/// or was written since [`BEGIN_LOAD`] returned `expected`.
 pub static SET_FILL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-if (redis.call('GET', KEYS[2]) or '') ~= ARGV[1] then return 0 end
+    Script::new(&format!(
+        r#"{SAME_GENERATION}
+if not same_generation(KEYS[2], ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('SADD', KEYS[1], '#')
+redis.call('SADD', KEYS[1], '-1')
 local i = 3
 while i <= #ARGV do
   local last = math.min(i + 999, #ARGV)
@@ -156,30 +210,36 @@ while i <= #ARGV do
   i = last + 1
 end
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// `SET_CHANGE set gen | add|rem ttl member`: adds to or removes from a cached set (never
-/// creating one) and bumps its generation.
+/// creating one) and bumps `w` (and `r` for a removal) if the set or its generation exists.
 pub static SET_CHANGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local cached = redis.call('EXISTS', KEYS[1]) == 1
+if cached then
   if ARGV[1] == 'add' then redis.call('SADD', KEYS[1], ARGV[3]) else redis.call('SREM', KEYS[1], ARGV[3]) end
 end
-redis.call('INCR', KEYS[2])
-redis.call('EXPIRE', KEYS[2], ARGV[2])
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then
+  if ARGV[1] ~= 'add' then redis.call('HINCRBY', KEYS[2], 'r', 1) end
+  redis.call('HINCRBY', KEYS[2], 'w', 1)
+  redis.call('EXPIRE', KEYS[2], ARGV[2])
+end
 return 1
 "#,
     )
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 8] {
+pub fn all() -> [&'static Script; 9] {
     [
         &RANGE,
+        &BEGIN_LOAD,
         &FILL,
         &MERGE,
         &REMOVE,

@@ -40,6 +40,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "loads": s.loads.load(Ordering::Relaxed),
             "fallbacks": s.fallbacks.load(Ordering::Relaxed),
             "errors": s.errors.load(Ordering::Relaxed),
+            "fences": s.fences.load(Ordering::Relaxed),
         })
     });
     let status = if pg_ok {

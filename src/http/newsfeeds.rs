@@ -5,13 +5,13 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::cache::{ListKey, timeline};
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, QueryMap};
 use crate::http::tweets::tweet_page;
 use crate::pagination::Page;
 use crate::state::AppState;
 use crate::time::{self, Timestamp};
+use crate::timeline::{self, Timeline};
 use crate::tweets::Tweet;
 
 /// The public `NewsFeed` object.
@@ -33,8 +33,8 @@ async fn list(
     query: QueryMap,
 ) -> ApiResult<Json<Page<NewsFeed>>> {
     let req = query.page()?;
-    let list = ListKey::Newsfeed(auth.user_id);
-    let items = timeline::read(&state.db, &state.cache, list, &req, Some(auth.user_id)).await?;
+    let timeline = Timeline::Newsfeed(auth.user_id);
+    let items = timeline::read(&state.db, &state.cache, timeline, &req, Some(auth.user_id)).await?;
     let page = tweet_page(items, &req);
     Ok(Json(page.map(|((id, created_at), tweet)| NewsFeed {
         id,

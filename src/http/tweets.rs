@@ -7,17 +7,16 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::cache::counts::Counts;
-use crate::cache::timeline::Item;
-use crate::cache::{ListKey, timeline};
 use crate::comments::{self, Comment};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
 use crate::likes::{self, Like};
+use crate::model::TweetCounts;
 use crate::pagination::Page;
 use crate::pagination::PageRequest;
 use crate::state::AppState;
 use crate::time::Timestamp;
+use crate::timeline::{self, Item, Timeline};
 use crate::tweets::{self, Tweet};
 use crate::users;
 
@@ -41,8 +40,8 @@ async fn list(
     {
         return Err(ApiError::NotFound);
     }
-    let list = ListKey::UserTweets(user_id);
-    let items = timeline::read(&state.db, &state.cache, list, &req, caller.id()).await?;
+    let timeline = Timeline::UserTweets(user_id);
+    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
     Ok(Json(tweet_page(items, &req).map(|(_, tweet)| tweet)))
 }
 
@@ -66,10 +65,7 @@ async fn create(
     };
     let tweet = tweets::create(&state.db, &state.cache, auth.user_id, &content).await?;
     state.worker.wake.notify_one();
-    let no_counts = Counts {
-        version: 0,
-        values: vec![0, 0],
-    };
+    let no_counts = TweetCounts::default();
     Ok((
         StatusCode::CREATED,
         Json(Tweet::new(

@@ -1,7 +1,7 @@
 //! The cache-aside behaviour, observed through the API and by looking into Redis.
 
 use axum::http::StatusCode;
-use chirp::cache::ListKey;
+use chirp::timeline::Timeline;
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, member_tweet, page_all, tweet_ids};
@@ -16,7 +16,7 @@ async fn a_newsfeed_is_loaded_once_then_served_and_updated_in_redis(db: PgPool) 
         .as_i64()
         .unwrap();
     app.drain().await;
-    let bob_feed = ListKey::Newsfeed(2);
+    let bob_feed = Timeline::Newsfeed(2);
     assert_eq!(
         app.cached_members(bob_feed).await,
         None,
@@ -83,7 +83,7 @@ async fn cached_lists_are_trimmed_to_the_limit_and_paging_continues_in_postgres(
         );
     }
     let members = app
-        .cached_members(ListKey::UserTweets(alice))
+        .cached_members(Timeline::UserTweets(alice))
         .await
         .unwrap();
     assert_eq!(
@@ -129,7 +129,7 @@ async fn thirty_concurrent_cold_reads_load_once_and_leave_no_duplicates(db: PgPo
         "every reader saw the same page"
     );
     let members = app
-        .cached_members(ListKey::UserTweets(alice))
+        .cached_members(Timeline::UserTweets(alice))
         .await
         .unwrap();
     assert_eq!(members.len(), 16, "15 entries + marker, no duplicates");
@@ -277,7 +277,7 @@ async fn deleting_a_tweet_removes_it_from_every_cached_list(db: PgPool) {
             tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
             vec![keep]
         );
-        if let Some(members) = app.cached_members(ListKey::Newsfeed(*id)).await {
+        if let Some(members) = app.cached_members(Timeline::Newsfeed(*id)).await {
             assert!(
                 !members.iter().any(|m| member_tweet(m) == gone),
                 "{members:?}"
@@ -293,7 +293,7 @@ async fn deleting_a_tweet_removes_it_from_every_cached_list(db: PgPool) {
         vec![keep]
     );
     assert_eq!(
-        app.cached_members(ListKey::UserTweets(alice))
+        app.cached_members(Timeline::UserTweets(alice))
             .await
             .unwrap(),
         vec![keep.to_string(), "#".to_string()]

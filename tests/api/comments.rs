@@ -1,5 +1,5 @@
+use crate::helpers::CountsOf;
 use axum::http::{Method, StatusCode};
-use chirp::cache::counts::CountsOf;
 use serde_json::json;
 use sqlx::PgPool;
 

@@ -1,6 +1,7 @@
 //! Fan-out-on-write through the durable job table.
 
-use chirp::cache::ListKey;
+use chirp::jobs::Job;
+use chirp::timeline::Timeline;
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, member_tweet, tweet_ids};
@@ -37,7 +38,7 @@ async fn a_tweet_reaches_more_followers_than_one_batch(db: PgPool) {
         .unwrap();
     assert_eq!(rows, 11, "10 followers and the author");
     for (i, (fan, token)) in fans.iter().enumerate() {
-        let cached = app.cached_members(ListKey::Newsfeed(*fan)).await;
+        let cached = app.cached_members(Timeline::Newsfeed(*fan)).await;
         if i < 4 {
             let members = cached.expect("still cached");
             assert_eq!(member_tweet(&members[0]), id, "{members:?}");
@@ -68,8 +69,8 @@ async fn a_crashed_workers_job_is_reclaimed_and_finished_without_duplicates(db: 
 
     // A worker claims the job, commits its first batch, and dies before recording progress or
     // updating Redis: the rows exist, the cached lists lack them, the lease is held.
-    let job = app.state.worker.claim().await.unwrap().expect("job");
-    assert_eq!(job.kind, "fanout");
+    let (claim, job) = app.state.worker.claim().await.unwrap().expect("job");
+    assert!(matches!(job, Ok(Job::Fanout { .. })), "{job:?}");
     sqlx::query(
         "insert into newsfeeds (user_id, tweet_id, created_at)
          select f.from_user_id, t.id, t.created_at from tweets t
@@ -85,7 +86,7 @@ async fn a_crashed_workers_job_is_reclaimed_and_finished_without_duplicates(db: 
     // While the lease holds, nobody else takes the job.
     assert_eq!(app.drain().await, 0);
     sqlx::query("update jobs set locked_until = now() - interval '1 second' where id = $1")
-        .bind(job.id)
+        .bind(claim.id)
         .execute(app.db())
         .await
         .unwrap();
@@ -106,7 +107,7 @@ async fn a_crashed_workers_job_is_reclaimed_and_finished_without_duplicates(db: 
     assert_eq!(jobs, 0);
     for (fan, token) in &fans {
         let members = app
-            .cached_members(ListKey::Newsfeed(*fan))
+            .cached_members(Timeline::Newsfeed(*fan))
             .await
             .expect("cached");
         let hits = members.iter().filter(|m| member_tweet(m) == id).count();
@@ -127,16 +128,8 @@ async fn a_failing_job_is_retried_later_and_parked_after_too_many_attempts(db: P
         .execute(app.db())
         .await
         .unwrap();
-    sqlx::query("update jobs set kind = 'bogus'")
-        .execute(app.db())
-        .await
-        .ok(); // refused by the check
-    // A job that errors: its tweet id points nowhere is fine, so break it another way.
-    sqlx::query("alter table jobs drop constraint jobs_kind_check")
-        .execute(app.db())
-        .await
-        .unwrap();
-    sqlx::query("update jobs set kind = 'bogus'")
+    // A job that errors: the table it reads is gone.
+    sqlx::query("alter table friendships rename to friendships_gone")
         .execute(app.db())
         .await
         .unwrap();
@@ -147,7 +140,7 @@ async fn a_failing_job_is_retried_later_and_parked_after_too_many_attempts(db: P
             .await
             .unwrap();
     assert_eq!(attempts, 1);
-    assert!(error.unwrap().contains("unknown job kind"));
+    assert!(error.unwrap().contains("friendships"));
     assert!(later, "backed off");
     sqlx::query("update jobs set attempts = $1, run_after = now()")
         .bind(chirp::jobs::MAX_ATTEMPTS)
@@ -165,4 +158,23 @@ async fn a_failing_job_is_retried_later_and_parked_after_too_many_attempts(db: P
         .await
         .unwrap();
     assert_eq!(app.drain().await, 0, "a parked job is not run again");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_job_row_that_does_not_parse_is_parked_at_once(db: PgPool) {
+    let app = TestApp::new(db).await;
+    sqlx::query("insert into jobs (kind) values ('backfill')")
+        .execute(app.db())
+        .await
+        .unwrap();
+    assert_eq!(app.drain().await, 1);
+    let (attempts, error, parked): (i32, Option<String>, bool) =
+        sqlx::query_as("select attempts, last_error, failed_at is not null from jobs")
+            .fetch_one(app.db())
+            .await
+            .unwrap();
+    assert_eq!(attempts, 1);
+    assert!(error.unwrap().contains("without its users"));
+    assert!(parked);
+    assert_eq!(app.drain().await, 0);
 }

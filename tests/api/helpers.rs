@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use chirp::cache::{ListKey, outbox};
+use chirp::cache::outbox;
 use chirp::config::{CacheMode, Config};
 use chirp::state::AppState;
+use chirp::timeline::Timeline;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -16,6 +17,13 @@ use tower::ServiceExt;
 use tower_http::normalize_path::NormalizePath;
 
 pub use proxy::Proxy;
+
+/// Whose counts (for looking into Redis).
+#[derive(Debug, Clone, Copy)]
+pub enum CountsOf {
+    Tweet(i64),
+    User(i64),
+}
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -169,12 +177,16 @@ impl TestApp {
             .expect("redis")
     }
 
-    pub fn list_key(&self, list: ListKey) -> String {
-        self.state.cache.keys().expect("cache on").list(list)
+    pub fn list_key(&self, timeline: Timeline) -> String {
+        self.state
+            .cache
+            .keys()
+            .expect("cache on")
+            .list(timeline.key())
     }
 
     /// Members of a cached list, newest first (`None`: not cached).
-    pub async fn cached_members(&self, list: ListKey) -> Option<Vec<String>> {
+    pub async fn cached_members(&self, list: Timeline) -> Option<Vec<String>> {
         let mut r = self.redis().await;
         let key = self.list_key(list);
         let exists: bool = redis::cmd("EXISTS")
@@ -242,10 +254,29 @@ impl TestApp {
         false
     }
 
-    /// The counter values Redis holds for an object (`None`: not cached).
-    pub async fn cached_counts(&self, of: chirp::cache::counts::CountsOf) -> Option<Vec<i64>> {
-        let cached = self.state.cache.get_counts(&[of]).await.expect("redis");
-        cached.into_iter().next().flatten().map(|c| c.values)
+    /// The Redis key of an object's counts.
+    pub fn counts_key(&self, of: CountsOf) -> String {
+        let keys = self.state.cache.keys().expect("cache on");
+        match of {
+            CountsOf::Tweet(id) => keys.tweet_counts(id),
+            CountsOf::User(id) => keys.user_counts(id),
+        }
+    }
+
+    /// The counter values Redis holds for an object, without the version (`None`: not cached).
+    pub async fn cached_counts(&self, of: CountsOf) -> Option<Vec<i64>> {
+        let mut r = self.redis().await;
+        let raw: Option<String> = redis::cmd("GET")
+            .arg(self.counts_key(of))
+            .query_async(&mut r)
+            .await
+            .expect("get");
+        raw.map(|v| {
+            v.split('|')
+                .skip(1)
+                .map(|n| n.parse().expect("count"))
+                .collect()
+        })
     }
 
     pub fn stat(&self, name: &str) -> u64 {

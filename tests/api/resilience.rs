@@ -2,7 +2,7 @@
 //! it is back no cached list lacks a write made meanwhile.
 
 use axum::http::StatusCode;
-use chirp::cache::ListKey;
+use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -76,7 +76,7 @@ async fn with_redis_down_everything_answers_and_after_it_returns_no_write_is_mis
     // Redis is back, still holding the stale lists; the monitor's recovery replays the outbox.
     proxy.set_up(true);
     let stale = app
-        .cached_members(ListKey::Newsfeed(bob))
+        .cached_members(Timeline::Newsfeed(bob))
         .await
         .expect("stale list still in redis");
     assert!(!stale.iter().any(|m| member_tweet(m) == new));

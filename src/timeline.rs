@@ -1,62 +1,67 @@
-//! The cache-aside read path of timelines (a user's newsfeed and a user's own tweets).
+//! Timelines: one cache-aside read path for every kind of timeline (a user's newsfeed, a user's
+//! own tweets; lists and circles are the next kinds), generic over [`Timeline`]. A new kind is a
+//! new variant with its member codec and its SQL; the read path below does not change.
 //!
+//! The read path (Redis in Action ch. 8's timelines, Mastodon's `FeedManager`):
 //! 1. Read the requested range from the cached sorted set (one round trip).
-//! 2. On a miss, take the list's single-flight lock, load the newest `CHIRP_CACHE_LIST_LIMIT`
-//!    entries from Postgres (one indexed query), store them with `FILL` (guarded by the list's
-//!    generation), and answer from what was loaded.
-//! 3. Hydrate the entries: tweet objects with one `MGET`, misses with one Postgres query; users
-//!    the same way. Entries whose tweet was deleted are removed and the read is retried.
+//! 2. On a miss, take the list's single-flight lock, start a load (its generation), load the
+//!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
+//!    `FILL` (refused if anything was written since), and answer from what was loaded.
+//! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the
+//!    viewer's liked set; misses with one Postgres query per kind. Entries whose tweet was
+//!    deleted are removed and the read is retried.
 //! 4. If the cached window ends before the page does (the list is incomplete and the cursor
 //!    reaches below its floor), continue in Postgres with `created_at < floor`: the list holds
 //!    exactly the items at or above its floor, so the merge neither skips nor repeats.
 //!
-//! Any Redis failure makes the whole read fall back to one Postgres query.
+//! Any Redis failure makes the whole read fall back to one joined Postgres query.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::counts::Counts;
-use crate::cache::objects::Cached;
+use crate::cache::objects::{Cached, LikedAmong};
 use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
+use crate::model::{TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
-use crate::tweets::{self, TweetRecord};
-use crate::users::{self, UserRecord};
-use crate::{likes, newsfeeds};
+use crate::{likes, newsfeeds, tweets, users};
 
-/// A reference to one item of a timeline: what a cached list entry encodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
-pub struct ListEntry {
-    /// The newsfeed row id (newsfeeds) or the tweet id (user tweets).
-    pub id: i64,
-    pub tweet_id: i64,
-    /// The tweet's author, so hydration can fetch tweet and author in the same round trip.
-    pub author_id: i64,
-    pub created_at: Timestamp,
+/// A timeline: which list, of whom.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Timeline {
+    /// The newsfeed (home timeline) of a user: fan-out-on-write rows of `newsfeeds`.
+    Newsfeed(i64),
+    /// The tweets a user wrote (user timeline), from `tweets`.
+    UserTweets(i64),
 }
 
-impl ListEntry {
-    /// The member of this entry in a newsfeed list: `"{newsfeed_id}:{tweet_id}:{author_id}"`.
-    pub fn newsfeed_member(&self) -> String {
-        format!("{}:{}:{}", self.id, self.tweet_id, self.author_id)
-    }
-
-    /// The member of this entry in `list` (in a user's tweets: `"{tweet_id}"`, the author
-    /// being the list's owner).
-    pub fn member(&self, list: ListKey) -> String {
-        match list {
-            ListKey::Newsfeed(_) => self.newsfeed_member(),
-            ListKey::UserTweets(_) => self.tweet_id.to_string(),
+impl Timeline {
+    /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:tweets`).
+    pub fn key(self) -> ListKey {
+        match self {
+            Timeline::Newsfeed(user) => ListKey::new(user, "feed"),
+            Timeline::UserTweets(user) => ListKey::new(user, "tweets"),
         }
     }
 
-    /// Decodes a member of `list` with its score (µs).
-    pub fn parse(list: ListKey, member: &str, score: i64) -> Option<Self> {
+    /// The member of `entry` in this timeline's list: `"{newsfeed_id}:{tweet_id}:{author_id}"`
+    /// in a newsfeed, `"{tweet_id}"` in a user's tweets (the author is the list's owner).
+    pub fn member(self, entry: &ListEntry) -> String {
+        match self {
+            Timeline::Newsfeed(_) => {
+                format!("{}:{}:{}", entry.id, entry.tweet_id, entry.author_id)
+            }
+            Timeline::UserTweets(_) => entry.tweet_id.to_string(),
+        }
+    }
+
+    /// Decodes a member of this timeline's list with its score (µs).
+    pub fn parse(self, member: &str, score: i64) -> Option<ListEntry> {
         let created_at = time::from_micros(score);
-        match list {
-            ListKey::Newsfeed(_) => {
+        match self {
+            Timeline::Newsfeed(_) => {
                 let mut parts = member.splitn(3, ':').map(|p| p.parse::<i64>());
                 let (Some(Ok(id)), Some(Ok(tweet_id)), Some(Ok(author_id))) =
                     (parts.next(), parts.next(), parts.next())
@@ -70,7 +75,7 @@ impl ListEntry {
                     created_at,
                 })
             }
-            ListKey::UserTweets(owner) => {
+            Timeline::UserTweets(owner) => {
                 let id = member.parse().ok()?;
                 Some(ListEntry {
                     id,
@@ -81,6 +86,44 @@ impl ListEntry {
             }
         }
     }
+
+    /// `(score, member)` of an entry, for merges and fills.
+    pub fn scored(self, entry: &ListEntry) -> Scored {
+        (time::to_micros(entry.created_at), self.member(entry))
+    }
+
+    /// The newest `limit` entries from Postgres (to fill the cache).
+    async fn entries(self, db: &PgPool, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+        match self {
+            Timeline::Newsfeed(user) => newsfeeds::entries(db, user, limit).await,
+            Timeline::UserTweets(user) => tweets::timeline_entries(db, user, limit).await,
+        }
+    }
+
+    /// A hydrated page from Postgres, strictly between the cursors.
+    async fn page(
+        self,
+        db: &PgPool,
+        lt: Option<Timestamp>,
+        gt: Option<Timestamp>,
+        limit: usize,
+    ) -> sqlx::Result<Vec<FeedRow>> {
+        match self {
+            Timeline::Newsfeed(user) => newsfeeds::page(db, user, lt, gt, limit).await,
+            Timeline::UserTweets(user) => tweets::timeline_page(db, user, lt, gt, limit).await,
+        }
+    }
+}
+
+/// A reference to one item of a timeline: what a cached list entry encodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct ListEntry {
+    /// The newsfeed row id (newsfeeds) or the tweet id (user tweets).
+    pub id: i64,
+    pub tweet_id: i64,
+    /// The tweet's author, so hydration can fetch tweet and author in the same round trip.
+    pub author_id: i64,
+    pub created_at: Timestamp,
 }
 
 /// One hydrated timeline item.
@@ -91,8 +134,7 @@ pub struct Item {
     pub created_at: Timestamp,
     pub tweet: TweetRecord,
     pub author: UserRecord,
-    pub likes_count: i64,
-    pub comments_count: i64,
+    pub counts: TweetCounts,
     /// Whether the viewer liked the tweet (false for anonymous readers).
     pub has_liked: bool,
 }
@@ -104,8 +146,8 @@ pub struct FeedRow {
     pub created_at: Timestamp,
     pub tweet_id: i64,
     pub content: String,
-    pub likes_count: i64,
-    pub comments_count: i64,
+    #[sqlx(flatten)]
+    pub counts: TweetCounts,
     pub author_id: i64,
     pub username: String,
     pub nickname: Option<String>,
@@ -133,8 +175,7 @@ impl From<FeedRow> for Item {
                 version: r.version,
                 created_at: r.author_created_at,
             },
-            likes_count: r.likes_count,
-            comments_count: r.comments_count,
+            counts: r.counts,
             has_liked: false,
         }
     }
@@ -162,17 +203,18 @@ impl From<sqlx::Error> for ReadError {
 ///
 /// # Errors
 /// Only Postgres errors; Redis errors fall back to Postgres.
+#[tracing::instrument(name = "timeline::read", skip_all, fields(timeline = ?timeline))]
 pub async fn read(
     db: &PgPool,
     cache: &Cache,
-    list: ListKey,
+    timeline: Timeline,
     req: &PageRequest,
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     if cache.available() {
         // A retry happens only after removing entries of deleted tweets from the list.
         for _ in 0..3 {
-            match read_cached(db, cache, list, req, viewer).await {
+            match read_cached(db, cache, timeline, req, viewer).await {
                 Ok(Some(items)) => return Ok(items),
                 Ok(None) => continue,
                 Err(ReadError::Cache) => break,
@@ -180,33 +222,33 @@ pub async fn read(
             }
         }
     }
-    load_page(db, cache, list, req.lt, req.gt, req.want(), viewer).await
+    load_page(db, cache, timeline, req.lt, req.gt, req.want(), viewer).await
 }
 
 async fn read_cached(
     db: &PgPool,
     cache: &Cache,
-    list: ListKey,
+    timeline: Timeline,
     req: &PageRequest,
     viewer: Option<i64>,
 ) -> Result<Option<Vec<Item>>, ReadError> {
     let stats = cache.stats().ok_or(ReadError::Cache)?;
     let want = req.want();
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
-    let window = match cache.range(list, lt, gt, want).await? {
+    let window = match cache.range(timeline.key(), lt, gt, want).await? {
         Some(w) => {
             stats.hits.fetch_add(1, Ordering::Relaxed);
             w
         }
         None => {
             stats.misses.fetch_add(1, Ordering::Relaxed);
-            load_window(db, cache, list, req).await?
+            load_window(db, cache, timeline, req).await?
         }
     };
     let entries: Vec<ListEntry> = window
         .items
         .iter()
-        .filter_map(|(member, score)| ListEntry::parse(list, member, *score))
+        .filter_map(|(member, score)| timeline.parse(member, *score))
         .collect();
     // The cache answers alone if it had a full page, holds everything, or the page ends above
     // the floor of its window.
@@ -216,8 +258,14 @@ async fn read_cached(
 
     let (mut items, gone) = hydrate(db, cache, &entries, viewer).await?;
     if !gone.is_empty() {
-        let members = gone.iter().map(|e| e.member(list)).collect();
-        cache.apply(db, vec![Update::Remove(list, members)]).await;
+        let members = gone.iter().map(|e| timeline.member(e)).collect();
+        // The delete's own outbox row covers these; this only saves the next reader the work.
+        cache
+            .apply_best_effort(&[Update::Remove {
+                list: timeline.key(),
+                members,
+            }])
+            .await;
         return Ok(None);
     }
     if !covered {
@@ -227,7 +275,8 @@ async fn read_cached(
             (Some(lt), Some(floor)) => Some(lt.min(floor)),
             (lt, floor) => lt.or(floor),
         };
-        items.extend(load_page(db, cache, list, below, req.gt, want - items.len(), viewer).await?);
+        let rest = want - items.len();
+        items.extend(load_page(db, cache, timeline, below, req.gt, rest, viewer).await?);
     }
     Ok(Some(items))
 }
@@ -236,30 +285,26 @@ async fn read_cached(
 async fn load_window(
     db: &PgPool,
     cache: &Cache,
-    list: ListKey,
+    timeline: Timeline,
     req: &PageRequest,
 ) -> Result<Window, ReadError> {
     let want = req.want();
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
+    let list = timeline.key();
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
     let _loading = flight.acquire().await;
     if let Some(window) = cache.range(list, lt, gt, want).await? {
         return Ok(window); // another request loaded it while we waited
     }
-    // Read the generation before the snapshot: a write committed after the snapshot bumps it,
-    // and FILL then refuses to store the stale load.
-    let generation = cache.generations(&[list]).await?.pop().flatten();
+    // Start the load before the snapshot: a write committed after the snapshot bumps the
+    // generation, and FILL then refuses to store the stale load.
+    let generation = cache.begin_load(list).await?;
     let limit = cache.list_limit();
-    let mut entries = load_entries(db, list, limit + 1).await?;
+    let mut entries = timeline.entries(db, limit + 1).await?;
     let complete = entries.len() <= limit;
     entries.truncate(limit);
-    let scored: Vec<Scored> = entries
-        .iter()
-        .map(|e| (time::to_micros(e.created_at), e.member(list)))
-        .collect();
-    cache
-        .fill(list, generation.as_deref(), complete, &scored)
-        .await?;
+    let scored: Vec<Scored> = entries.iter().map(|e| timeline.scored(e)).collect();
+    cache.fill(list, &generation, complete, &scored).await?;
     Ok(Window {
         complete,
         floor: if complete {
@@ -292,31 +337,30 @@ async fn hydrate(
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache.fetch_for_hydration(&ids, &author_ids, viewer).await?;
 
-    let mut tweets: HashMap<i64, TweetRecord> = HashMap::with_capacity(ids.len());
-    let mut counts: HashMap<i64, Counts> = HashMap::with_capacity(ids.len());
+    let mut tweets: HashMap<i64, (TweetRecord, TweetCounts)> = HashMap::with_capacity(ids.len());
     let mut misses = Vec::new();
     for ((id, tweet), count) in ids.iter().zip(fetched.tweets).zip(fetched.counts) {
         match (tweet, count) {
             (Cached::Deleted, _) => {}
             (Cached::Hit(t), Some(c)) => {
-                tweets.insert(*id, t);
-                counts.insert(*id, c);
+                tweets.insert(*id, (t, c));
             }
             _ => misses.push(*id),
         }
     }
     if !misses.is_empty() {
-        let loaded = tweets::rows_by_ids(db, &misses).await?;
+        let loaded: Vec<(TweetRecord, TweetCounts)> = tweets::rows_by_ids(db, &misses)
+            .await?
+            .into_iter()
+            .map(|r| (r.record, r.counts))
+            .collect();
         let absent: Vec<i64> = misses
             .iter()
             .copied()
-            .filter(|id| !loaded.iter().any(|t| t.record.id == *id))
+            .filter(|id| !loaded.iter().any(|(t, _)| t.id == *id))
             .collect();
         cache.put_tweets(&loaded, &absent).await;
-        for row in loaded {
-            counts.insert(row.record.id, row.counts());
-            tweets.insert(row.record.id, row.record);
-        }
+        tweets.extend(loaded.into_iter().map(|(t, c)| (t.id, (t, c))));
     }
     let mut authors: HashMap<i64, UserRecord> = HashMap::with_capacity(author_ids.len());
     let mut missing_authors = Vec::new();
@@ -331,12 +375,14 @@ async fn hydrate(
     // Misses were found in the pipeline above: go straight to Postgres for them.
     authors.extend(users::load_uncached(db, cache, &missing_authors).await?);
     let liked = match (fetched.liked, viewer) {
-        (Some(liked), _) => liked,
-        (None, None) => HashSet::new(),
-        (None, Some(user)) => match likes::load_liked_set(db, cache, user, &ids).await? {
-            Some(liked) => liked,
-            None => likes::liked_tweets_in_db(db, user, &ids).await?,
-        },
+        (Some(LikedAmong::Liked(liked)), _) => liked,
+        (_, None) => HashSet::new(),
+        (Some(LikedAmong::TooMany), Some(user)) => {
+            likes::liked_tweets_in_db(db, user, &ids).await?
+        }
+        (Some(LikedAmong::Miss) | None, Some(user)) => {
+            likes::load_liked_set(db, cache, user, &ids).await?
+        }
     };
 
     let mut items = Vec::with_capacity(entries.len());
@@ -344,47 +390,33 @@ async fn hydrate(
     for e in entries {
         match tweets
             .get(&e.tweet_id)
-            .and_then(|t| Some((t, authors.get(&t.user_id)?)))
+            .and_then(|(t, c)| Some((t, c, authors.get(&t.user_id)?)))
         {
-            Some((tweet, author)) => {
-                let c = counts.get(&e.tweet_id);
-                items.push(Item {
-                    id: e.id,
-                    created_at: e.created_at,
-                    tweet: tweet.clone(),
-                    author: author.clone(),
-                    likes_count: c.map_or(0, |c| c.get(0)),
-                    comments_count: c.map_or(0, |c| c.get(1)),
-                    has_liked: liked.contains(&e.tweet_id),
-                })
-            }
+            Some((tweet, counts, author)) => items.push(Item {
+                id: e.id,
+                created_at: e.created_at,
+                tweet: tweet.clone(),
+                author: author.clone(),
+                counts: *counts,
+                has_liked: liked.contains(&e.tweet_id),
+            }),
             None => gone.push(*e),
         }
     }
     Ok((items, gone))
 }
 
-async fn load_entries(db: &PgPool, list: ListKey, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
-    match list {
-        ListKey::Newsfeed(user) => newsfeeds::list_entries(db, user, limit).await,
-        ListKey::UserTweets(user) => tweets::list_entries(db, user, limit).await,
-    }
-}
-
 /// A page from Postgres alone: one joined query, and `has_liked` for the viewer.
 async fn load_page(
     db: &PgPool,
     cache: &Cache,
-    list: ListKey,
+    timeline: Timeline,
     lt: Option<Timestamp>,
     gt: Option<Timestamp>,
     limit: usize,
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
-    let rows = match list {
-        ListKey::Newsfeed(user) => newsfeeds::list_page(db, user, lt, gt, limit).await?,
-        ListKey::UserTweets(user) => tweets::list_page(db, user, lt, gt, limit).await?,
-    };
+    let rows = timeline.page(db, lt, gt, limit).await?;
     let mut items: Vec<Item> = rows.into_iter().map(Item::from).collect();
     let ids: Vec<i64> = items.iter().map(|i| i.tweet.id).collect();
     let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;

@@ -1,0 +1,29 @@
+-- A true transactional outbox: every write records the repairs of its cache updates in the same
+-- transaction (one row per write, `repairs` a JSON array of {"op": "invalidate"|"tombstone"|
+-- "set_if_newer"|"delete", "key": ..., ...}); the post-commit step deletes the row once Redis
+-- confirmed, and the relay applies whatever rows remain (see src/cache/update.rs and outbox.rs).
+create table cache_outbox_v2 (
+    id         bigint generated always as identity primary key,
+    repairs    jsonb       not null,
+    created_at timestamptz not null default now()
+);
+-- Rows an earlier version left: lists are invalidated, objects deleted, as before.
+insert into cache_outbox_v2 (repairs, created_at)
+select jsonb_build_array(jsonb_build_object(
+           'op', case when is_list then 'invalidate' else 'delete' end, 'key', key)),
+       created_at
+from cache_outbox order by id;
+drop table cache_outbox;
+alter table cache_outbox_v2 rename to cache_outbox;
+alter index cache_outbox_v2_pkey rename to cache_outbox_pkey;
+
+-- The epoch fence (src/cache/epoch.rs): per Redis key prefix, the epoch chirp last wrote to
+-- `{prefix}:epoch` and the run_id of the Redis server it wrote it to.
+create table cache_epoch (
+    prefix       text   primary key,
+    epoch        bigint not null,
+    redis_run_id text   not null
+);
+
+-- The jobs table's kinds stay; unmerge and backfill now serialize per (follower, followee) with
+-- an advisory lock (src/newsfeeds.rs), which needs no schema.

@@ -1,0 +1,352 @@
+//! Cache updates after a Postgres write, and the transactional outbox that makes them durable.
+//!
+//! A write builds its [`Update`]s inside its transaction and calls [`Cache::stage`], which plans
+//! the Redis commands and inserts the updates' [`Repair`]s as one `cache_outbox` row *in that
+//! transaction*. After the commit, [`Cache::finish`] runs the commands in a spawned task (so a
+//! client that disconnects, or the request timeout, can not cancel it) and deletes the row when
+//! Redis confirmed them. If the process dies in between, or Redis fails, the row stays and the
+//! relay in [`super::outbox`] applies its repairs: a repair is always safe to apply late and more
+//! than once (an invalidation, a tombstone, a versioned write), never a bare `DEL` of a value a
+//! slow reader could put back.
+
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool};
+
+use crate::cache::counts::Versioned;
+use crate::cache::objects::{TOMBSTONE, encode_user};
+use crate::cache::{AfterCommit, Cache, Keys, ListKey, Scored, scripts};
+use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
+
+/// How a merge is guarded against a removal that raced it (see [`scripts::MERGE`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Guard {
+    /// Apply whatever happened meanwhile (entries nobody can remove concurrently, e.g. the
+    /// author's own new tweet).
+    None,
+    /// Apply only if the list's removal generation is still this value (read while the rows
+    /// that the merge adds were locked); otherwise drop the list.
+    Removals(String),
+}
+
+/// One change to apply to Redis after a Postgres commit.
+#[derive(Debug, Clone)]
+pub enum Update {
+    /// Merge entries into a list if it is cached (never creating a partial list), then trim it.
+    Merge {
+        list: ListKey,
+        guard: Guard,
+        entries: Vec<Scored>,
+    },
+    /// Remove members from a list (if cached).
+    Remove { list: ListKey, members: Vec<String> },
+    /// Drop a list.
+    Invalidate { list: ListKey },
+    /// Cache a new tweet object (unless a tombstone is there already) and its zero counts, so
+    /// the first hydrations after a fan-out need no Postgres query.
+    TweetCreated {
+        tweet: TweetRecord,
+        counts: TweetCounts,
+    },
+    /// Replace a tweet object by its tombstone and drop its counts.
+    TweetDeleted { id: i64 },
+    /// Write through a user object with its new version.
+    UserChanged { user: UserRecord },
+    /// Write through a tweet's counts committed with their version.
+    TweetCounts { id: i64, counts: TweetCounts },
+    /// Write through a user's counts committed with their version.
+    UserCounts { id: i64, counts: UserCounts },
+    /// A bearer token was revoked (by its hash): tombstone it.
+    TokenRevoked { hash: Vec<u8> },
+    /// `user` liked (`true`) or stopped liking `tweet`: update the user's liked set if cached.
+    Liked { user: i64, tweet: i64, liked: bool },
+}
+
+/// What the outbox relay does for a key when the post-commit step did not confirm: each is safe
+/// to apply late and more than once. Stored as JSON in `cache_outbox.repairs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Repair {
+    /// Drop a generation-guarded list or set and bump its generations.
+    Invalidate { key: String },
+    /// Write the tombstone `-` (a deleted tweet, a revoked token): a reader's `SET NX` of the
+    /// old value can not land over it.
+    Tombstone { key: String },
+    /// Write a versioned value unless a newer one is cached (the version is the floor).
+    SetIfNewer {
+        key: String,
+        version: i64,
+        value: String,
+    },
+    /// Delete a key whose stale value is harmless (counts of a deleted tweet).
+    Delete { key: String },
+}
+
+/// Updates staged in a write's transaction: the planned Redis commands and the id of their
+/// outbox row. Hand it to [`Cache::finish`] after the commit.
+#[must_use = "call Cache::finish after the commit"]
+pub struct Staged {
+    outbox_id: Option<i64>,
+    pipe: redis::Pipeline,
+    commands: usize,
+}
+
+impl Staged {
+    /// Nothing to do (cache off, or no updates).
+    pub fn none() -> Self {
+        Staged {
+            outbox_id: None,
+            pipe: redis::pipe(),
+            commands: 0,
+        }
+    }
+}
+
+impl Update {
+    /// Adds this update's Redis commands to `pipe` and returns the repairs that stand for it in
+    /// the outbox: one `match`, so the two can not drift apart.
+    fn plan(&self, keys: &Keys, ttl: u64, limit: usize, pipe: &mut redis::Pipeline) -> Vec<Repair> {
+        // Object updates: the command is the repair itself.
+        let direct = |pipe: &mut redis::Pipeline, repairs: Vec<Repair>| {
+            for r in &repairs {
+                r.pipe(pipe, ttl);
+            }
+            repairs
+        };
+        match self {
+            Update::Merge {
+                list,
+                guard,
+                entries,
+            } => {
+                let key = keys.list(*list);
+                let mut inv = scripts::MERGE.key(&key);
+                inv.key(Keys::gen_of(&key));
+                match guard {
+                    Guard::None => inv.arg("*"),
+                    Guard::Removals(r) => inv.arg(r.as_str()),
+                };
+                inv.arg(ttl).arg(limit);
+                for (score, member) in entries {
+                    inv.arg(*score).arg(member);
+                }
+                pipe.invoke_script(&inv).ignore();
+                vec![Repair::Invalidate { key }]
+            }
+            Update::Remove { list, members } => {
+                let key = keys.list(*list);
+                let mut inv = scripts::REMOVE.key(&key);
+                inv.key(Keys::gen_of(&key)).arg(ttl);
+                for m in members {
+                    inv.arg(m);
+                }
+                pipe.invoke_script(&inv).ignore();
+                vec![Repair::Invalidate { key }]
+            }
+            Update::Invalidate { list } => {
+                let key = keys.list(*list);
+                pipe.invoke_script(
+                    scripts::INVALIDATE
+                        .key(&key)
+                        .key(Keys::gen_of(&key))
+                        .arg(ttl),
+                )
+                .ignore();
+                vec![Repair::Invalidate { key }]
+            }
+            Update::TweetCreated { tweet, counts } => {
+                if let Ok(json) = serde_json::to_string(tweet) {
+                    pipe.cmd("SET")
+                        .arg(keys.tweet(tweet.id))
+                        .arg(json)
+                        .arg("NX")
+                        .arg("EX")
+                        .arg(ttl)
+                        .ignore();
+                }
+                // Readers fill a missing tweet object from Postgres: only the counts to repair.
+                direct(
+                    pipe,
+                    vec![Repair::SetIfNewer {
+                        key: keys.tweet_counts(tweet.id),
+                        version: counts.version,
+                        value: counts.encode(),
+                    }],
+                )
+            }
+            Update::TweetDeleted { id } => direct(
+                pipe,
+                vec![
+                    Repair::Tombstone {
+                        key: keys.tweet(*id),
+                    },
+                    Repair::Delete {
+                        key: keys.tweet_counts(*id),
+                    },
+                ],
+            ),
+            Update::UserChanged { user } => direct(
+                pipe,
+                encode_user(user)
+                    .map(|value| Repair::SetIfNewer {
+                        key: keys.user(user.id),
+                        version: user.version,
+                        value,
+                    })
+                    .into_iter()
+                    .collect(),
+            ),
+            Update::TweetCounts { id, counts } => direct(
+                pipe,
+                vec![Repair::SetIfNewer {
+                    key: keys.tweet_counts(*id),
+                    version: counts.version,
+                    value: counts.encode(),
+                }],
+            ),
+            Update::UserCounts { id, counts } => direct(
+                pipe,
+                vec![Repair::SetIfNewer {
+                    key: keys.user_counts(*id),
+                    version: counts.version,
+                    value: counts.encode(),
+                }],
+            ),
+            Update::TokenRevoked { hash } => direct(
+                pipe,
+                vec![Repair::Tombstone {
+                    key: keys.token(hash),
+                }],
+            ),
+            Update::Liked { user, tweet, liked } => {
+                let key = keys.liked(*user);
+                let mut inv = scripts::SET_CHANGE.key(&key);
+                inv.key(Keys::gen_of(&key))
+                    .arg(if *liked { "add" } else { "rem" })
+                    .arg(ttl)
+                    .arg(*tweet);
+                pipe.invoke_script(&inv).ignore();
+                vec![Repair::Invalidate { key }]
+            }
+        }
+    }
+}
+
+impl Repair {
+    /// Adds this repair's command to a pipeline.
+    pub fn pipe(&self, pipe: &mut redis::Pipeline, ttl: u64) {
+        match self {
+            Repair::Invalidate { key } => {
+                pipe.invoke_script(scripts::INVALIDATE.key(key).key(Keys::gen_of(key)).arg(ttl))
+                    .ignore();
+            }
+            Repair::Tombstone { key } => {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(TOMBSTONE)
+                    .arg("EX")
+                    .arg(ttl)
+                    .ignore();
+            }
+            Repair::SetIfNewer {
+                key,
+                version,
+                value,
+            } => {
+                pipe.invoke_script(
+                    scripts::SET_IF_NEWER
+                        .key(key)
+                        .arg(*version)
+                        .arg(value)
+                        .arg(ttl),
+                )
+                .ignore();
+            }
+            Repair::Delete { key } => {
+                pipe.cmd("DEL").arg(key).ignore();
+            }
+        }
+    }
+}
+
+impl Cache {
+    /// Plans `updates` and records their repairs in `cache_outbox` inside the write's
+    /// transaction `tx`. With the cache off, or no updates, records nothing.
+    ///
+    /// # Errors
+    /// The outbox insert failed (the transaction should be rolled back).
+    pub async fn stage(
+        &self,
+        tx: &mut PgConnection,
+        updates: &[Update],
+    ) -> Result<Staged, sqlx::Error> {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return Ok(Staged::none());
+        };
+        if updates.is_empty() {
+            return Ok(Staged::none());
+        }
+        let mut pipe = redis::pipe();
+        let mut repairs = Vec::new();
+        for update in updates {
+            repairs.extend(update.plan(keys, ttl, self.list_limit(), &mut pipe));
+        }
+        let id: i64 =
+            sqlx::query_scalar("insert into cache_outbox (repairs) values ($1) returning id")
+                .bind(sqlx::types::Json(&repairs))
+                .fetch_one(tx)
+                .await?;
+        Ok(Staged {
+            outbox_id: Some(id),
+            pipe,
+            commands: updates.len(),
+        })
+    }
+
+    /// Applies staged updates after their transaction committed, in a spawned task that the
+    /// caller awaits: dropping the caller (a client gone, a timeout) does not cancel it. On
+    /// success the outbox row is deleted; otherwise it stays for the relay. Never fails: a cache
+    /// problem must not fail a committed write.
+    pub async fn finish(&self, db: &PgPool, staged: Staged) {
+        let Some(id) = staged.outbox_id else { return };
+        let (cache, db) = (self.clone(), db.clone());
+        let task = tokio::spawn(async move {
+            match cache.after_commit() {
+                AfterCommit::Apply => {}
+                AfterCommit::Crash => return,
+                AfterCommit::Gate(gate) => drop(gate.lock().await),
+            }
+            if cache
+                .run_bulk::<()>(&staged.pipe, staged.commands)
+                .await
+                .is_err()
+            {
+                tracing::info!(outbox_id = id, "cache update left to the outbox relay");
+                return;
+            }
+            if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
+                .bind(id)
+                .execute(&db)
+                .await
+            {
+                // Harmless: the relay re-applies the repairs later.
+                tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
+            }
+        });
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "post-commit cache task failed");
+        }
+    }
+
+    /// Applies updates that need no durability (a reader removing entries of tweets it found
+    /// deleted: the delete's own outbox row covers them). Best effort.
+    pub async fn apply_best_effort(&self, updates: &[Update]) {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        for update in updates {
+            update.plan(keys, ttl, self.list_limit(), &mut pipe);
+        }
+        let _ = self.run::<()>(&pipe).await;
+    }
+}

@@ -1,0 +1,54 @@
+//! Plain data shared by the cache and the features: the tweet and user objects as stored and
+//! cached, and their versioned counts. This module imports nothing of chirp but `time`, so the
+//! cache (a leaf) and every feature can use it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::time::Timestamp;
+
+/// A tweet as stored and cached (the tweet object cache holds this as JSON). Immutable until it
+/// is deleted; then its cache key holds a tombstone.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
+pub struct TweetRecord {
+    pub id: i64,
+    pub user_id: i64,
+    pub content: String,
+    pub created_at: Timestamp,
+}
+
+/// A user as stored and cached: the public fields plus `version`, bumped by every profile edit,
+/// so a cached copy is only ever replaced by a newer one.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
+pub struct UserRecord {
+    pub id: i64,
+    pub username: String,
+    pub nickname: Option<String>,
+    pub avatar_url: Option<String>,
+    pub version: i64,
+    pub created_at: Timestamp,
+}
+
+/// A tweet's counters with their version (`counts_version`, bumped by every change), as an
+/// `update … returning` or a load gives them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct TweetCounts {
+    #[sqlx(rename = "likes_count")]
+    pub likes: i64,
+    #[sqlx(rename = "comments_count")]
+    pub comments: i64,
+    #[sqlx(rename = "counts_version")]
+    pub version: i64,
+}
+
+/// A user's profile counters with their version (`counts_version`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow)]
+pub struct UserCounts {
+    #[sqlx(rename = "followers_count")]
+    pub followers: i64,
+    #[sqlx(rename = "followings_count")]
+    pub followings: i64,
+    #[sqlx(rename = "tweets_count")]
+    pub tweets: i64,
+    #[sqlx(rename = "counts_version")]
+    pub version: i64,
+}
