@@ -53,11 +53,16 @@ pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> 
     s.serialize_str(&format(t))
 }
 
-/// Parses a cursor parameter: any RFC 3339 timestamp. A `+` offset that arrived unescaped in a
-/// query string (and so was decoded as a space) is accepted too. Precision beyond microseconds
-/// is truncated, as Postgres would.
+/// Parses a cursor parameter: any RFC 3339 timestamp, including its space-separated form
+/// (`2026-11-21 09:16:11.005227Z`, which RFC 3339 allows in place of `T`). A `+` offset that
+/// arrived unescaped in a query string (and so was decoded as a space) is accepted too.
+/// Precision beyond microseconds is truncated, as Postgres would.
 pub fn parse_cursor(raw: &str) -> Option<Timestamp> {
-    let fixed = raw.trim().replace(' ', "+");
+    let mut fixed = raw.trim().to_owned();
+    if fixed.as_bytes().get(10) == Some(&b' ') {
+        fixed.replace_range(10..11, "T");
+    }
+    let fixed = fixed.replace(' ', "+");
     let t = DateTime::parse_from_rfc3339(&fixed)
         .ok()?
         .with_timezone(&Utc);
@@ -83,6 +88,10 @@ mod tests {
         let t = parse_cursor("2026-11-21T09:16:11.0052Z").unwrap();
         assert_eq!(format(&t), "2026-11-21T09:16:11.005200Z");
         let t = parse_cursor("2026-11-21T10:16:11.005227 01:00").unwrap();
+        assert_eq!(format(&t), "2026-11-21T09:16:11.005227Z");
+        let t = parse_cursor("2026-11-21 09:16:11.005227Z").unwrap();
+        assert_eq!(format(&t), "2026-11-21T09:16:11.005227Z");
+        let t = parse_cursor("2026-11-21 10:16:11.005227 01:00").unwrap();
         assert_eq!(format(&t), "2026-11-21T09:16:11.005227Z");
         assert!(parse_cursor("yesterday").is_none());
     }

@@ -170,7 +170,7 @@ impl TestApp {
 
     /// A direct Redis connection, to look at what the cache holds.
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(redis_url())
+        redis::Client::open(self.state.config.redis_url.as_str())
             .expect("url")
             .get_multiplexed_async_connection()
             .await
@@ -279,6 +279,35 @@ impl TestApp {
         })
     }
 
+    /// Rows left in the cache outbox.
+    pub async fn outbox_rows(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from cache_outbox")
+            .fetch_one(self.db())
+            .await
+            .expect("outbox")
+    }
+
+    /// What the relay does for rows whose writer died: applies every row, whatever its age.
+    pub async fn relay(&self) -> usize {
+        outbox::relay(&self.state.cache, self.db(), std::time::Duration::ZERO)
+            .await
+            .expect("relay")
+    }
+
+    /// The raw value of a Redis key.
+    pub async fn raw_get(&self, key: &str) -> Option<String> {
+        let mut r = self.redis().await;
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut r)
+            .await
+            .expect("get")
+    }
+
+    pub fn keys(&self) -> chirp::cache::Keys {
+        self.state.cache.keys().expect("cache on").clone()
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         let s = self.state.cache.stats().expect("cache on");
         let counter = match name {
@@ -286,6 +315,7 @@ impl TestApp {
             "misses" => &s.misses,
             "loads" => &s.loads,
             "fallbacks" => &s.fallbacks,
+            "fences" => &s.fences,
             _ => &s.errors,
         };
         counter.load(Ordering::Relaxed)
@@ -405,5 +435,97 @@ mod proxy {
                 self.cut.send_modify(|n| *n += 1);
             }
         }
+    }
+}
+
+/// A private `redis-server` on a free port with its own data directory, which a test can
+/// snapshot (`SAVE`) and restart from that snapshot.
+pub struct RedisServer {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl RedisServer {
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("chirp-redis-{port}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("redis dir");
+        let mut server = RedisServer {
+            port,
+            dir,
+            child: None,
+        };
+        server.spawn().await;
+        server
+    }
+
+    async fn spawn(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dbfilename",
+                "dump.rdb",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (scripts/services installs it)");
+        self.child = Some(child);
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!("redis-server did not start");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    async fn cmd(&self, name: &str) {
+        let mut conn = redis::Client::open(self.url())
+            .expect("url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let _: Result<redis::Value, _> = redis::cmd(name).query_async(&mut conn).await;
+    }
+
+    /// Writes a snapshot (`SAVE`) that a restart loads.
+    pub async fn snapshot(&self) {
+        self.cmd("SAVE").await;
+    }
+
+    /// Stops the server without saving and starts it again from the last snapshot.
+    pub async fn restart_from_snapshot(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn().await;
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -1,0 +1,332 @@
+//! The transactional outbox and the epoch fence: a write whose process dies between the Postgres
+//! commit and the Redis update, a client that goes away meanwhile, a job re-run after such a
+//! crash, and Redis restarted from a snapshot taken before a delete and a logout.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{Method, StatusCode};
+use chirp::cache::AfterCommit;
+use chirp::model::TweetCounts;
+use chirp::timeline::Timeline;
+use serde_json::json;
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+use crate::helpers::{RedisServer, TestApp, member_tweet, tweet_ids};
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    let old = app.tweet(&ta, "old").await["id"].as_i64().unwrap();
+    app.drain().await;
+    // Warm bob's feed (with the tweet object and bob's token) and alice's tweets.
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![old]
+    );
+    let alice_tweets = format!("/api/tweets/?user_id={alice}");
+    app.get(&alice_tweets, None).await;
+    assert_eq!(app.outbox_rows().await, 0, "applied updates leave no row");
+
+    // From here the process "dies" after every commit: Postgres has the writes, Redis does not.
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/tweets/{old}/"),
+            Some(&ta),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    let new = app.tweet(&ta, "new").await["id"].as_i64().unwrap();
+    let res = app
+        .post("/api/accounts/logout/", Some(&tb), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(
+        app.outbox_rows().await,
+        3,
+        "one row per write, in its transaction"
+    );
+
+    // The hole the outbox closes: the deleted tweet is served, the new one is missing, and the
+    // revoked token still works.
+    let feed = app.cached_members(Timeline::Newsfeed(bob)).await.unwrap();
+    assert!(feed.iter().any(|m| member_tweet(m) == old));
+    assert_eq!(
+        app.get(&format!("/api/tweets/{old}/"), None).await.status,
+        StatusCode::OK,
+        "stale tweet object"
+    );
+    assert_eq!(
+        tweet_ids(&app.get(&alice_tweets, None).await.body),
+        vec![old]
+    );
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&tb)).await.status,
+        StatusCode::OK,
+        "stale token"
+    );
+
+    // The relay (any process) repairs all of it.
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    assert_eq!(app.relay().await, 3);
+    assert_eq!(app.outbox_rows().await, 0);
+    assert_eq!(
+        app.raw_get(&app.keys().tweet(old)).await.as_deref(),
+        Some("-"),
+        "a tombstone, not a bare DEL"
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{old}/"), None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        tweet_ids(&app.get(&alice_tweets, None).await.body),
+        vec![new]
+    );
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&tb)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_fan_out_batch_and_an_unmerge_rerun_after_a_crash_are_repaired(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    let first = app.tweet(&ta, "first").await["id"].as_i64().unwrap();
+    app.drain().await;
+    app.get("/api/newsfeeds/", Some(&tb)).await; // cache bob's feed
+
+    // The worker dies after committing the fan-out batch.
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    let second = app.tweet(&ta, "second").await["id"].as_i64().unwrap();
+    app.drain().await;
+    let cached = app.cached_members(Timeline::Newsfeed(bob)).await.unwrap();
+    assert!(!cached.iter().any(|m| member_tweet(m) == second), "stale");
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    assert_eq!(app.relay().await, 2, "the author's row and the batch's row");
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![second, first]
+    );
+
+    // Unfollow: the unmerge commits its delete and dies; a re-run deletes nothing.
+    let res = app
+        .post(
+            &format!("/api/friendships/{alice}/unfollow/"),
+            Some(&tb),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    app.drain().await;
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    sqlx::query("insert into jobs (kind, follower_id, followee_id) values ('unmerge', $1, $2)")
+        .bind(bob)
+        .bind(alice)
+        .execute(app.db())
+        .await
+        .unwrap();
+    assert_eq!(app.drain().await, 1, "the re-run");
+    let cached = app.cached_members(Timeline::Newsfeed(bob)).await.unwrap();
+    assert!(
+        cached.iter().any(|m| member_tweet(m) == first),
+        "the re-run found no rows, so it removed nothing"
+    );
+    app.relay().await;
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        Vec::<i64>::new()
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_client_that_goes_away_after_the_commit_does_not_cancel_the_cache_update(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let alice_tweets = format!("/api/tweets/?user_id={alice}");
+    app.get(&alice_tweets, None).await; // cache alice's (empty) tweets
+
+    // Hold the post-commit step until the request future is gone (hyper drops the handler
+    // when the client disconnects; the 10 s timeout does the same).
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    let held = gate.clone().lock_owned().await;
+    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
+    let request = axum::http::Request::builder()
+        .method(Method::POST)
+        .uri("/api/tweets/")
+        .header("authorization", format!("Bearer {ta}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(json!({"content": "hi"}).to_string()))
+        .unwrap();
+    let service = app.app.clone();
+    let client = tokio::spawn(async move { service.oneshot(request).await });
+    eventually("the tweet committed", async || app.outbox_rows().await == 1).await;
+    client.abort();
+    assert!(client.await.unwrap_err().is_cancelled());
+    drop(held);
+
+    eventually("the cache update ran", async || {
+        app.outbox_rows().await == 0
+    })
+    .await;
+    let id: i64 = sqlx::query_scalar("select id from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(
+        app.cached_members(Timeline::UserTweets(alice))
+            .await
+            .unwrap()[0],
+        id.to_string()
+    );
+    assert_eq!(
+        tweet_ids(&app.get(&alice_tweets, None).await.body),
+        vec![id]
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn relayed_repairs_leave_tombstones_and_version_floors_that_slow_readers_can_not_undo(
+    db: PgPool,
+) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let tweet = app.tweet(&ta, "soon gone").await;
+    let id = tweet["id"].as_i64().unwrap();
+    let record = chirp::tweets::rows_by_ids(app.db(), &[id]).await.unwrap()[0].clone();
+    let before = chirp::users::load_many(app.db(), &app.state.cache, &[alice])
+        .await
+        .unwrap()[&alice]
+        .clone();
+
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    app.request(
+        Method::DELETE,
+        &format!("/api/tweets/{id}/"),
+        Some(&ta),
+        None,
+    )
+    .await;
+    let res = app
+        .request(
+            Method::PATCH,
+            &format!("/api/users/{alice}/"),
+            Some(&ta),
+            Some(json!({"nickname": "Alice"})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(res.body["nickname"], "Alice", "the answer shows the edit");
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    app.relay().await;
+
+    // Readers that loaded the rows before the writes now try to cache them.
+    app.state
+        .cache
+        .put_tweets(&[(record.record, TweetCounts::default())], &[])
+        .await;
+    app.state.cache.put_users(&[before]).await;
+    assert_eq!(
+        app.raw_get(&app.keys().tweet(id)).await.as_deref(),
+        Some("-")
+    );
+    assert_eq!(
+        app.get(&format!("/api/tweets/{id}/"), None).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        app.get(&format!("/api/users/{alice}/"), None).await.body["nickname"],
+        "Alice"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn redis_restarted_from_an_old_snapshot_is_fenced_before_it_is_trusted(db: PgPool) {
+    let mut server = RedisServer::start().await;
+    let app = TestApp::with(db, |c| {
+        c.redis_url = server.url();
+        c.redis_timeout_ms = 100;
+    })
+    .await;
+    assert!(app.state.cache.available());
+    let (_, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let id = app.tweet(&ta, "deleted after the snapshot").await["id"]
+        .as_i64()
+        .unwrap();
+    let detail = format!("/api/tweets/{id}/");
+    assert_eq!(app.get(&detail, None).await.status, StatusCode::OK);
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&tb)).await.status,
+        StatusCode::OK
+    );
+    server.snapshot().await;
+
+    app.request(Method::DELETE, &detail, Some(&ta), None).await;
+    app.post("/api/accounts/logout/", Some(&tb), json!({}))
+        .await;
+    assert_eq!(app.get(&detail, None).await.status, StatusCode::NOT_FOUND);
+    let token_key = app.keys().token(&chirp::accounts::hash_token(&tb));
+    assert_eq!(app.raw_get(&token_key).await.as_deref(), Some("-"));
+
+    // Redis comes back with the snapshot: the tweet and the token are alive in it again.
+    let fences = app.stat("fences");
+    server.restart_from_snapshot().await;
+    assert!(
+        app.raw_get(&app.keys().tweet(id))
+            .await
+            .unwrap()
+            .starts_with('{')
+    );
+    assert_ne!(app.raw_get(&token_key).await.as_deref(), Some("-"));
+
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let monitor = tokio::spawn(chirp::cache::outbox::monitor(
+        app.state.cache.clone(),
+        app.db().clone(),
+        stopped,
+    ));
+    eventually("the monitor fenced redis", async || {
+        app.stat("fences") > fences && app.state.cache.available()
+    })
+    .await;
+    assert_eq!(app.raw_get(&app.keys().tweet(id)).await, None, "cleared");
+    assert_eq!(app.get(&detail, None).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&tb)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        app.get("/api/newsfeeds/", Some(&ta)).await.status,
+        StatusCode::OK,
+        "the cache is in use again"
+    );
+    let epoch: i64 = sqlx::query_scalar("select epoch from cache_epoch")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(epoch, 2, "one fence at start, one after the restart");
+    stop.send(true).unwrap();
+    monitor.await.unwrap();
+}

@@ -1,0 +1,331 @@
+//! The races and hot-path costs found in review (issue 14), each forced with a test hook, real
+//! concurrency, or the exact input, and checked through the API and by looking into Redis.
+
+use std::sync::Arc;
+
+use axum::http::{Method, StatusCode};
+use chirp::cache::AfterCommit;
+use chirp::timeline::Timeline;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::{CountsOf, TestApp, member_tweet, tweet_ids};
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_reader_holding_the_old_profile_can_not_cache_it_over_an_edit(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    // A reader loads version 1 and is slow to cache it.
+    let before = chirp::users::load_many(app.db(), &app.state.cache, &[alice])
+        .await
+        .unwrap()[&alice]
+        .clone();
+    app.flush_cache().await;
+    let res = app
+        .request(
+            Method::PATCH,
+            &format!("/api/users/{alice}/"),
+            Some(&ta),
+            Some(json!({"nickname": "Alice"})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(res.body["nickname"], "Alice");
+    app.state.cache.put_users(&[before]).await;
+    assert_eq!(
+        app.get(&format!("/api/users/{alice}/"), None).await.body["nickname"],
+        "Alice"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn likes_racing_cancels_and_comment_deletes_racing_tweet_deletes_are_never_a_500(db: PgPool) {
+    let app = Arc::new(TestApp::new(db).await);
+    let (_, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let id = app.tweet(&ta, "liked and unliked").await["id"]
+        .as_i64()
+        .unwrap();
+    let like = json!({"content_type": "tweet", "object_id": id});
+    let mut tasks = Vec::new();
+    for i in 0..40 {
+        let (app, tb, like) = (app.clone(), tb.clone(), like.clone());
+        tasks.push(tokio::spawn(async move {
+            let uri = if i % 2 == 0 {
+                "/api/likes/"
+            } else {
+                "/api/likes/cancel/"
+            };
+            app.post(uri, Some(&tb), like).await.status
+        }));
+    }
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(status.is_success(), "{status}");
+    }
+    let (count, rows): (i64, i64) = sqlx::query_as(
+        "select likes_count, (select count(*) from tweet_likes where tweet_id = $1) from tweets where id = $1",
+    )
+    .bind(id)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(count, rows);
+
+    for i in 0..15 {
+        let tweet = app.tweet(&ta, &format!("t{i}")).await["id"]
+            .as_i64()
+            .unwrap();
+        let comment = app
+            .post(
+                "/api/comments/",
+                Some(&ta),
+                json!({"tweet_id": tweet, "content": "c"}),
+            )
+            .await
+            .body["id"]
+            .as_i64()
+            .unwrap();
+        let (comment_uri, tweet_uri) = (
+            format!("/api/comments/{comment}/"),
+            format!("/api/tweets/{tweet}/"),
+        );
+        let (a, b) = tokio::join!(
+            app.request(Method::DELETE, &comment_uri, Some(&ta), None),
+            app.request(Method::DELETE, &tweet_uri, Some(&ta), None),
+        );
+        assert!(
+            [StatusCode::OK, StatusCode::NOT_FOUND].contains(&a.status),
+            "comment delete: {}",
+            a.status
+        );
+        assert_eq!(b.status, StatusCode::OK, "tweet delete");
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: PgPool) {
+    let app = Arc::new(TestApp::new(db).await);
+    let (alice, ta) = app.signup("alice").await;
+    let (carol, tc) = app.signup("carol").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.follow(&tb, carol).await;
+    app.drain().await;
+    app.get("/api/newsfeeds/", Some(&tb)).await; // cache bob's feed
+    let a = app.tweet(&ta, "from alice").await["id"].as_i64().unwrap();
+    let c = app.tweet(&tc, "from carol").await["id"].as_i64().unwrap();
+
+    // Both fan-outs read bob's generation and commit before either merges.
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    let held = gate.clone().lock_owned().await;
+    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
+    let runners = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let w = &app.state.worker;
+            let (x, y) = tokio::join!(w.run_one(), w.run_one());
+            (x.unwrap(), y.unwrap())
+        })
+    };
+    for _ in 0..200 {
+        if app.outbox_rows().await == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(app.outbox_rows().await, 2, "both batches committed");
+    drop(held);
+    assert_eq!(runners.await.unwrap(), (true, true));
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+
+    let cached = app
+        .cached_members(Timeline::Newsfeed(bob))
+        .await
+        .expect("bob's feed is still cached: merges do not conflict with merges");
+    let ids: Vec<i64> = cached.iter().map(|m| member_tweet(m)).collect();
+    assert!(ids.contains(&a) && ids.contains(&c), "{cached:?}");
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![c, a]
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_fan_out_creates_no_keys_for_followers_whose_feed_is_not_cached(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let mut fans = Vec::new();
+    for i in 0..3 {
+        let (id, token) = app.quick_user(&format!("fan{i}")).await;
+        app.follow(&token, alice).await;
+        fans.push(id);
+    }
+    app.drain().await;
+    app.tweet(&ta, "to nobody cached").await;
+    app.drain().await;
+    let mut r = app.redis().await;
+    for fan in fans {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:{{u{fan}}}:feed*", app.prefix))
+            .query_async(&mut r)
+            .await
+            .unwrap();
+        assert!(keys.is_empty(), "{keys:?}");
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_new_tweet_has_cached_counts_and_liked_sets_stay_intsets(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    let id = app.tweet(&ta, "counted from the start").await["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        app.cached_counts(CountsOf::Tweet(id)).await,
+        Some(vec![0, 0])
+    );
+
+    app.post(
+        "/api/likes/",
+        Some(&tb),
+        json!({"content_type": "tweet", "object_id": id}),
+    )
+    .await;
+    let page = app
+        .get(&format!("/api/tweets/?user_id={alice}"), Some(&tb))
+        .await;
+    assert_eq!(page.body["results"][0]["has_liked"], true);
+    let mut r = app.redis().await;
+    let encoding: String = redis::cmd("OBJECT")
+        .arg("ENCODING")
+        .arg(app.keys().liked(bob))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(encoding, "intset");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_cursor_with_a_space_between_date_and_time_is_accepted(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let id = app.tweet(&ta, "old enough").await["id"].as_i64().unwrap();
+    for cursor in [
+        "2999-11-21%2009:16:11.005227Z",
+        "2999-11-21%2009:16:11.005227%2B00:00",
+        "2999-11-21T10:16:11.005227%2001:00",
+    ] {
+        let res = app
+            .get(
+                &format!("/api/tweets/?user_id={alice}&created_at__lt={cursor}"),
+                None,
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{cursor}: {}", res.body);
+        assert_eq!(tweet_ids(&res.body), vec![id]);
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_viewer_with_too_many_likes_to_cache_is_remembered(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, _) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    let n = chirp::likes::MAX_CACHED_LIKES as i64 + 1;
+    sqlx::query(
+        "insert into tweets (user_id, content, created_at)
+         select $1, 'bulk', now() - make_interval(secs => g) from generate_series(1, $2) g",
+    )
+    .bind(alice)
+    .bind(n)
+    .execute(app.db())
+    .await
+    .unwrap();
+    sqlx::query("insert into tweet_likes (tweet_id, user_id, created_at) select id, $1, created_at from tweets")
+        .bind(bob)
+        .execute(app.db())
+        .await
+        .unwrap();
+    let listing = format!("/api/tweets/?user_id={alice}&page_size=3");
+    for _ in 0..2 {
+        let page = app.get(&listing, Some(&tb)).await;
+        assert_eq!(page.status, StatusCode::OK);
+        for t in page.body["results"].as_array().unwrap() {
+            assert_eq!(t["has_liked"], true);
+        }
+    }
+    let mut r = app.redis().await;
+    let mut members: Vec<i64> = redis::cmd("SMEMBERS")
+        .arg(app.keys().liked(bob))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    members.sort_unstable();
+    assert_eq!(
+        members,
+        vec![-2, -1],
+        "the 'too many' marker, not 10,001 ids"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn deleting_a_widely_read_tweet_leaves_the_feeds_to_its_tombstone(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (star, ts) = app.signup("star").await;
+    let n = chirp::tweets::MAX_EAGER_REMOVALS as i64 + 1;
+    sqlx::query(
+        "with fans as (
+             insert into users (username, email, password_hash)
+             select 'fan' || g, 'fan' || g || '@example.com', '!' from generate_series(1, $2) g
+             returning id)
+         insert into friendships (from_user_id, to_user_id, created_at)
+         select id, $1, now() - make_interval(secs => id) from fans",
+    )
+    .bind(star)
+    .bind(n)
+    .execute(app.db())
+    .await
+    .unwrap();
+    let fan: i64 = sqlx::query_scalar("select min(from_user_id) from friendships")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    let token = chirp::accounts::issue_token(app.db(), fan).await.unwrap();
+    let id = app.tweet(&ts, "read by many").await["id"].as_i64().unwrap();
+    app.drain().await;
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&token)).await.body),
+        vec![id]
+    );
+
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/tweets/{id}/"),
+            Some(&ts),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    let repairs: i32 = sqlx::query_scalar("select jsonb_array_length(repairs) from cache_outbox")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert!(
+        repairs < 10,
+        "no per-reader removal in the request: {repairs}"
+    );
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    app.relay().await;
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&token)).await.body),
+        Vec::<i64>::new(),
+        "the tombstone hides it and the read drops the entry"
+    );
+    let cached = app.cached_members(Timeline::Newsfeed(fan)).await.unwrap();
+    assert!(!cached.iter().any(|m| member_tweet(m) == id), "{cached:?}");
+}
