@@ -27,3 +27,11 @@ create table cache_epoch (
 
 -- The jobs table's kinds stay; unmerge and backfill now serialize per (follower, followee) with
 -- an advisory lock (src/newsfeeds.rs), which needs no schema.
+
+-- When a newsfeed row arrived (fan-out, backfill), so that a `created_at__gt` refresh also
+-- returns rows that arrived after the client's newest item although their tweet is older (a
+-- fan-out that finished late). Rows that existed before, and imported ones, have none: they are
+-- not late for anyone. Only rows with an arrival time are indexed.
+alter table newsfeeds add column arrived_at timestamptz;
+alter table newsfeeds alter column arrived_at set default clock_timestamp();
+create index newsfeeds_user_arrived_idx on newsfeeds (user_id, arrived_at) where arrived_at is not null;

@@ -60,6 +60,34 @@ pub async fn page(
     .await
 }
 
+/// Rows of user `user_id`'s newsfeed whose tweet is older than `gt` but that arrived after
+/// `gt` (a fan-out or backfill that landed behind newer tweets), newest tweet first, hydrated:
+/// what a `created_at__gt` refresh adds to the rows newer than its cursor. One index scan on
+/// `(user_id, arrived_at)`.
+pub async fn late_arrivals(
+    db: &PgPool,
+    user_id: i64,
+    gt: Timestamp,
+    limit: usize,
+) -> sqlx::Result<Vec<FeedRow>> {
+    sqlx::query_as(
+        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count,
+                t.comments_count, t.counts_version,
+                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
+                u.created_at as author_created_at
+         from newsfeeds n
+         join tweets t on t.id = n.tweet_id
+         join users u on u.id = t.user_id
+         where n.user_id = $1 and n.arrived_at > $2 and n.created_at < $2
+         order by n.created_at desc limit $3",
+    )
+    .bind(user_id)
+    .bind(gt)
+    .bind(limit as i64)
+    .fetch_all(db)
+    .await
+}
+
 /// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction); returns
 /// its id.
 pub async fn insert_own(

@@ -100,6 +100,20 @@ impl Timeline {
         }
     }
 
+    /// Entries older than `gt` that arrived after `gt` (see [`read`]); only newsfeeds have
+    /// them (a user's own tweets are listed in the transaction that writes them).
+    async fn late_arrivals(
+        self,
+        db: &PgPool,
+        gt: Timestamp,
+        limit: usize,
+    ) -> sqlx::Result<Vec<FeedRow>> {
+        match self {
+            Timeline::Newsfeed(user) => newsfeeds::late_arrivals(db, user, gt, limit).await,
+            Timeline::UserTweets(_) => Ok(Vec::new()),
+        }
+    }
+
     /// A hydrated page from Postgres, strictly between the cursors.
     async fn page(
         self,
@@ -201,10 +215,40 @@ impl From<sqlx::Error> for ReadError {
 /// Reads up to `req.want()` items of a timeline, newest first (one more than the page, so the
 /// caller can tell whether a next page exists).
 ///
+/// A refresh (`created_at__gt` alone) also returns the entries that *arrived* after the cursor
+/// although their tweet is older (a fan-out that finished behind newer tweets): without them a
+/// client that refreshes from its newest item would never see such an entry. They are merged in
+/// `created_at` order; a client may already hold some of them and dedupes by id.
+///
 /// # Errors
 /// Only Postgres errors; Redis errors fall back to Postgres.
 #[tracing::instrument(name = "timeline::read", skip_all, fields(timeline = ?timeline))]
 pub async fn read(
+    db: &PgPool,
+    cache: &Cache,
+    timeline: Timeline,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> sqlx::Result<Vec<Item>> {
+    let mut items = read_window(db, cache, timeline, req, viewer).await?;
+    if let (Some(gt), None) = (req.gt, req.lt) {
+        let late = timeline.late_arrivals(db, gt, req.want()).await?;
+        if !late.is_empty() {
+            let mut late: Vec<Item> = late.into_iter().map(Item::from).collect();
+            let ids: Vec<i64> = late.iter().map(|i| i.tweet.id).collect();
+            let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;
+            for item in &mut late {
+                item.has_liked = liked.contains(&item.tweet.id);
+            }
+            items.extend(late);
+            items.sort_by_key(|i| std::cmp::Reverse(i.created_at));
+            items.truncate(req.want());
+        }
+    }
+    Ok(items)
+}
+
+async fn read_window(
     db: &PgPool,
     cache: &Cache,
     timeline: Timeline,

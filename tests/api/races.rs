@@ -329,3 +329,49 @@ async fn deleting_a_widely_read_tweet_leaves_the_feeds_to_its_tombstone(db: PgPo
     let cached = app.cached_members(Timeline::Newsfeed(fan)).await.unwrap();
     assert!(!cached.iter().any(|m| member_tweet(m) == id), "{cached:?}");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_refresh_returns_a_fan_out_that_landed_behind_newer_tweets(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (carol, tc) = app.signup("carol").await;
+    let (_, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.follow(&tb, carol).await;
+    app.drain().await;
+    // Alice's tweet is older, but its fan-out is delayed past carol's.
+    let a = app.tweet(&ta, "older, fanned out late").await["id"]
+        .as_i64()
+        .unwrap();
+    sqlx::query("update jobs set run_after = now() + interval '1 hour'")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let c = app.tweet(&tc, "newer, fanned out first").await["id"]
+        .as_i64()
+        .unwrap();
+    app.drain().await;
+    let first = app.get("/api/newsfeeds/", Some(&tb)).await;
+    assert_eq!(tweet_ids(&first.body), vec![c]);
+    let newest = first.body["results"][0]["created_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    sqlx::query("update jobs set run_after = now()")
+        .execute(app.db())
+        .await
+        .unwrap();
+    app.drain().await;
+    let refresh = format!(
+        "/api/newsfeeds/?created_at__gt={}",
+        crate::helpers::urlencode(&newest)
+    );
+    let res = app.get(&refresh, Some(&tb)).await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(
+        tweet_ids(&res.body),
+        vec![a],
+        "the late arrival is returned"
+    );
+}
