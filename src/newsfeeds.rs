@@ -44,3 +44,22 @@ pub async fn list_page(
     .fetch_all(db)
     .await
 }
+
+/// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills
+/// inside its transaction, so call this on that transaction's connection): one newsfeed row
+/// for every follower of each staged tweet's author, as `friendships` says, and one for the
+/// author, at the tweet's `created_at`. Rows already there are left alone. Returns how many
+/// rows were added.
+pub async fn fill_from_friendships(conn: &mut sqlx::PgConnection) -> sqlx::Result<u64> {
+    sqlx::query(
+        "insert into newsfeeds (user_id, tweet_id, created_at)
+         select f.from_user_id, t.id, t.created_at
+         from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
+         union all
+         select t.user_id, t.id, t.created_at from import_tweets i join tweets t on t.id = i.id
+         on conflict do nothing",
+    )
+    .execute(conn)
+    .await
+    .map(|done| done.rows_affected())
+}
