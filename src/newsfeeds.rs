@@ -333,3 +333,22 @@ fn guarded_merge(timeline: Timeline, guard: Option<String>, entries: &[ListEntry
         },
     }
 }
+
+/// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills
+/// inside its transaction, so call this on that transaction's connection): one newsfeed row
+/// for every follower of each staged tweet's author, as `friendships` says, and one for the
+/// author, at the tweet's `created_at`. Rows already there are left alone. Imported rows have
+/// no `arrived_at`: they are not late for anyone's refresh. Returns how many rows were added.
+pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64> {
+    sqlx::query(
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         select f.from_user_id, t.id, t.created_at, null::timestamptz
+         from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
+         union all
+         select t.user_id, t.id, t.created_at, null from import_tweets i join tweets t on t.id = i.id
+         on conflict do nothing",
+    )
+    .execute(conn)
+    .await
+    .map(|done| done.rows_affected())
+}

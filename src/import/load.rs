@@ -1,0 +1,294 @@
+//! Writing to Postgres: `COPY` into temporary staging tables, then `insert … select … on
+//! conflict do nothing` into the real tables, all inside the caller's transaction; then the
+//! counts, the id sequences and the optional tokens.
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::Path;
+
+use anyhow::Context;
+use rand::seq::SliceRandom;
+use rand::{RngCore, SeedableRng};
+use sqlx::{PgConnection, PgPool};
+
+use super::map::{Mapped, Post};
+use crate::accounts;
+use crate::time::Timestamp;
+
+/// `COPY` text-format escaping.
+fn copy_text(s: &str, out: &mut String) {
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\0' => {}
+            c => out.push(c),
+        }
+    }
+}
+
+/// A timestamp in `COPY` text format (UTC, µs).
+fn copy_time(t: &Timestamp) -> String {
+    t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
+}
+
+/// A tweet (`id, user_id, content, created_at`) or comment (`id, tweet_id, user_id, content,
+/// created_at`) as a `COPY` text-format line.
+fn post_line(p: &Post<'_>) -> String {
+    let mut line = String::with_capacity(p.content.len() + 64);
+    let _ = write!(line, "{}\t", p.id);
+    if let Some(tweet_id) = p.tweet_id {
+        let _ = write!(line, "{tweet_id}\t");
+    }
+    let _ = write!(line, "{}\t", p.user_id);
+    copy_text(p.content, &mut line);
+    let _ = write!(line, "\t{}", copy_time(&p.created_at));
+    line
+}
+
+/// Streams rows (already in COPY text format, one per line) into `table`.
+async fn copy_rows(
+    conn: &mut PgConnection,
+    statement: &str,
+    rows: impl Iterator<Item = String>,
+) -> anyhow::Result<u64> {
+    let mut copy = conn.copy_in_raw(statement).await?;
+    let mut chunk = String::with_capacity(1 << 20);
+    for row in rows {
+        chunk.push_str(&row);
+        chunk.push('\n');
+        if chunk.len() >= 1 << 20 {
+            copy.send(std::mem::take(&mut chunk).into_bytes()).await?;
+        }
+    }
+    if !chunk.is_empty() {
+        copy.send(chunk.into_bytes()).await?;
+    }
+    Ok(copy.finish().await?)
+}
+
+/// Empties every table chirp writes (`--reset`).
+pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query(
+        "truncate users, auth_tokens, tweets, friendships, newsfeeds, jobs, cache_outbox,
+                      comments, tweet_likes, comment_likes restart identity",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Creates the staging tables, dropped when the transaction ends.
+pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::raw_sql(
+        "create temp table import_users (id bigint) on commit drop;
+         create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
+         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;
+         create temp table import_comments (id bigint, tweet_id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds one account per graph node (unusable password, no login).
+pub(super) async fn users(conn: &mut PgConnection, mapped: &Mapped<'_>) -> anyhow::Result<()> {
+    copy_rows(
+        conn,
+        "copy import_users (id) from stdin",
+        mapped.nodes.iter().map(|n| n.to_string()),
+    )
+    .await?;
+    sqlx::query(
+        "insert into users (id, username, email, password_hash, created_at)
+         select id, 'u' || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01' from import_users
+         on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds the friendships, one per edge.
+pub(super) async fn friendships(
+    conn: &mut PgConnection,
+    mapped: &Mapped<'_>,
+    edges: &[(i64, i64)],
+) -> anyhow::Result<()> {
+    copy_rows(
+        conn,
+        "copy import_follows (a, b, created_at) from stdin",
+        mapped
+            .friendships(edges)
+            .map(|(a, b, t)| format!("{a}\t{b}\t{}", copy_time(&t))),
+    )
+    .await?;
+    sqlx::query(
+        "insert into friendships (from_user_id, to_user_id, created_at)
+         select a, b, created_at from import_follows on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Adds the tweets, then the comments on tweets that exist.
+pub(super) async fn tweets_and_comments(
+    conn: &mut PgConnection,
+    mapped: &Mapped<'_>,
+) -> anyhow::Result<()> {
+    copy_rows(
+        conn,
+        "copy import_tweets (id, user_id, content, created_at) from stdin",
+        mapped.tweets().map(|p| post_line(&p)),
+    )
+    .await?;
+    copy_rows(
+        conn,
+        "copy import_comments (id, tweet_id, user_id, content, created_at) from stdin",
+        mapped.comments().map(|p| post_line(&p)),
+    )
+    .await?;
+    sqlx::query(
+        "insert into tweets (id, user_id, content, created_at)
+         select id, user_id, content, created_at from import_tweets on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "insert into comments (id, tweet_id, user_id, content, created_at)
+         select c.id, c.tweet_id, c.user_id, c.content, c.created_at
+         from import_comments c join tweets t on t.id = c.tweet_id on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Puts every staged tweet in its author's and its author's followers' newsfeeds.
+pub(super) async fn newsfeeds(conn: &mut PgConnection) -> anyhow::Result<()> {
+    crate::newsfeeds::fill_from_friendships(conn).await?;
+    Ok(())
+}
+
+/// Recomputes every user's and tweet's counts from the rows, so they are right whatever was
+/// there before, and moves the id sequences past the imported ids, so later sign-ups, tweets
+/// and comments get ids above them.
+pub(super) async fn counts_and_sequences(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query(
+        "update users u set followers_count = c.followers, followings_count = c.followings,
+                tweets_count = c.tweets, counts_version = u.counts_version + 1
+         from (select u.id,
+                      (select count(*) from friendships where to_user_id = u.id) as followers,
+                      (select count(*) from friendships where from_user_id = u.id) as followings,
+                      (select count(*) from tweets where user_id = u.id) as tweets
+               from users u) c
+         where c.id = u.id and (u.followers_count, u.followings_count, u.tweets_count)
+                               is distinct from (c.followers, c.followings, c.tweets)",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "update tweets t set comments_count = c.n, counts_version = t.counts_version + 1
+         from (select tweet_id, count(*) as n from comments group by tweet_id) c
+         where c.tweet_id = t.id and t.comments_count <> c.n",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "select setval(pg_get_serial_sequence('users', 'id'), greatest((select max(id) from users), 1)),
+                setval(pg_get_serial_sequence('tweets', 'id'), greatest((select max(id) from tweets), 1)),
+                setval(pg_get_serial_sequence('comments', 'id'), greatest((select max(id) from comments), 1))",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Issues tokens for a seeded random sample of `n` accounts that follow someone, and writes
+/// `user_id<TAB>token` lines to `path`.
+pub(super) async fn write_tokens(
+    conn: &mut PgConnection,
+    path: &Path,
+    n: usize,
+) -> anyhow::Result<usize> {
+    let mut readers: Vec<i64> =
+        sqlx::query_scalar("select id from users where followings_count > 0 order by id")
+            .fetch_all(&mut *conn)
+            .await?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(20121101);
+    readers.shuffle(&mut rng);
+    readers.truncate(n);
+    let mut tokens = Vec::with_capacity(readers.len());
+    let mut sys = rand::rng();
+    for id in &readers {
+        let mut bytes = [0u8; 32];
+        sys.fill_bytes(&mut bytes);
+        use base64::Engine;
+        tokens.push((
+            *id,
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes),
+        ));
+    }
+    copy_rows(
+        conn,
+        "copy auth_tokens (token_hash, user_id) from stdin",
+        tokens.iter().map(|(id, token)| {
+            let hash: String = accounts::hash_token(token)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            format!("\\\\x{hash}\t{id}")
+        }),
+    )
+    .await?;
+    let mut out = std::io::BufWriter::new(
+        File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    );
+    for (id, token) in &tokens {
+        writeln!(out, "{id}\t{token}")?;
+    }
+    out.flush()?;
+    Ok(tokens.len())
+}
+
+/// Updates the planner's statistics of the tables the import filled (after the commit).
+pub(super) async fn analyze(db: &PgPool) -> anyhow::Result<()> {
+    sqlx::query("analyze users, tweets, friendships, newsfeeds, comments")
+        .execute(db)
+        .await?;
+    Ok(())
+}
+
+/// `(table, rows)` for the tables the import writes.
+pub(super) async fn table_counts(db: &PgPool) -> anyhow::Result<Vec<(String, i64)>> {
+    let counts: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from users), (select count(*) from friendships), (select count(*) from tweets),
+                (select count(*) from comments), (select count(*) from newsfeeds), (select count(*) from auth_tokens)",
+    )
+    .fetch_one(db)
+    .await?;
+    Ok(vec![
+        ("users".into(), counts.0),
+        ("friendships".into(), counts.1),
+        ("tweets".into(), counts.2),
+        ("comments".into(), counts.3),
+        ("newsfeeds".into(), counts.4),
+        ("auth_tokens".into(), counts.5),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copy_text_escapes_control_characters() {
+        let mut out = String::new();
+        copy_text("a\tb\nc\\d\0", &mut out);
+        assert_eq!(out, "a\\tb\\nc\\\\d");
+    }
+}

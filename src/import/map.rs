@@ -1,0 +1,189 @@
+//! Mapping what was read to chirp's rows: authors to accounts, replies to comments on the root
+//! of their chain, and unique times. Pure: no I/O.
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::{Context, bail};
+use chrono::{TimeZone, Utc};
+
+use super::read::InTweet;
+use crate::time::Timestamp;
+
+/// Author → account: authors by tweets desc, accounts by followers desc; rank i → rank i.
+fn assign_accounts(tweets: &[InTweet], edges: &[(i64, i64)]) -> anyhow::Result<HashMap<i64, i64>> {
+    let mut followers: HashMap<i64, u64> = HashMap::new();
+    for (a, b) in edges {
+        followers.entry(*a).or_default();
+        *followers.entry(*b).or_default() += 1;
+    }
+    if followers.is_empty() {
+        bail!("the follows file has no edges: there are no accounts to give tweets to");
+    }
+    let mut accounts: Vec<(i64, u64)> = followers.into_iter().collect();
+    accounts.sort_unstable_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    let mut activity: HashMap<i64, u64> = HashMap::new();
+    for t in tweets {
+        *activity.entry(t.author).or_default() += 1;
+    }
+    let mut authors: Vec<(i64, u64)> = activity.into_iter().collect();
+    authors.sort_unstable_by(|x, y| y.1.cmp(&x.1).then(x.0.cmp(&y.0)));
+    Ok(authors
+        .iter()
+        .enumerate()
+        .map(|(i, (author, _))| (*author, accounts[i % accounts.len()].0))
+        .collect())
+}
+
+/// Makes timestamps unique: in `(created_at, id)` order, each one not after the one before
+/// moves to 1 µs after it.
+fn unique_times(items: &mut [(i64, Timestamp)]) {
+    items.sort_unstable_by(|x, y| x.1.cmp(&y.1).then(x.0.cmp(&y.0)));
+    let mut last: Option<Timestamp> = None;
+    for item in items.iter_mut() {
+        if let Some(prev) = last
+            && item.1 <= prev
+        {
+            item.1 = prev + chrono::Duration::microseconds(1);
+        }
+        last = Some(item.1);
+    }
+}
+
+/// One row of `tweets` or `comments`.
+pub(super) struct Post<'a> {
+    pub(super) id: i64,
+    /// For a comment, the tweet it is on (the root of its reply chain); `None` for a tweet.
+    pub(super) tweet_id: Option<i64>,
+    pub(super) user_id: i64,
+    pub(super) content: &'a str,
+    pub(super) created_at: Timestamp,
+}
+
+/// What the import writes, derived from what was read. The rows are made as they are
+/// iterated, so they are never all in memory at once.
+pub(super) struct Mapped<'a> {
+    /// Every graph node once, ascending: the accounts.
+    pub(super) nodes: Vec<i64>,
+    /// The time of the first friendship; the edge at position i is i µs later.
+    crawl: Timestamp,
+    /// Tweet author → account.
+    account_of: HashMap<i64, i64>,
+    /// Reply → the tweet it replies to, for replies whose parent is in the data.
+    parent: HashMap<i64, i64>,
+    by_id: HashMap<i64, &'a InTweet>,
+    /// `(id, unique created_at)` of the tweets, in time order.
+    tweet_times: Vec<(i64, Timestamp)>,
+    /// `(id, unique created_at)` of the comments, in time order.
+    comment_times: Vec<(i64, Timestamp)>,
+}
+
+/// Maps the tweets and follower graph as read (see the module docs of `import`).
+///
+/// # Errors
+/// A graph without edges: there are no accounts to give the tweets to.
+pub(super) fn map<'a>(tweets: &'a [InTweet], edges: &[(i64, i64)]) -> anyhow::Result<Mapped<'a>> {
+    let account_of = assign_accounts(tweets, edges)?;
+    let ids: HashSet<i64> = tweets.iter().map(|t| t.id).collect();
+    let parent: HashMap<i64, i64> = tweets
+        .iter()
+        .filter_map(|t| Some((t.id, t.reply_to.filter(|p| ids.contains(p) && *p != t.id)?)))
+        .collect();
+    let mut tweet_times: Vec<(i64, Timestamp)> = Vec::new();
+    let mut comment_times: Vec<(i64, Timestamp)> = Vec::new();
+    for t in tweets {
+        if parent.contains_key(&t.id) {
+            comment_times.push((t.id, t.created_at));
+        } else {
+            tweet_times.push((t.id, t.created_at));
+        }
+    }
+    unique_times(&mut tweet_times);
+    unique_times(&mut comment_times);
+    let by_id: HashMap<i64, &InTweet> = tweets.iter().map(|t| (t.id, t)).collect();
+    let crawl = Utc
+        .with_ymd_and_hms(2012, 1, 1, 0, 0, 0)
+        .single()
+        .context("crawl date")?;
+    let mut nodes: Vec<i64> = edges.iter().flat_map(|(a, b)| [*a, *b]).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    Ok(Mapped {
+        nodes,
+        crawl,
+        account_of,
+        parent,
+        by_id,
+        tweet_times,
+        comment_times,
+    })
+}
+
+impl<'a> Mapped<'a> {
+    /// `(follower, followed, created_at)` for each edge, in file order.
+    pub(super) fn friendships<'e>(
+        &self,
+        edges: &'e [(i64, i64)],
+    ) -> impl Iterator<Item = (i64, i64, Timestamp)> + 'e {
+        let crawl = self.crawl;
+        edges
+            .iter()
+            .enumerate()
+            .map(move |(i, (a, b))| (*a, *b, crawl + chrono::Duration::microseconds(i as i64)))
+    }
+
+    /// The tweets' rows: the tweets that are not replies to a tweet in the data.
+    pub(super) fn tweets(&self) -> impl Iterator<Item = Post<'a>> + '_ {
+        self.tweet_times
+            .iter()
+            .filter_map(|(id, at)| self.post(*id, *at, false))
+    }
+
+    /// The comments' rows: the replies to a tweet in the data, on the root of their chain.
+    pub(super) fn comments(&self) -> impl Iterator<Item = Post<'a>> + '_ {
+        self.comment_times
+            .iter()
+            .filter_map(|(id, at)| self.post(*id, *at, true))
+    }
+
+    fn post(&self, id: i64, created_at: Timestamp, comment: bool) -> Option<Post<'a>> {
+        let t = self.by_id.get(&id)?;
+        let user_id = *self.account_of.get(&t.author)?;
+        Some(Post {
+            id,
+            tweet_id: comment.then(|| self.root_of(id)),
+            user_id,
+            content: &t.text,
+            created_at,
+        })
+    }
+
+    /// A reply whose parent is in the data becomes a comment on the root of its chain.
+    fn root_of(&self, mut id: i64) -> i64 {
+        for _ in 0..1000 {
+            match self.parent.get(&id) {
+                Some(p) => id = *p,
+                None => break,
+            }
+        }
+        id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::import::read::parse_twitter_time;
+
+    #[test]
+    fn equal_times_become_unique_in_id_order() {
+        let t = parse_twitter_time("Wed Nov 09 06:57:54 +0000 2016").unwrap();
+        let mut items = vec![(3, t), (1, t), (2, t + chrono::Duration::microseconds(1))];
+        unique_times(&mut items);
+        let micros: Vec<(i64, i64)> = items
+            .iter()
+            .map(|(id, at)| (*id, (*at - t).num_microseconds().unwrap()))
+            .collect();
+        // 1 and 3 share a time: 3 moves to +1 µs, which pushes 2 (at +1 µs) to +2 µs.
+        assert_eq!(micros, vec![(1, 0), (3, 1), (2, 2)]);
+    }
+}

@@ -1,0 +1,91 @@
+//! `chirp import`: loads a real follower graph and real tweets into a chirp database.
+//!
+//! Input: any SNAP-style edge list (`A B` per line, A follows B; e.g. SNAP's ego-Twitter
+//! `twitter_combined.txt`) and any Twitter API v1.1 JSON-lines files, plain or gzipped.
+//!
+//! The mapping, deterministic for the same input:
+//! - **Accounts**: one per graph node. The user id is the node id, the username `u{node id}`,
+//!   the email `u{node id}@import.invalid`, and the password unusable (`!`: no login, no
+//!   hashing). Duplicate edges and self-follows are dropped; friendship `created_at` is
+//!   2012-01-01T00:00:00Z (the crawl's year) plus the edge's position in the file in µs.
+//! - **Tweets** keep their Twitter id. Their authors are ranked by number of tweets (ties: lower
+//!   author id first) and graph accounts by number of followers (ties: lower id first); the
+//!   author of rank *i* becomes the account of rank *i* (modulo the number of accounts), so the
+//!   most active authors get the most-followed accounts. Text is `extended_tweet.full_text`, else
+//!   `full_text`, else `text`. `created_at` is parsed from Twitter's format and made unique, as
+//!   chirp requires, by moving each tweet that collides to 1 µs after the one before it, in
+//!   `(created_at, id)` order.
+//! - **Replies** whose parent is in the data become comments on it (on the root tweet of a reply
+//!   chain), keeping their id; other replies are tweets.
+//! - **Newsfeeds**: one row for every follower of every imported tweet's author, and one for the
+//!   author, made with set-based SQL, so feeds are complete right after the import.
+//!
+//! Everything is loaded with `COPY` into temporary staging tables and moved into the real
+//! tables with `insert … select … on conflict do nothing`, in one transaction: a failed import
+//! changes nothing, and importing the same data twice adds nothing. Malformed lines (bad edge,
+//! unparsable JSON, tweet without id, author, date or text) are counted, reported with file and
+//! line, and skipped.
+
+mod load;
+mod map;
+mod read;
+mod report;
+
+use sqlx::PgPool;
+
+use crate::config::ImportArgs;
+use report::Phases;
+pub use report::{Skipped, Summary};
+
+/// Runs the import described by `args` against `db` (already migrated). See the module docs.
+///
+/// # Errors
+/// A missing or unreadable file, an empty graph, or a database error; the database is then
+/// left as it was.
+pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
+    let mut phases = Phases::new();
+    let edges = phases.timed("read follows", || read::read_follows(&args.follows))?;
+    let (tweets, skipped_tweets, duplicate_tweets) =
+        phases.timed("read tweets", || read::read_tweets(&args.tweets))?;
+
+    phases.start("map authors and times");
+    let mapped = map::map(&tweets, &edges.edges)?;
+
+    let mut tx = db.begin().await?;
+    if args.reset {
+        phases.start("reset");
+        load::reset(&mut tx).await?;
+    }
+    load::create_staging(&mut tx).await?;
+    phases.start("load users");
+    load::users(&mut tx, &mapped).await?;
+    phases.start("load friendships");
+    load::friendships(&mut tx, &mapped, &edges.edges).await?;
+    phases.start("load tweets and comments");
+    load::tweets_and_comments(&mut tx, &mapped).await?;
+    phases.start("fan out newsfeeds");
+    load::newsfeeds(&mut tx).await?;
+    phases.start("count");
+    load::counts_and_sequences(&mut tx).await?;
+    let mut tokens_written = 0;
+    if let Some(path) = &args.tokens_out {
+        phases.start("tokens");
+        tokens_written = load::write_tokens(&mut tx, path, args.tokens).await?;
+    }
+    phases.start("commit");
+    tx.commit().await?;
+    phases.start("analyze");
+    load::analyze(db).await?;
+    let phases = phases.finish();
+
+    Ok(Summary {
+        phases,
+        tables: load::table_counts(db).await?,
+        skipped_edges: edges.skipped,
+        skipped_tweets,
+        duplicate_edges: edges.duplicates,
+        self_follows: edges.self_follows,
+        duplicate_tweets,
+        tokens_written,
+    })
+}

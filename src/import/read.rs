@@ -1,0 +1,235 @@
+//! Reading the input: the follower graph (edge list) and the tweets (JSON lines), plain or
+//! gzipped, with a progress bar over each file's bytes.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use flate2::read::MultiGzDecoder;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
+
+use super::report::Skipped;
+use crate::time::Timestamp;
+
+/// One tweet as read from the input.
+#[derive(Debug, Clone)]
+pub(super) struct InTweet {
+    pub(super) id: i64,
+    pub(super) author: i64,
+    pub(super) created_at: Timestamp,
+    pub(super) text: String,
+    pub(super) reply_to: Option<i64>,
+}
+
+#[derive(Deserialize)]
+struct RawTweet {
+    id_str: Option<String>,
+    created_at: Option<String>,
+    user: Option<RawUser>,
+    text: Option<String>,
+    full_text: Option<String>,
+    extended_tweet: Option<RawExtended>,
+    in_reply_to_status_id_str: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawUser {
+    id_str: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawExtended {
+    full_text: Option<String>,
+}
+
+/// A progress bar over `len` bytes, labelled `msg`.
+fn bar(len: u64, msg: &'static str) -> ProgressBar {
+    let pb = ProgressBar::new(len);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:<18} [{bar:30}] {bytes}/{total_bytes} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(msg);
+    pb
+}
+
+/// Opens a plain or gzipped file, with a progress bar over its bytes on disk.
+fn open(path: &Path, msg: &'static str) -> anyhow::Result<(Box<dyn BufRead>, ProgressBar)> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let pb = bar(len, msg);
+    let raw = pb.wrap_read(file);
+    let gz = path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gz"));
+    let reader: Box<dyn Read> = if gz {
+        Box::new(MultiGzDecoder::new(raw))
+    } else {
+        Box::new(raw)
+    };
+    Ok((Box::new(BufReader::with_capacity(1 << 20, reader)), pb))
+}
+
+/// Calls `each(line_number, line)` for every line; a line that is not UTF-8 is passed as `Err`.
+/// An I/O error (unreadable or corrupt file) stops with the file and line.
+fn for_each_line(
+    path: &Path,
+    reader: &mut dyn BufRead,
+    mut each: impl FnMut(usize, Result<&str, &str>),
+) -> anyhow::Result<()> {
+    let mut buf = Vec::with_capacity(4096);
+    let mut n = 0;
+    loop {
+        buf.clear();
+        let read = reader
+            .read_until(b'\n', &mut buf)
+            .with_context(|| format!("reading {} after line {n}", path.display()))?;
+        if read == 0 {
+            return Ok(());
+        }
+        n += 1;
+        while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            buf.pop();
+        }
+        match std::str::from_utf8(&buf) {
+            Ok(line) => each(n, Ok(line)),
+            Err(_) => each(n, Err("not UTF-8")),
+        }
+    }
+}
+
+/// The follower graph as read: `(a, b)` means a follows b, in file order, each edge once.
+pub(super) struct Edges {
+    pub(super) edges: Vec<(i64, i64)>,
+    pub(super) skipped: Skipped,
+    pub(super) duplicates: usize,
+    pub(super) self_follows: usize,
+}
+
+/// Reads an edge list (`A B` per line; blank lines and `#` comments ignored), dropping
+/// duplicate edges and self-follows and skipping malformed lines.
+pub(super) fn read_follows(path: &Path) -> anyhow::Result<Edges> {
+    let (mut reader, pb) = open(path, "follows")?;
+    let mut seen = HashSet::new();
+    let mut out = Edges {
+        edges: Vec::new(),
+        skipped: Skipped::default(),
+        duplicates: 0,
+        self_follows: 0,
+    };
+    for_each_line(path, &mut *reader, |n, line| {
+        let line = match line {
+            Ok(l) => l.trim(),
+            Err(reason) => return out.skipped.add(path, n, reason),
+        };
+        if line.is_empty() || line.starts_with('#') {
+            return;
+        }
+        let mut parts = line.split_whitespace();
+        let parsed = match (parts.next(), parts.next(), parts.next()) {
+            (Some(a), Some(b), None) => a.parse::<i64>().ok().zip(b.parse::<i64>().ok()),
+            _ => None,
+        };
+        match parsed {
+            None => out.skipped.add(path, n, "expected two integer ids"),
+            Some((a, b)) if a == b => out.self_follows += 1,
+            Some(edge) => {
+                if seen.insert(edge) {
+                    out.edges.push(edge);
+                } else {
+                    out.duplicates += 1;
+                }
+            }
+        }
+    })?;
+    pb.finish();
+    Ok(out)
+}
+
+/// Parses Twitter's `created_at` format (`Wed Nov 09 06:57:54 +0000 2016`).
+pub(super) fn parse_twitter_time(s: &str) -> Option<Timestamp> {
+    DateTime::parse_from_str(s, "%a %b %d %H:%M:%S %z %Y")
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+/// Parses one Twitter API v1.1 JSON line, or says why it is unusable.
+fn parse_tweet(line: &str) -> Result<InTweet, &'static str> {
+    let raw: RawTweet = serde_json::from_str(line).map_err(|_| "not a JSON tweet object")?;
+    let id = raw
+        .id_str
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or("no id_str")?;
+    let author = raw
+        .user
+        .and_then(|u| u.id_str)
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or("no author")?;
+    let created_at = raw
+        .created_at
+        .as_deref()
+        .and_then(parse_twitter_time)
+        .ok_or("no valid created_at")?;
+    let text = raw
+        .extended_tweet
+        .and_then(|e| e.full_text)
+        .or(raw.full_text)
+        .or(raw.text)
+        .map(|t| t.replace('\0', ""))
+        .filter(|t| !t.trim().is_empty())
+        .ok_or("no text")?;
+    let reply_to = raw
+        .in_reply_to_status_id_str
+        .and_then(|s| s.parse::<i64>().ok());
+    Ok(InTweet {
+        id,
+        author,
+        created_at,
+        text,
+        reply_to,
+    })
+}
+
+/// Reads the tweet files in order: the tweets (each id once, first one wins), what was
+/// skipped, and how many duplicate ids were dropped.
+pub(super) fn read_tweets(paths: &[PathBuf]) -> anyhow::Result<(Vec<InTweet>, Skipped, usize)> {
+    let mut tweets = Vec::new();
+    let mut seen = HashSet::new();
+    let mut skipped = Skipped::default();
+    let mut duplicates = 0;
+    for path in paths {
+        let (mut reader, pb) = open(path, "tweets")?;
+        for_each_line(path, &mut *reader, |n, line| match line.map(parse_tweet) {
+            Err(reason) | Ok(Err(reason)) => {
+                if !line.is_ok_and(|l| l.trim().is_empty()) {
+                    skipped.add(path, n, reason);
+                }
+            }
+            Ok(Ok(t)) => {
+                if seen.insert(t.id) {
+                    tweets.push(t);
+                } else {
+                    duplicates += 1;
+                }
+            }
+        })?;
+        pb.finish();
+    }
+    Ok((tweets, skipped, duplicates))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twitter_dates_parse() {
+        let t = parse_twitter_time("Wed Nov 09 06:57:54 +0000 2016").unwrap();
+        assert_eq!(crate::time::format(&t), "2016-11-09T06:57:54.000000Z");
+    }
+}
