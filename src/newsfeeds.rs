@@ -19,6 +19,17 @@ use crate::jobs::{self, Worker};
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
 
+/// `select … from newsfeeds n join tweets t join users u` with the columns of a [`FeedRow`].
+macro_rules! newsfeed_rows {
+    () => {
+        concat!(
+            "select n.id as entry_id, n.created_at,",
+            crate::feed_row_columns!(),
+            "from newsfeeds n join tweets t on t.id = n.tweet_id join users u on u.id = t.user_id "
+        )
+    };
+}
+
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
 pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
@@ -40,18 +51,12 @@ pub async fn page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(
-        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count,
-                t.comments_count, t.counts_version,
-                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
-                u.created_at as author_created_at
-         from newsfeeds n
-         join tweets t on t.id = n.tweet_id
-         join users u on u.id = t.user_id
-         where n.user_id = $1
+    sqlx::query_as(concat!(
+        newsfeed_rows!(),
+        "where n.user_id = $1
            and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
-         order by n.created_at desc limit $4",
-    )
+         order by n.created_at desc limit $4"
+    ))
     .bind(user_id)
     .bind(lt)
     .bind(gt)
@@ -70,17 +75,11 @@ pub async fn late_arrivals(
     gt: Timestamp,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(
-        "select n.id as entry_id, n.created_at, t.id as tweet_id, t.content, t.likes_count,
-                t.comments_count, t.counts_version,
-                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
-                u.created_at as author_created_at
-         from newsfeeds n
-         join tweets t on t.id = n.tweet_id
-         join users u on u.id = t.user_id
-         where n.user_id = $1 and n.arrived_at > $2 and n.created_at < $2
-         order by n.created_at desc limit $3",
-    )
+    sqlx::query_as(concat!(
+        newsfeed_rows!(),
+        "where n.user_id = $1 and n.arrived_at > $2 and n.created_at < $2
+         order by n.created_at desc limit $3"
+    ))
     .bind(user_id)
     .bind(gt)
     .bind(limit as i64)

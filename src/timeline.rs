@@ -153,6 +153,17 @@ pub struct Item {
     pub has_liked: bool,
 }
 
+/// The columns of a [`FeedRow`] after its entry's `id as entry_id, created_at`, for a query that
+/// joins the tweet as `t` and its author as `u` (a macro, so queries stay `&'static str`).
+#[macro_export]
+macro_rules! feed_row_columns {
+    () => {
+        " t.id as tweet_id, t.content, t.likes_count, t.comments_count, t.counts_version,
+          u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
+          u.created_at as author_created_at "
+    };
+}
+
 /// A timeline row read from Postgres with its tweet and author joined in.
 #[derive(Debug, sqlx::FromRow)]
 pub struct FeedRow {
@@ -234,13 +245,7 @@ pub async fn read(
     if let (Some(gt), None) = (req.gt, req.lt) {
         let late = timeline.late_arrivals(db, gt, req.want()).await?;
         if !late.is_empty() {
-            let mut late: Vec<Item> = late.into_iter().map(Item::from).collect();
-            let ids: Vec<i64> = late.iter().map(|i| i.tweet.id).collect();
-            let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;
-            for item in &mut late {
-                item.has_liked = liked.contains(&item.tweet.id);
-            }
-            items.extend(late);
+            items.extend(with_likes(db, cache, late, viewer).await?);
             items.sort_by_key(|i| std::cmp::Reverse(i.created_at));
             items.truncate(req.want());
         }
@@ -461,6 +466,16 @@ async fn load_page(
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     let rows = timeline.page(db, lt, gt, limit).await?;
+    with_likes(db, cache, rows, viewer).await
+}
+
+/// Items from joined Postgres rows, with `has_liked` for the viewer.
+async fn with_likes(
+    db: &PgPool,
+    cache: &Cache,
+    rows: Vec<FeedRow>,
+    viewer: Option<i64>,
+) -> sqlx::Result<Vec<Item>> {
     let mut items: Vec<Item> = rows.into_iter().map(Item::from).collect();
     let ids: Vec<i64> = items.iter().map(|i| i.tweet.id).collect();
     let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;

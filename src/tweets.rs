@@ -285,16 +285,14 @@ pub async fn timeline_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(
-        "select t.id as entry_id, t.created_at, t.id as tweet_id, t.content, t.likes_count,
-                t.comments_count, t.counts_version,
-                u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
-                u.created_at as author_created_at
-         from tweets t join users u on u.id = t.user_id
+    sqlx::query_as(concat!(
+        "select t.id as entry_id, t.created_at,",
+        crate::feed_row_columns!(),
+        "from tweets t join users u on u.id = t.user_id
          where t.user_id = $1
            and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
-         order by t.created_at desc limit $4",
-    )
+         order by t.created_at desc limit $4"
+    ))
     .bind(user_id)
     .bind(lt)
     .bind(gt)

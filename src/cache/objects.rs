@@ -80,16 +80,7 @@ impl Cache {
         };
         let mut pipe = redis::pipe();
         for (tweet, counts) in rows {
-            let Ok(json) = serde_json::to_string(tweet) else {
-                continue;
-            };
-            pipe.cmd("SET")
-                .arg(keys.tweet(tweet.id))
-                .arg(json)
-                .arg("NX")
-                .arg("EX")
-                .arg(ttl)
-                .ignore();
+            pipe_put_tweet(&mut pipe, keys, tweet, ttl);
             self.pipe_put_versioned(
                 &mut pipe,
                 keys.tweet_counts(tweet.id),
@@ -291,6 +282,24 @@ impl Cache {
             users,
             liked,
         })
+    }
+}
+
+/// `SET tweet json NX EX ttl`: caches a tweet object unless the key exists (a tombstone wins).
+pub(crate) fn pipe_put_tweet(
+    pipe: &mut redis::Pipeline,
+    keys: &Keys,
+    tweet: &TweetRecord,
+    ttl: u64,
+) {
+    if let Ok(json) = serde_json::to_string(tweet) {
+        pipe.cmd("SET")
+            .arg(keys.tweet(tweet.id))
+            .arg(json)
+            .arg("NX")
+            .arg("EX")
+            .arg(ttl)
+            .ignore();
     }
 }
 

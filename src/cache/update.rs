@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::counts::Versioned;
-use crate::cache::objects::{TOMBSTONE, encode_user};
+use crate::cache::objects::{TOMBSTONE, encode_user, pipe_put_tweet};
 use crate::cache::{AfterCommit, Cache, Keys, ListKey, Scored, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
 
@@ -154,15 +154,7 @@ impl Update {
                 vec![Repair::Invalidate { key }]
             }
             Update::TweetCreated { tweet, counts } => {
-                if let Ok(json) = serde_json::to_string(tweet) {
-                    pipe.cmd("SET")
-                        .arg(keys.tweet(tweet.id))
-                        .arg(json)
-                        .arg("NX")
-                        .arg("EX")
-                        .arg(ttl)
-                        .ignore();
-                }
+                pipe_put_tweet(pipe, keys, tweet, ttl);
                 // Readers fill a missing tweet object from Postgres: only the counts to repair.
                 direct(
                     pipe,

@@ -55,7 +55,8 @@ pub fn router(state: AppState) -> Router {
             REQUEST_TIMEOUT,
         ))
         .layer(CatchPanicLayer::new())
-        .layer(TraceLayer::new_for_http())
+        // 5xx are logged once, by ApiError (with the error chain), not again by the trace layer.
+        .layer(TraceLayer::new_for_http().on_failure(()))
         .layer(middleware::from_fn(json_errors))
         .with_state(state)
 }

@@ -322,6 +322,17 @@ impl TestApp {
     }
 }
 
+/// Polls `check` every 50 ms until it holds; panics after 10 s.
+pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..200 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
 /// The tweet id of a newsfeed list member (`"{newsfeed_id}:{tweet_id}:{author_id}"`).
 pub fn member_tweet(member: &str) -> i64 {
     member

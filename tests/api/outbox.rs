@@ -3,7 +3,6 @@
 //! crash, and Redis restarted from a snapshot taken before a delete and a logout.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::http::{Method, StatusCode};
 use chirp::cache::AfterCommit;
@@ -13,17 +12,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use crate::helpers::{RedisServer, TestApp, member_tweet, tweet_ids};
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..200 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
-}
+use crate::helpers::{RedisServer, TestApp, eventually, member_tweet, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db: PgPool) {

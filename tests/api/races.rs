@@ -9,7 +9,7 @@ use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::helpers::{CountsOf, TestApp, member_tweet, tweet_ids};
+use crate::helpers::{CountsOf, TestApp, eventually, member_tweet, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_reader_holding_the_old_profile_can_not_cache_it_over_an_edit(db: PgPool) {
@@ -128,13 +128,10 @@ async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: 
             (x.unwrap(), y.unwrap())
         })
     };
-    for _ in 0..200 {
-        if app.outbox_rows().await == 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
-    }
-    assert_eq!(app.outbox_rows().await, 2, "both batches committed");
+    eventually("both batches committed", async || {
+        app.outbox_rows().await == 2
+    })
+    .await;
     drop(held);
     assert_eq!(runners.await.unwrap(), (true, true));
     app.state.cache.set_after_commit(AfterCommit::Apply);
