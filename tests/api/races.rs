@@ -372,3 +372,80 @@ async fn a_refresh_returns_a_fan_out_that_landed_behind_newer_tweets(db: PgPool)
         "the late arrival is returned"
     );
 }
+
+/// Waits until `n` backends of this test's database wait for a lock.
+async fn lock_waiters(app: &TestApp, n: i64) {
+    eventually("backends wait for a lock", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+        waiting >= n
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn unfollow_then_quick_refollow_keeps_the_backfilled_tweets(db: PgPool) {
+    // A backfill copies the newest 2 tweets.
+    let app = Arc::new(TestApp::with(db, |c| c.cache_list_limit = 2).await);
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            app.tweet(&ta, &format!("t{i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    app.drain().await;
+    let unfollow = format!("/api/friendships/{alice}/unfollow/");
+    assert_eq!(
+        app.post(&unfollow, Some(&tb), json!({})).await.status,
+        StatusCode::OK
+    );
+
+    // Another session holds bob's row of the oldest tweet (which the backfill will not copy),
+    // so the unmerge's delete stops there after it decided that bob no longer follows alice.
+    let mut holder = app.db().begin().await.unwrap();
+    sqlx::query("select 1 from newsfeeds where user_id = $1 and tweet_id = $2 for update")
+        .bind(bob)
+        .bind(ids[0])
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let unmerge = {
+        let app = app.clone();
+        tokio::spawn(async move { app.state.worker.run_one().await.unwrap() })
+    };
+    lock_waiters(&app, 1).await;
+    // Bob follows again, and the backfill runs while the unmerge is in flight.
+    app.follow(&tb, alice).await;
+    let backfill = {
+        let app = app.clone();
+        tokio::spawn(async move { app.state.worker.run_one().await.unwrap() })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    holder.commit().await.unwrap();
+    assert!(unmerge.await.unwrap());
+    assert!(backfill.await.unwrap());
+    assert_eq!(app.drain().await, 0);
+
+    let expected = vec![ids[2], ids[1]];
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        expected,
+        "bob follows alice again: her backfilled tweets are in his feed"
+    );
+    app.flush_cache().await;
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        expected,
+        "in Postgres too"
+    );
+}
