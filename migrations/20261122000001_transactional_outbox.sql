@@ -28,7 +28,7 @@ create table cache_epoch (
 -- The jobs table's kinds stay; unmerge and backfill now serialize per (follower, followee) with
 -- an advisory lock (src/newsfeeds.rs), which needs no schema.
 
--- When a newsfeed row arrived (fan-out, backfill), so that a `created_at__gt` refresh also
+-- When a newsfeed row arrived (fan-out, backfill; written from chirp's clock, like created_at), so that a `created_at__gt` refresh also
 -- returns rows that arrived after the client's newest item although their tweet is older (a
 -- fan-out that finished late). Rows that existed before, and imported ones, have none: they are
 -- not late for anyone. Only rows with an arrival time are indexed.

@@ -96,7 +96,8 @@ pub async fn insert_own(
     created_at: Timestamp,
 ) -> sqlx::Result<i64> {
     sqlx::query_scalar(
-        "insert into newsfeeds (user_id, tweet_id, created_at) values ($1, $2, $3) returning id",
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at) values ($1, $2, $3, $3)
+         returning id",
     )
     .bind(author)
     .bind(tweet_id)
@@ -169,14 +170,15 @@ pub async fn fanout(
             .collect();
         let guards = worker.cache.removal_generations(&lists).await.ok();
         let rows: Vec<(i64, i64)> = sqlx::query_as(
-            "insert into newsfeeds (user_id, tweet_id, created_at)
-             select f, $2, $3 from unnest($1::bigint[]) as f
+            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+             select f, $2, $3, $4 from unnest($1::bigint[]) as f
              on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
              returning user_id, id",
         )
         .bind(&followers)
         .bind(tweet_id)
         .bind(created_at)
+        .bind(chrono::Utc::now())
         .fetch_all(&mut *tx)
         .await
         .context("inserting a batch of newsfeed rows")?;
@@ -252,8 +254,8 @@ pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::
         .ok()
         .and_then(|mut g| g.pop());
     let rows: Vec<ListEntry> = sqlx::query_as(
-        "insert into newsfeeds (user_id, tweet_id, created_at)
-         select $1, t.id, t.created_at from tweets t
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         select $1, t.id, t.created_at, $4 from tweets t
          where t.user_id = $2 order by t.created_at desc limit $3
          on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
          returning id, tweet_id, $2::bigint as author_id, created_at",
@@ -261,6 +263,7 @@ pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::
     .bind(follower)
     .bind(followee)
     .bind(worker.backfill_limit as i64)
+    .bind(chrono::Utc::now())
     .fetch_all(&mut *tx)
     .await
     .context("inserting the backfill")?;

@@ -10,8 +10,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tracing_subscriber::EnvFilter;
 
-use crate::cache::outbox;
-use crate::config::{Cli, Command, Config};
+use crate::cache::{epoch, outbox};
+use crate::config::{CacheMode, Cli, Command, Config};
 use crate::db;
 use crate::http;
 use crate::state::AppState;
@@ -27,6 +27,7 @@ impl Application {
     /// free port).
     pub async fn build(config: Config) -> anyhow::Result<Self> {
         let db = db::migrate(&config).await?;
+        forget_epoch_if_off(&db, &config).await?;
         let listener = TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("binding {}", config.listen))?;
@@ -77,6 +78,7 @@ impl Application {
 /// Runs only the job worker (and the cache monitor) until `shutdown`.
 pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let db = db::migrate(&config).await?;
+    forget_epoch_if_off(&db, &config).await?;
     let state = AppState::new(db, config)?;
     let (stop, stopped) = watch::channel(false);
     let monitor = tokio::spawn(outbox::monitor(
@@ -96,6 +98,17 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
     let _ = stop.send(true);
     let _ = worker.await;
     let _ = monitor.await;
+    Ok(())
+}
+
+/// With `CHIRP_CACHE=off` this process writes around Redis: make the next process that uses
+/// Redis clear it first (see `cache::epoch`).
+async fn forget_epoch_if_off(db: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
+    if config.cache == CacheMode::Off {
+        epoch::forget(db, &config.redis_prefix)
+            .await
+            .context("forgetting the cache epoch")?;
+    }
     Ok(())
 }
 
@@ -146,14 +159,18 @@ pub async fn main() -> anyhow::Result<()> {
             let db = db::migrate(&cli.config).await?;
             let summary = crate::import::run(&db, &args).await?;
             println!("{summary}");
-            // The import wrote around the cache: drop what Redis holds for this deployment.
+            // The import wrote around the cache: whatever Redis holds for this deployment is
+            // cleared by the next process that uses it, and now if Redis answers.
+            epoch::forget(&db, &cli.config.redis_prefix)
+                .await
+                .context("forgetting the cache epoch")?;
             match crate::cache::Cache::new(&cli.config)?.clear().await {
                 Ok(n) => println!(
                     "cache: {n} keys under '{}' dropped",
                     cli.config.redis_prefix
                 ),
                 Err(_) => println!(
-                    "cache: Redis not reachable; drop the keys under '{}:*' before serving",
+                    "cache: Redis not reachable; the next chirp process clears '{}:*' first",
                     cli.config.redis_prefix
                 ),
             }

@@ -125,3 +125,17 @@ pub async fn verify(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     );
     Ok(true)
 }
+
+/// Forgets the recorded epoch of `prefix`, so that the next process that uses Redis fences it
+/// (clears the prefix) before trusting it. Called whenever chirp writes around the cache: a
+/// process running with `CHIRP_CACHE=off`, and `chirp import`.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn forget(db: &PgPool, prefix: &str) -> sqlx::Result<()> {
+    sqlx::query("delete from cache_epoch where prefix = $1")
+        .bind(prefix)
+        .execute(db)
+        .await
+        .map(|_| ())
+}

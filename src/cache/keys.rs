@@ -51,10 +51,14 @@ impl Keys {
     /// Keys under `prefix` (e.g. `chirp`).
     ///
     /// # Errors
-    /// A prefix with `{` or `}` (it would move the hash tag) or an empty one.
+    /// An empty prefix, or one with `{` or `}` (it would move the hash tag), `:` (a prefix
+    /// `a` would then own the keys of a prefix `a:b`, e.g. in [`crate::cache::Cache::clear`]) or
+    /// a glob character (`*?[]\`).
     pub fn new(prefix: &str) -> anyhow::Result<Self> {
-        if prefix.is_empty() || prefix.contains(['{', '}']) {
-            anyhow::bail!("CHIRP_REDIS_PREFIX must be non-empty and contain no '{{' or '}}'");
+        if prefix.is_empty() || prefix.contains(['{', '}', ':', '*', '?', '[', ']', '\\']) {
+            anyhow::bail!(
+                "CHIRP_REDIS_PREFIX must be non-empty and contain none of {{ }} : * ? [ ] \\"
+            );
         }
         Ok(Keys {
             prefix: prefix.to_owned(),
@@ -133,6 +137,8 @@ mod tests {
         assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
         assert_eq!(keys.token(&[0xab, 0x01]), "p:{kab01}:token");
         assert!(Keys::new("a{b").is_err());
+        assert!(Keys::new("a:b").is_err());
+        assert!(Keys::new("a*").is_err());
         assert!(Keys::new("").is_err());
     }
 }

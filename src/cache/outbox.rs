@@ -26,58 +26,69 @@ pub const RELAY_AFTER: Duration = Duration::from_secs(5);
 /// Most repairs sent to Redis in one pipeline by the relay.
 const REPAIRS_PER_PIPELINE: usize = 2000;
 
-/// Applies and deletes every outbox row at least `min_age` old; returns how many rows.
+/// Applies and deletes the outbox rows at least `min_age` old that exist when it starts (rows
+/// written meanwhile wait for the next pass, so a pass ends even under a stream of writes);
+/// returns how many rows. A row this version can not read is left in place and logged.
 ///
 /// # Errors
 /// Redis or Postgres failed; the rows not yet applied stay in the table.
 pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Result<usize> {
     let Some(ttl) = cache.ttl() else { return Ok(0) };
-    let mut done = 0;
+    let upto: Option<i64> = sqlx::query_scalar("select max(id) from cache_outbox")
+        .fetch_one(db)
+        .await
+        .context("reading the outbox")?;
+    let Some(upto) = upto else { return Ok(0) };
+    let (mut after, mut done) = (0_i64, 0);
     loop {
         let mut tx = db.begin().await.context("starting an outbox relay pass")?;
         let rows: Vec<(i64, Json<serde_json::Value>)> = sqlx::query_as(
             "select id, repairs from cache_outbox
-             where created_at <= now() - make_interval(secs => $1)
+             where id > $1 and id <= $2 and created_at <= now() - make_interval(secs => $3)
              order by id limit 100
              for update skip locked",
         )
+        .bind(after)
+        .bind(upto)
         .bind(min_age.as_secs_f64())
         .fetch_all(&mut *tx)
         .await
         .context("claiming outbox rows")?;
-        if rows.is_empty() {
+        let Some(&(last, _)) = rows.last() else {
             return Ok(done);
-        }
+        };
+        after = last;
         let mut pipe = redis::pipe();
         let mut queued = 0;
+        let mut applied = Vec::with_capacity(rows.len());
         for (id, Json(raw)) in &rows {
             let repairs: Vec<Repair> = match serde_json::from_value(raw.clone()) {
                 Ok(r) => r,
                 Err(e) => {
-                    tracing::error!(error = %e, outbox_id = id, "unreadable outbox row dropped");
+                    tracing::error!(error = %e, outbox_id = id, "outbox row this version can not read; left in place");
                     continue;
                 }
             };
             for r in &repairs {
-                r.pipe(&mut pipe, ttl);
+                r.pipe(&mut pipe, ttl, true);
             }
             queued += repairs.len();
+            applied.push(*id);
             if queued >= REPAIRS_PER_PIPELINE {
                 flush(cache, &mut pipe, &mut queued).await?;
             }
         }
         flush(cache, &mut pipe, &mut queued).await?;
-        let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
         sqlx::query("delete from cache_outbox where id = any($1)")
-            .bind(&ids)
+            .bind(&applied)
             .execute(&mut *tx)
             .await
             .context("deleting relayed outbox rows")?;
         tx.commit()
             .await
             .context("committing an outbox relay pass")?;
-        done += rows.len();
-        tracing::info!(rows = rows.len(), "outbox rows relayed to redis");
+        done += applied.len();
+        tracing::info!(rows = applied.len(), "outbox rows relayed to redis");
     }
 }
 
@@ -145,13 +156,17 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
         if !n.is_multiple_of(2) {
             continue;
         }
+        // Redis that can not be verified is not used: the next tick's recovery verifies it.
         match epoch::is_trusted(&cache, &db).await {
             Ok(true) => {}
             Ok(false) => {
                 cache.mark_down(&"redis epoch changed (restart, failover or flush)");
                 continue;
             }
-            Err(e) => tracing::warn!(error = %e, "redis epoch check failed"),
+            Err(e) => {
+                cache.mark_down(&format!("redis epoch check failed: {e:#}"));
+                continue;
+            }
         }
         if let Err(e) = relay(&cache, &db, RELAY_AFTER).await {
             tracing::warn!(error = %e, "outbox relay failed");

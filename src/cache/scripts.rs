@@ -51,18 +51,37 @@ return out
     )
 });
 
+/// Lua helpers shared by the scripts that write generations. A generation hash is created with
+/// both counters at the server's current time in µs (a nonce), never at 0, so a hash that was
+/// evicted or expired and created again can not repeat values a loader or a merge guard saw
+/// before (no ABA).
+const GENERATIONS: &str = r#"
+local function ensure_gen(gen)
+  if redis.call('EXISTS', gen) == 0 then
+    local t = redis.call('TIME')
+    local nonce = string.format('%.0f', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+    redis.call('HSET', gen, 'w', nonce, 'r', nonce)
+  end
+end
+local function bump(gen, ttl, removal)
+  ensure_gen(gen)
+  if removal then redis.call('HINCRBY', gen, 'r', 1) end
+  redis.call('HINCRBY', gen, 'w', 1)
+  redis.call('EXPIRE', gen, ttl)
+end
+"#;
+
 /// `BEGIN_LOAD gen | ttl` → `"w:r"`: creates the generation hash if missing (so writes from now
 /// on bump it) and returns its counters, to hand to [`FILL`] / [`SET_FILL`] after the load.
 pub static BEGIN_LOAD: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-redis.call('HSETNX', KEYS[1], 'w', 0)
-redis.call('HSETNX', KEYS[1], 'r', 0)
+    Script::new(&format!(
+        r#"{GENERATIONS}
+ensure_gen(KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 local g = redis.call('HMGET', KEYS[1], 'w', 'r')
 return g[1] .. ':' .. g[2]
-"#,
-    )
+"#
+    ))
 });
 
 /// Shared by the fills: does the generation hash still hold `expected` (`"w:r"`)?
@@ -104,15 +123,12 @@ return 1
 /// removal landed since, the list is dropped instead (the safe answer to a race with an unfollow
 /// or a delete).
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+    Script::new(&format!(
+        r#"{GENERATIONS}
 local ttl = ARGV[2]
 local has_gen = redis.call('EXISTS', KEYS[2]) == 1
 if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
-  if redis.call('DEL', KEYS[1]) == 1 or has_gen then
-    redis.call('HINCRBY', KEYS[2], 'w', 1)
-    redis.call('EXPIRE', KEYS[2], ttl)
-  end
+  if redis.call('DEL', KEYS[1]) == 1 or has_gen then bump(KEYS[2], ttl, false) end
   return 0
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -130,21 +146,20 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   local limit = tonumber(ARGV[3])
   if real > limit then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - limit - 1) end
   redis.call('EXPIRE', KEYS[1], ttl)
-  redis.call('HINCRBY', KEYS[2], 'w', 1)
-  redis.call('EXPIRE', KEYS[2], ttl)
+  bump(KEYS[2], ttl, false)
 elseif has_gen then
-  redis.call('HINCRBY', KEYS[2], 'w', 1)
+  bump(KEYS[2], ttl, false)
 end
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// `REMOVE list gen | ttl member ...`: removes entries and bumps `r` and `w` (if the list or its
 /// generation exists).
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+    Script::new(&format!(
+        r#"{GENERATIONS}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
 if cached then
   local i = 2
@@ -154,39 +169,37 @@ if cached then
     i = last + 1
   end
 end
-if cached or redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBY', KEYS[2], 'r', 1)
-  redis.call('HINCRBY', KEYS[2], 'w', 1)
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
-end
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then bump(KEYS[2], ARGV[1], true) end
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// `INVALIDATE list gen | ttl`: drops a list or set and bumps `r` and `w` (if either existed).
 pub static INVALIDATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+    Script::new(&format!(
+        r#"{GENERATIONS}
 if redis.call('DEL', KEYS[1]) == 1 or redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('HINCRBY', KEYS[2], 'r', 1)
-  redis.call('HINCRBY', KEYS[2], 'w', 1)
-  redis.call('EXPIRE', KEYS[2], ARGV[1])
+  bump(KEYS[2], ARGV[1], true)
 end
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// `SET_IF_NEWER key | version value ttl`: stores a versioned object (`"{version}|..."`) unless
 /// the cached one is as new or newer, so a slow reader can not put back an old profile or count.
+/// A cached *floor* `"{version}|"` (no payload; readers take it for a miss, see
+/// [`super::update::Repair::SetIfNewer`]) refuses only older versions.
 pub static SET_IF_NEWER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local cur = redis.call('GET', KEYS[1])
 if cur then
-  local v = tonumber(string.match(cur, '^(%d+)|'))
-  if v and v >= tonumber(ARGV[1]) then return 0 end
+  local v, rest = string.match(cur, '^(%d+)|(.*)$')
+  v = tonumber(v)
+  local new = tonumber(ARGV[1])
+  if v and (v > new or (v == new and rest ~= '')) then return 0 end
 end
 redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
 return 1
@@ -216,23 +229,18 @@ return 1
     ))
 });
 
-/// `SET_CHANGE set gen | add|rem ttl member`: adds to or removes from a cached set (never
-/// creating one) and bumps `w` (and `r` for a removal) if the set or its generation exists.
-pub static SET_CHANGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
+/// `SET_ADD set gen | ttl member`: adds to a cached set (never creating one) and bumps `w` if
+/// the set or its generation exists. (A removal invalidates the set instead: an add and a
+/// removal that reach Redis out of order then can not leave a wrong member.)
+pub static SET_ADD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{GENERATIONS}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
-if cached then
-  if ARGV[1] == 'add' then redis.call('SADD', KEYS[1], ARGV[3]) else redis.call('SREM', KEYS[1], ARGV[3]) end
-end
-if cached or redis.call('EXISTS', KEYS[2]) == 1 then
-  if ARGV[1] ~= 'add' then redis.call('HINCRBY', KEYS[2], 'r', 1) end
-  redis.call('HINCRBY', KEYS[2], 'w', 1)
-  redis.call('EXPIRE', KEYS[2], ARGV[2])
-end
+if cached then redis.call('SADD', KEYS[1], ARGV[2]) end
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then bump(KEYS[2], ARGV[1], false) end
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
@@ -246,6 +254,6 @@ pub fn all() -> [&'static Script; 9] {
         &INVALIDATE,
         &SET_IF_NEWER,
         &SET_FILL,
-        &SET_CHANGE,
+        &SET_ADD,
     ]
 }

@@ -57,7 +57,9 @@ pub enum Update {
     UserCounts { id: i64, counts: UserCounts },
     /// A bearer token was revoked (by its hash): tombstone it.
     TokenRevoked { hash: Vec<u8> },
-    /// `user` liked (`true`) or stopped liking `tweet`: update the user's liked set if cached.
+    /// `user` liked (`true`) `tweet`: add it to the user's liked set if cached; or stopped
+    /// liking it (`false`): drop the set (a like and a cancel may reach Redis in either order;
+    /// a dropped set is reloaded with the next read).
     Liked { user: i64, tweet: i64, liked: bool },
 }
 
@@ -71,7 +73,10 @@ pub enum Repair {
     /// Write the tombstone `-` (a deleted tweet, a revoked token): a reader's `SET NX` of the
     /// old value can not land over it.
     Tombstone { key: String },
-    /// Write a versioned value unless a newer one is cached (the version is the floor).
+    /// Write a versioned value unless a newer one is cached. Applied late (by the relay) it
+    /// writes only the *floor* `"{version}|"`: readers take it for a miss and reload from
+    /// Postgres, and no older version can be stored over it (a late value must not land on a
+    /// key that was cleared since a newer one was written).
     SetIfNewer {
         key: String,
         version: i64,
@@ -108,7 +113,7 @@ impl Update {
         // Object updates: the command is the repair itself.
         let direct = |pipe: &mut redis::Pipeline, repairs: Vec<Repair>| {
             for r in &repairs {
-                r.pipe(pipe, ttl);
+                r.pipe(pipe, ttl, false);
             }
             repairs
         };
@@ -211,21 +216,23 @@ impl Update {
             ),
             Update::Liked { user, tweet, liked } => {
                 let key = keys.liked(*user);
-                let mut inv = scripts::SET_CHANGE.key(&key);
-                inv.key(Keys::gen_of(&key))
-                    .arg(if *liked { "add" } else { "rem" })
-                    .arg(ttl)
-                    .arg(*tweet);
-                pipe.invoke_script(&inv).ignore();
-                vec![Repair::Invalidate { key }]
+                if *liked {
+                    let mut inv = scripts::SET_ADD.key(&key);
+                    inv.key(Keys::gen_of(&key)).arg(ttl).arg(*tweet);
+                    pipe.invoke_script(&inv).ignore();
+                    vec![Repair::Invalidate { key }]
+                } else {
+                    direct(pipe, vec![Repair::Invalidate { key }])
+                }
             }
         }
     }
 }
 
 impl Repair {
-    /// Adds this repair's command to a pipeline.
-    pub fn pipe(&self, pipe: &mut redis::Pipeline, ttl: u64) {
+    /// Adds this repair's command to a pipeline. `late`: applied by the relay, not right after
+    /// the commit (see [`Repair::SetIfNewer`]).
+    pub fn pipe(&self, pipe: &mut redis::Pipeline, ttl: u64, late: bool) {
         match self {
             Repair::Invalidate { key } => {
                 pipe.invoke_script(scripts::INVALIDATE.key(key).key(Keys::gen_of(key)).arg(ttl))
@@ -244,11 +251,12 @@ impl Repair {
                 version,
                 value,
             } => {
+                let floor = format!("{version}|");
                 pipe.invoke_script(
                     scripts::SET_IF_NEWER
                         .key(key)
                         .arg(*version)
-                        .arg(value)
+                        .arg(if late { &floor } else { value })
                         .arg(ttl),
                 )
                 .ignore();

@@ -38,7 +38,7 @@ pub fn unique_prefix() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
     format!(
-        "chirptest:{}:{nanos}:{}",
+        "chirptest_{}_{nanos}_{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
