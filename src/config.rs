@@ -87,7 +87,8 @@ pub struct Config {
     )]
     pub listen: SocketAddr,
 
-    /// Prefix of every Redis key, so several deployments or tests can share one Redis.
+    /// Prefix of every Redis key, so several deployments or tests can share one Redis; may not
+    /// contain `{ } : * ? [ ] \\` (checked when the cache is built).
     #[arg(
         long,
         global = true,

@@ -103,7 +103,7 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
 
 /// With `CHIRP_CACHE=off` this process writes around Redis: make the next process that uses
 /// Redis clear it first (see `cache::epoch`).
-async fn forget_epoch_if_off(db: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
+pub async fn forget_epoch_if_off(db: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
     if config.cache == CacheMode::Off {
         epoch::forget(db, &config.redis_prefix)
             .await

@@ -77,6 +77,10 @@ impl TestApp {
         tweak(&mut config);
         let prefix = config.redis_prefix.clone();
         let wants_cache = config.cache == CacheMode::On;
+        // What `chirp serve` does at start with the cache off.
+        chirp::startup::forget_epoch_if_off(&db, &config)
+            .await
+            .expect("epoch");
         let state = AppState::new(db, config).expect("state");
         if wants_cache {
             // What the monitor does at start; false when Redis is unreachable on purpose.

@@ -319,3 +319,35 @@ async fn redis_restarted_from_an_old_snapshot_is_fenced_before_it_is_trusted(db:
     stop.send(true).unwrap();
     monitor.await.unwrap();
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn writes_made_with_the_cache_off_are_not_hidden_by_what_redis_still_holds(db: PgPool) {
+    let on = TestApp::new(db.clone()).await;
+    let (_, ta) = on.signup("alice").await;
+    let id = on
+        .tweet(&ta, "cached, then deleted with the cache off")
+        .await["id"]
+        .as_i64()
+        .unwrap();
+    let detail = format!("/api/tweets/{id}/");
+    assert_eq!(on.get(&detail, None).await.status, StatusCode::OK); // cached
+    let prefix = on.prefix.clone();
+
+    let off = TestApp::with(db.clone(), |c| {
+        c.cache = chirp::config::CacheMode::Off;
+        c.redis_prefix = prefix.clone();
+    })
+    .await;
+    off.request(Method::DELETE, &detail, Some(&ta), None).await;
+    assert!(
+        on.raw_get(&on.keys().tweet(id))
+            .await
+            .unwrap()
+            .starts_with('{'),
+        "stale in redis"
+    );
+
+    let again = TestApp::with(db, |c| c.redis_prefix = prefix.clone()).await;
+    assert!(again.state.cache.available());
+    assert_eq!(again.get(&detail, None).await.status, StatusCode::NOT_FOUND);
+}
