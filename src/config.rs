@@ -88,7 +88,7 @@ pub struct Config {
     pub listen: SocketAddr,
 
     /// Prefix of every Redis key, so several deployments or tests can share one Redis; may not
-    /// contain `{ } : * ? [ ] \\` (checked when the cache is built).
+    /// contain `{ } : * ? [ ] \` (checked when the cache is built).
     #[arg(
         long,
         global = true,
