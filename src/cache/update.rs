@@ -147,17 +147,12 @@ impl Update {
                 pipe.invoke_script(&inv).ignore();
                 vec![Repair::Invalidate { key }]
             }
-            Update::Invalidate { list } => {
-                let key = keys.list(*list);
-                pipe.invoke_script(
-                    scripts::INVALIDATE
-                        .key(&key)
-                        .key(Keys::gen_of(&key))
-                        .arg(ttl),
-                )
-                .ignore();
-                vec![Repair::Invalidate { key }]
-            }
+            Update::Invalidate { list } => direct(
+                pipe,
+                vec![Repair::Invalidate {
+                    key: keys.list(*list),
+                }],
+            ),
             Update::TweetCreated { tweet, counts } => {
                 pipe_put_tweet(pipe, keys, tweet, ttl);
                 // Readers fill a missing tweet object from Postgres: only the counts to repair.
@@ -320,7 +315,7 @@ impl Cache {
                 .await
                 .is_err()
             {
-                tracing::info!(outbox_id = id, "cache update left to the outbox relay");
+                tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
                 return;
             }
             if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
