@@ -117,12 +117,20 @@ pub async fn verify(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
             .fences
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
-    tracing::warn!(
-        epoch = next,
-        cleared,
-        run_id = %seen.run_id,
-        "redis did not hold the recorded epoch (restart, failover or flush): cleared the prefix"
-    );
+    if locked.1.is_empty() {
+        tracing::info!(
+            epoch = next,
+            cleared,
+            "cache epoch started for this prefix (first use, or after writes around the cache)"
+        );
+    } else {
+        tracing::warn!(
+            epoch = next,
+            cleared,
+            run_id = %seen.run_id,
+            "redis did not hold the recorded epoch (restart, failover or flush): cleared the prefix"
+        );
+    }
     Ok(true)
 }
 
