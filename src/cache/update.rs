@@ -263,21 +263,6 @@ impl Repair {
     }
 }
 
-/// Deletes an applied outbox row in a transaction that does not wait for its WAL flush
-/// (`synchronous_commit = off`): a delete lost in a crash only makes the relay apply the row's
-/// repairs once more, which is harmless, so the write path pays one durable commit, not two.
-async fn delete_applied(db: &PgPool, id: i64) -> sqlx::Result<()> {
-    let mut tx = db.begin().await?;
-    sqlx::query("set local synchronous_commit = off")
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("delete from cache_outbox where id = $1")
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await
-}
-
 impl Cache {
     /// Plans `updates` and records their repairs in `cache_outbox` inside the write's
     /// transaction `tx`. With the cache off, or no updates, records nothing.
@@ -333,7 +318,11 @@ impl Cache {
                 tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
                 return;
             }
-            if let Err(e) = delete_applied(&db, id).await {
+            if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
+                .bind(id)
+                .execute(&db)
+                .await
+            {
                 // Harmless: the relay re-applies the repairs later.
                 tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
             }
