@@ -124,7 +124,7 @@ impl Cache {
                 list_limit: config.cache_list_limit as usize,
                 timeout,
                 // Assume down until the first successful check (see `outbox::recover`), so that
-                // the epoch is verified and an outbox left by an earlier outage is replayed before
+                // the epoch is verified and an outbox left by an earlier outage is relayed before
                 // the first cached read.
                 healthy: AtomicBool::new(false),
                 flights: Mutex::new(HashMap::new()),
