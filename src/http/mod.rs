@@ -49,6 +49,7 @@ pub fn router(state: AppState) -> Router {
         .merge(likes::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
+        .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -59,6 +60,25 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http().on_failure(()))
         .layer(middleware::from_fn(json_errors))
         .with_state(state)
+}
+
+/// Runs the handler in its own task, so that a client that disconnects (hyper then drops the
+/// request's future) or the request timeout can not cancel it halfway: a transaction is never
+/// abandoned between two statements (sqlx 0.9 can return such a connection to the pool still
+/// inside its transaction), and the post-commit cache step always runs. The client just does
+/// not get the answer. A panic in the handler is a 500.
+async fn run_to_completion(req: Request, next: Next) -> Response {
+    match tokio::spawn(next.run(req)).await {
+        Ok(res) => res,
+        Err(e) => {
+            tracing::error!(error = %e, "request handler panicked");
+            ApiError::Detail(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "Internal server error.".into(),
+            )
+            .into_response()
+        }
+    }
 }
 
 /// Gives every error that a layer or axum itself produced (405, 413, timeouts, panics) the JSON

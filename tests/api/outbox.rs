@@ -351,3 +351,65 @@ async fn writes_made_with_the_cache_off_are_not_hidden_by_what_redis_still_holds
     assert!(again.state.cache.available());
     assert_eq!(again.get(&detail, None).await.status, StatusCode::NOT_FOUND);
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_write_whose_client_goes_away_inside_its_transaction_still_completes(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    // Another session holds alice's row, so the profile edit waits inside its transaction.
+    let mut holder = app.db().begin().await.unwrap();
+    sqlx::query("select 1 from users where id = $1 for update")
+        .bind(alice)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let request = axum::http::Request::builder()
+        .method(Method::PATCH)
+        .uri(format!("/api/users/{alice}/"))
+        .header("authorization", format!("Bearer {ta}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(
+            json!({"nickname": "Alice"}).to_string(),
+        ))
+        .unwrap();
+    let service = app.app.clone();
+    let client = tokio::spawn(async move { service.oneshot(request).await });
+    eventually("the edit waits for the row", async || {
+        sqlx::query_scalar::<_, i64>(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+            == 1
+    })
+    .await;
+    client.abort(); // the client goes away mid-transaction
+    assert!(client.await.unwrap_err().is_cancelled());
+    holder.commit().await.unwrap();
+
+    eventually("the edit committed and its cache step ran", async || {
+        app.outbox_rows().await == 0
+            && sqlx::query_scalar::<_, Option<String>>("select nickname from users where id = $1")
+                .bind(alice)
+                .fetch_one(app.db())
+                .await
+                .unwrap()
+                .as_deref()
+                == Some("Alice")
+    })
+    .await;
+    assert_eq!(
+        app.get(&format!("/api/users/{alice}/"), None).await.body["nickname"],
+        "Alice"
+    );
+    let stuck: i64 = sqlx::query_scalar(
+        "select count(*) from pg_stat_activity
+         where datname = current_database() and state like 'idle in transaction%'",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(stuck, 0, "no connection was left inside a transaction");
+}
