@@ -232,14 +232,27 @@ pub async fn liked_tweets(
     if tweet_ids.is_empty() {
         return Ok(HashSet::new());
     }
-    if cache.available() {
-        match cache.liked_among(user, tweet_ids).await {
-            Ok(LikedAmong::Liked(liked)) => return Ok(liked),
-            Ok(LikedAmong::Miss) => return load_liked_set(db, cache, user, tweet_ids).await,
-            Ok(LikedAmong::TooMany) | Err(_) => {}
-        }
+    let cached = match cache.available() {
+        true => cache.liked_among(user, tweet_ids).await.ok(),
+        false => None,
+    };
+    liked_given(db, cache, user, tweet_ids, cached).await
+}
+
+/// Which of `tweet_ids` `user` liked, given what the cached liked set said (`None`: Redis could
+/// not be asked): the set's answer, else a load of the set on a miss, else one indexed query.
+pub async fn liked_given(
+    db: &PgPool,
+    cache: &Cache,
+    user: i64,
+    tweet_ids: &[i64],
+    cached: Option<LikedAmong>,
+) -> sqlx::Result<HashSet<i64>> {
+    match cached {
+        Some(LikedAmong::Liked(liked)) => Ok(liked),
+        Some(LikedAmong::Miss) => load_liked_set(db, cache, user, tweet_ids).await,
+        Some(LikedAmong::TooMany) | None => liked_tweets_in_db(db, user, tweet_ids).await,
     }
-    liked_tweets_in_db(db, user, tweet_ids).await
 }
 
 /// Which of `tweet_ids` `user` liked, from Postgres alone: one indexed query.

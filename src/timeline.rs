@@ -21,7 +21,7 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::objects::{Cached, LikedAmong};
+use crate::cache::objects::Cached;
 use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
 use crate::model::{TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
@@ -423,15 +423,10 @@ async fn hydrate(
     }
     // Misses were found in the pipeline above: go straight to Postgres for them.
     authors.extend(users::load_uncached(db, cache, &missing_authors).await?);
-    let liked = match (fetched.liked, viewer) {
-        (Some(LikedAmong::Liked(liked)), _) => liked,
-        (_, None) => HashSet::new(),
-        (Some(LikedAmong::TooMany), Some(user)) => {
-            likes::liked_tweets_in_db(db, user, &ids).await?
-        }
-        (Some(LikedAmong::Miss) | None, Some(user)) => {
-            likes::load_liked_set(db, cache, user, &ids).await?
-        }
+    let liked = match viewer {
+        // The pipeline asked the viewer's liked set: `fetched.liked` is its answer.
+        Some(user) => likes::liked_given(db, cache, user, &ids, fetched.liked).await?,
+        None => HashSet::new(),
     };
 
     let mut items = Vec::with_capacity(entries.len());

@@ -7,8 +7,7 @@
 //!   timeout is [`CacheUnavailable`] and the caller falls back to Postgres.
 //! - **Writes** describe their cache effects as [`Update`]s. [`Cache::stage`] records their
 //!   repairs in the `cache_outbox` table *inside the write's transaction*; after the commit
-//!   [`Cache::finish`] applies them in a spawned task (a dropped request can not cancel it) and
-//!   deletes the row. Whatever is left (a crash, a timeout, Redis down) the [`outbox`] relay
+//!   [`Cache::finish`] applies them and deletes the row. Whatever is left (a crash, a timeout, Redis down) the [`outbox`] relay
 //!   repairs: lists invalidated, tombstones written, versioned values set.
 //! - **Races** between a load and a write are settled by per-list generations (see [`scripts`]).
 //! - **Stale Redis** (restarted from a snapshot, failed over to a lagging replica, flushed) is
@@ -225,9 +224,8 @@ impl Cache {
         items: usize,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
-        let extra =
-            Duration::from_micros(50).saturating_mul(u32::try_from(items).unwrap_or(u32::MAX));
-        self.run_on(inner, pipe, inner.timeout + extra, false).await
+        self.run_on(inner, pipe, inner.timeout + per_item(items), false)
+            .await
     }
 
     /// [`Cache::run`] even while Redis is marked down (for the outbox relay and recovery), with a
@@ -239,20 +237,9 @@ impl Cache {
         items: usize,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
-        let extra =
-            Duration::from_micros(50).saturating_mul(u32::try_from(items).unwrap_or(u32::MAX));
-        let timeout = inner.timeout * 5 + extra;
-        let mut conn = inner.conn.clone();
-        match self.run_once(inner, &mut conn, pipe, timeout).await {
-            Ok(v) => Ok(v),
-            Err(Some(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                load_scripts(&mut conn).await?;
-                self.run_once(inner, &mut conn, pipe, timeout)
-                    .await
-                    .map_err(|_| CacheUnavailable)
-            }
-            Err(_) => Err(CacheUnavailable),
-        }
+        query(inner, pipe, inner.timeout * 5 + per_item(items))
+            .await
+            .map_err(|_| CacheUnavailable)
     }
 
     async fn run_on<T: FromRedisValue>(
@@ -262,18 +249,7 @@ impl Cache {
         timeout: Duration,
         timeout_marks_down: bool,
     ) -> Result<T, CacheUnavailable> {
-        let mut conn = inner.conn.clone();
-        let mut result = self.run_once(inner, &mut conn, pipe, timeout).await;
-        if let Err(Some(e)) = &result
-            && e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-        {
-            if let Err(e) = load_scripts(&mut conn).await {
-                self.mark_down(&e);
-                return Err(CacheUnavailable);
-            }
-            result = self.run_once(inner, &mut conn, pipe, timeout).await;
-        }
-        match result {
+        match query(inner, pipe, timeout).await {
             Ok(v) => Ok(v),
             Err(Some(e)) => {
                 self.mark_down(&e);
@@ -291,20 +267,6 @@ impl Cache {
                 );
                 Err(CacheUnavailable)
             }
-        }
-    }
-
-    async fn run_once<T: FromRedisValue>(
-        &self,
-        _inner: &Inner,
-        conn: &mut ConnectionManager,
-        pipe: &Pipeline,
-        timeout: Duration,
-    ) -> Result<T, Option<redis::RedisError>> {
-        match tokio::time::timeout(timeout, pipe.query_async::<T>(conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(Some(e)),
-            Err(_) => Err(None),
         }
     }
 
@@ -367,14 +329,40 @@ impl Cache {
     }
 }
 
-async fn load_scripts(conn: &mut ConnectionManager) -> Result<(), CacheUnavailable> {
-    for script in scripts::all() {
-        script
-            .load_async(conn)
-            .await
-            .map_err(|_| CacheUnavailable)?;
+/// The extra time a bulk pipeline gets: 50 µs per item.
+fn per_item(items: usize) -> Duration {
+    Duration::from_micros(50).saturating_mul(u32::try_from(items).unwrap_or(u32::MAX))
+}
+
+/// Runs a pipeline within `timeout`; a script missing from Redis's script cache (restart,
+/// `SCRIPT FLUSH`) is loaded and the pipeline retried once. `Err(None)`: timed out.
+async fn query<T: FromRedisValue>(
+    inner: &Inner,
+    pipe: &Pipeline,
+    timeout: Duration,
+) -> Result<T, Option<redis::RedisError>> {
+    let mut conn = inner.conn.clone();
+    match query_once(&mut conn, pipe, timeout).await {
+        Err(Some(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            for script in scripts::all() {
+                script.load_async(&mut conn).await.map_err(Some)?;
+            }
+            query_once(&mut conn, pipe, timeout).await
+        }
+        other => other,
     }
-    Ok(())
+}
+
+async fn query_once<T: FromRedisValue>(
+    conn: &mut ConnectionManager,
+    pipe: &Pipeline,
+    timeout: Duration,
+) -> Result<T, Option<redis::RedisError>> {
+    match tokio::time::timeout(timeout, pipe.query_async::<T>(conn)).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(None),
+    }
 }
 
 /// Holds the single-flight lock of one list; see [`Cache::flight`].

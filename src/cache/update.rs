@@ -2,9 +2,9 @@
 //!
 //! A write builds its [`Update`]s inside its transaction and calls [`Cache::stage`], which plans
 //! the Redis commands and inserts the updates' [`Repair`]s as one `cache_outbox` row *in that
-//! transaction*. After the commit, [`Cache::finish`] runs the commands in a spawned task (so a
-//! client that disconnects, or the request timeout, can not cancel it) and deletes the row when
-//! Redis confirmed them. If the process dies in between, or Redis fails, the row stays and the
+//! transaction*. After the commit, [`Cache::finish`] runs the commands (HTTP handlers run to
+//! completion in their own task, so a client that disconnects, or the request timeout, can not
+//! cancel it) and deletes the row when Redis confirmed them. If the process dies in between, or Redis fails, the row stays and the
 //! relay in [`super::outbox`] applies its repairs: a repair is always safe to apply late and more
 //! than once (an invalidation, a tombstone, a versioned write), never a bare `DEL` of a value a
 //! slow reader could put back.
@@ -158,11 +158,7 @@ impl Update {
                 // Readers fill a missing tweet object from Postgres: only the counts to repair.
                 direct(
                     pipe,
-                    vec![Repair::SetIfNewer {
-                        key: keys.tweet_counts(tweet.id),
-                        version: counts.version,
-                        value: counts.encode(),
-                    }],
+                    vec![Repair::versioned(keys.tweet_counts(tweet.id), counts)],
                 )
             }
             Update::TweetDeleted { id } => direct(
@@ -189,20 +185,11 @@ impl Update {
             ),
             Update::TweetCounts { id, counts } => direct(
                 pipe,
-                vec![Repair::SetIfNewer {
-                    key: keys.tweet_counts(*id),
-                    version: counts.version,
-                    value: counts.encode(),
-                }],
+                vec![Repair::versioned(keys.tweet_counts(*id), counts)],
             ),
-            Update::UserCounts { id, counts } => direct(
-                pipe,
-                vec![Repair::SetIfNewer {
-                    key: keys.user_counts(*id),
-                    version: counts.version,
-                    value: counts.encode(),
-                }],
-            ),
+            Update::UserCounts { id, counts } => {
+                direct(pipe, vec![Repair::versioned(keys.user_counts(*id), counts)])
+            }
             Update::TokenRevoked { hash } => direct(
                 pipe,
                 vec![Repair::Tombstone {
@@ -225,6 +212,15 @@ impl Update {
 }
 
 impl Repair {
+    /// The versioned write-through of `counts` under `key`.
+    fn versioned(key: String, counts: &impl Versioned) -> Self {
+        Repair::SetIfNewer {
+            key,
+            version: counts.version(),
+            value: counts.encode(),
+        }
+    }
+
     /// Adds this repair's command to a pipeline. `late`: applied by the relay, not right after
     /// the commit (see [`Repair::SetIfNewer`]).
     pub fn pipe(&self, pipe: &mut redis::Pipeline, ttl: u64, late: bool) {
@@ -264,6 +260,17 @@ impl Repair {
 }
 
 impl Cache {
+    /// The Redis commands of `updates` in one pipeline, and their repairs (`None` when off).
+    fn plan(&self, updates: &[Update]) -> Option<(redis::Pipeline, Vec<Repair>)> {
+        let (keys, ttl) = (self.keys()?, self.ttl()?);
+        let mut pipe = redis::pipe();
+        let mut repairs = Vec::new();
+        for update in updates {
+            repairs.extend(update.plan(keys, ttl, self.list_limit(), &mut pipe));
+        }
+        Some((pipe, repairs))
+    }
+
     /// Plans `updates` and records their repairs in `cache_outbox` inside the write's
     /// transaction `tx`. With the cache off, or no updates, records nothing.
     ///
@@ -274,17 +281,12 @@ impl Cache {
         tx: &mut PgConnection,
         updates: &[Update],
     ) -> Result<Staged, sqlx::Error> {
-        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
-            return Ok(Staged::none());
-        };
         if updates.is_empty() {
             return Ok(Staged::none());
         }
-        let mut pipe = redis::pipe();
-        let mut repairs = Vec::new();
-        for update in updates {
-            repairs.extend(update.plan(keys, ttl, self.list_limit(), &mut pipe));
-        }
+        let Some((pipe, repairs)) = self.plan(updates) else {
+            return Ok(Staged::none());
+        };
         let id: i64 =
             sqlx::query_scalar("insert into cache_outbox (repairs) values ($1) returning id")
                 .bind(sqlx::types::Json(&repairs))
@@ -297,51 +299,41 @@ impl Cache {
         })
     }
 
-    /// Applies staged updates after their transaction committed, in a spawned task that the
-    /// caller awaits: dropping the caller (a client gone, a timeout) does not cancel it. On
-    /// success the outbox row is deleted; otherwise it stays for the relay. Never fails: a cache
-    /// problem must not fail a committed write.
+    /// Applies staged updates after their transaction committed. On success the outbox row is
+    /// deleted; otherwise it stays for the relay. Never fails: a cache problem must not fail a
+    /// committed write. Callers run where nothing cancels them halfway (HTTP handlers run to
+    /// completion in their own task, see `http::run_to_completion`; jobs are never dropped), and
+    /// if a process dies here anyway, the row is relayed.
     pub async fn finish(&self, db: &PgPool, staged: Staged) {
         let Some(id) = staged.outbox_id else { return };
-        let (cache, db) = (self.clone(), db.clone());
-        let task = tokio::spawn(async move {
-            match cache.after_commit() {
-                AfterCommit::Apply => {}
-                AfterCommit::Crash => return,
-                AfterCommit::Gate(gate) => drop(gate.lock().await),
-            }
-            if cache
-                .run_bulk::<()>(&staged.pipe, staged.commands)
-                .await
-                .is_err()
-            {
-                tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
-                return;
-            }
-            if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
-                .bind(id)
-                .execute(&db)
-                .await
-            {
-                // Harmless: the relay re-applies the repairs later.
-                tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
-            }
-        });
-        if let Err(e) = task.await {
-            tracing::error!(error = %e, "post-commit cache task failed");
+        match self.after_commit() {
+            AfterCommit::Apply => {}
+            AfterCommit::Crash => return,
+            AfterCommit::Gate(gate) => drop(gate.lock().await),
+        }
+        if self
+            .run_bulk::<()>(&staged.pipe, staged.commands)
+            .await
+            .is_err()
+        {
+            tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+            return;
+        }
+        if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
+            .bind(id)
+            .execute(db)
+            .await
+        {
+            // Harmless: the relay re-applies the repairs later.
+            tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
         }
     }
 
     /// Applies updates that need no durability (a reader removing entries of tweets it found
     /// deleted: the delete's own outbox row covers them). Best effort.
     pub async fn apply_best_effort(&self, updates: &[Update]) {
-        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
-            return;
-        };
-        let mut pipe = redis::pipe();
-        for update in updates {
-            update.plan(keys, ttl, self.list_limit(), &mut pipe);
+        if let Some((pipe, _)) = self.plan(updates) {
+            let _ = self.run::<()>(&pipe).await;
         }
-        let _ = self.run::<()>(&pipe).await;
     }
 }

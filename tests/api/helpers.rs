@@ -337,6 +337,21 @@ pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
+/// Waits until `n` backends of this test's database wait for a lock.
+pub async fn lock_waiters(app: &TestApp, n: i64) {
+    eventually("backends wait for a lock", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+        waiting >= n
+    })
+    .await;
+}
+
 /// The tweet id of a newsfeed list member (`"{newsfeed_id}:{tweet_id}:{author_id}"`).
 pub fn member_tweet(member: &str) -> i64 {
     member

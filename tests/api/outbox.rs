@@ -12,7 +12,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use crate::helpers::{RedisServer, TestApp, eventually, member_tweet, tweet_ids};
+use crate::helpers::{RedisServer, TestApp, eventually, lock_waiters, member_tweet, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db: PgPool) {
@@ -374,17 +374,7 @@ async fn a_write_whose_client_goes_away_inside_its_transaction_still_completes(d
         .unwrap();
     let service = app.app.clone();
     let client = tokio::spawn(async move { service.oneshot(request).await });
-    eventually("the edit waits for the row", async || {
-        sqlx::query_scalar::<_, i64>(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'",
-        )
-        .fetch_one(app.db())
-        .await
-        .unwrap()
-            == 1
-    })
-    .await;
+    lock_waiters(&app, 1).await; // the edit waits for the row
     client.abort(); // the client goes away mid-transaction
     assert!(client.await.unwrap_err().is_cancelled());
     holder.commit().await.unwrap();

@@ -9,7 +9,7 @@ use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::helpers::{CountsOf, TestApp, eventually, member_tweet, tweet_ids};
+use crate::helpers::{CountsOf, TestApp, eventually, lock_waiters, member_tweet, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_reader_holding_the_old_profile_can_not_cache_it_over_an_edit(db: PgPool) {
@@ -371,21 +371,6 @@ async fn a_refresh_returns_a_fan_out_that_landed_behind_newer_tweets(db: PgPool)
         vec![a],
         "the late arrival is returned"
     );
-}
-
-/// Waits until `n` backends of this test's database wait for a lock.
-async fn lock_waiters(app: &TestApp, n: i64) {
-    eventually("backends wait for a lock", async || {
-        let waiting: i64 = sqlx::query_scalar(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'",
-        )
-        .fetch_one(app.db())
-        .await
-        .unwrap();
-        waiting >= n
-    })
-    .await;
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
