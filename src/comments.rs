@@ -76,18 +76,19 @@ pub async fn create(
     tweet_id: i64,
     content: &str,
 ) -> ApiResult<Comment> {
-    let created = db::with_unique_timestamp("comments_created_at_key", |created_at| async move {
-        let mut tx = db.begin().await?;
-        let exists: Option<i32> =
+    let created =
+        db::with_unique_timestamp(&["comments_created_at_key"], |created_at| async move {
+            let mut tx = db.begin().await?;
+            let exists: Option<i32> =
             // The lock the count update needs, taken first (the order of tweet deletes).
             sqlx::query_scalar("select 1 from tweets where id = $1 for no key update")
                 .bind(tweet_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-        if exists.is_none() {
-            return Ok(None);
-        }
-        let row: CommentRow = sqlx::query_as(
+            if exists.is_none() {
+                return Ok(None);
+            }
+            let row: CommentRow = sqlx::query_as(
             "insert into comments (tweet_id, user_id, content, created_at) values ($1, $2, $3, $4)
              returning id, tweet_id, user_id, content, created_at, likes_count",
         )
@@ -97,13 +98,13 @@ pub async fn create(
         .bind(created_at)
         .fetch_one(&mut *tx)
         .await?;
-        let tweet = shift_comments(&mut tx, tweet_id, 1).await?;
-        let staged = cache.stage(&mut tx, &[tweet.counts_update()]).await?;
-        tx.commit().await?;
-        Ok(Some((row, staged)))
-    })
-    .await
-    .context("inserting the comment")?;
+            let tweet = shift_comments(&mut tx, tweet_id, 1).await?;
+            let staged = cache.stage(&mut tx, &tweet.counts_updates()).await?;
+            tx.commit().await?;
+            Ok(Some((row, staged)))
+        })
+        .await
+        .context("inserting the comment")?;
     let (row, staged) = created.ok_or_else(|| ApiError::field("tweet_id", "No such tweet."))?;
     cache.finish(db, staged).await;
     Ok(Comment {
@@ -200,7 +201,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
     let tweet = shift_comments(&mut tx, tweet_id, -1)
         .await
         .context("moving comments_count")?;
-    let staged = cache.stage(&mut tx, &[tweet.counts_update()]).await?;
+    let staged = cache.stage(&mut tx, &tweet.counts_updates()).await?;
     tx.commit().await.context("committing the comment delete")?;
     cache.finish(db, staged).await;
     Ok(())

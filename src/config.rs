@@ -23,7 +23,8 @@ pub enum Command {
     Worker,
     /// Create the database if missing and apply migrations, then exit.
     Migrate,
-    /// Load a SNAP-style follower graph and Twitter v1.1 JSON-lines tweets (plain or .gz).
+    /// Load a SNAP-style follower graph and Twitter v1.1 JSON-lines tweets, and/or SNAP
+    /// ego-Twitter circles as lists (plain or .gz).
     Import(ImportArgs),
 }
 
@@ -31,11 +32,15 @@ pub enum Command {
 #[derive(Debug, Clone, Args)]
 pub struct ImportArgs {
     /// Edge list, one `A B` per line: A follows B (e.g. SNAP's twitter_combined.txt.gz).
-    #[arg(long)]
-    pub follows: std::path::PathBuf,
+    #[arg(long, requires = "tweets")]
+    pub follows: Option<std::path::PathBuf>,
     /// Tweets as Twitter API v1.1 JSON, one object per line; repeat for several files.
-    #[arg(long = "tweets", required = true)]
+    #[arg(long = "tweets", requires = "follows")]
     pub tweets: Vec<std::path::PathBuf>,
+    /// SNAP ego-Twitter circles (`ego<TAB>name<TAB>member…` per line, e.g. circles.txt.gz):
+    /// each becomes a list owned by the ego.
+    #[arg(long, required_unless_present = "follows")]
+    pub circles: Option<std::path::PathBuf>,
     /// Empty every chirp table first (in the same transaction as the import).
     #[arg(long)]
     pub reset: bool,

@@ -45,8 +45,12 @@ pub fn violates(e: &sqlx::Error, constraint: &str) -> bool {
 }
 
 /// Runs `insert` with fresh unique timestamps until it does not collide with a row another
-/// process stamped in the same microsecond (see `crate::time`). Gives up after 8 tries.
-pub async fn with_unique_timestamp<T, F, Fut>(constraint: &str, mut insert: F) -> sqlx::Result<T>
+/// process stamped in the same microsecond (see `crate::time`): a unique violation of any of
+/// `constraints` is retried. Gives up after 8 tries.
+pub async fn with_unique_timestamp<T, F, Fut>(
+    constraints: &[&str],
+    mut insert: F,
+) -> sqlx::Result<T>
 where
     F: FnMut(crate::time::Timestamp) -> Fut,
     Fut: Future<Output = sqlx::Result<T>>,
@@ -54,7 +58,7 @@ where
     let mut tries = 0;
     loop {
         match insert(crate::time::next_timestamp()).await {
-            Err(e) if tries < 8 && violates(&e, constraint) => tries += 1,
+            Err(e) if tries < 8 && constraints.iter().any(|c| violates(&e, c)) => tries += 1,
             other => return other,
         }
     }

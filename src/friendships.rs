@@ -76,7 +76,7 @@ async fn shift_counts(
 pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<Followed> {
     check_target(db, me, target).await?;
     let outcome =
-        db::with_unique_timestamp("friendships_created_at_key", |created_at| async move {
+        db::with_unique_timestamp(&["friendships_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
             let inserted: Option<Timestamp> = sqlx::query_scalar(
                 "insert into friendships (from_user_id, to_user_id, created_at) values ($1, $2, $3)

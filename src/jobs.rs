@@ -1,6 +1,6 @@
 //! The durable job queue: typed jobs, claimed with a lease, retried with backoff, parked after
 //! [`MAX_ATTEMPTS`]. The job bodies live with the feature they serve (fan-out, backfill and
-//! unmerge in [`crate::newsfeeds`]); this module only queues and runs them (as crates.io's
+//! unmerge in [`crate::newsfeeds`], and their list counterparts in [`crate::lists`]); this module only queues and runs them (as crates.io's
 //! `background_job` does).
 //!
 //! Lifecycle: a job row is inserted in the same transaction as the write that needs it, and
@@ -22,8 +22,8 @@ use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
 use crate::cache::Cache;
-use crate::newsfeeds;
 use crate::time::Timestamp;
+use crate::{lists, newsfeeds};
 
 /// Attempts before a job is parked with `failed_at`.
 pub const MAX_ATTEMPTS: i32 = 10;
@@ -34,15 +34,21 @@ pub const CHANNEL: &str = "chirp_jobs";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Job {
     /// Fan-out-on-write of a new tweet to its author's followers, resuming after `progress`
-    /// (the `created_at` of the last friendship done).
+    /// (the `created_at` of the last friendship done), then to the lists that contain the
+    /// author, resuming after `list_progress` (the `created_at` of the last membership done).
     Fanout {
         tweet_id: i64,
         progress: Option<Timestamp>,
+        list_progress: Option<Timestamp>,
     },
     /// Copy `followee`'s recent tweets into `follower`'s newsfeed (after a follow).
     Backfill { follower: i64, followee: i64 },
     /// Remove `followee`'s tweets from `follower`'s newsfeed (after an unfollow).
     Unmerge { follower: i64, followee: i64 },
+    /// Copy `member`'s recent tweets into `list`'s timeline (after the member was added).
+    ListBackfill { list: i64, member: i64 },
+    /// Remove `member`'s tweets from `list`'s timeline (after the member was removed).
+    ListUnmerge { list: i64, member: i64 },
 }
 
 impl Job {
@@ -52,6 +58,8 @@ impl Job {
             Job::Fanout { .. } => "fanout",
             Job::Backfill { .. } => "backfill",
             Job::Unmerge { .. } => "unmerge",
+            Job::ListBackfill { .. } => "list_backfill",
+            Job::ListUnmerge { .. } => "list_unmerge",
         }
     }
 }
@@ -64,7 +72,9 @@ struct JobRow {
     tweet_id: Option<i64>,
     follower_id: Option<i64>,
     followee_id: Option<i64>,
+    list_id: Option<i64>,
     progress: Option<Timestamp>,
+    list_progress: Option<Timestamp>,
     attempts: i32,
 }
 
@@ -76,13 +86,21 @@ impl TryFrom<&JobRow> for Job {
             (Some(follower), Some(followee)) => Ok((follower, followee)),
             _ => Err(format!("{} job without its users", r.kind)),
         };
+        // List jobs keep the member (the account whose tweets move) in `followee_id`.
+        let list_pair = || match (r.list_id, r.followee_id) {
+            (Some(list), Some(member)) => Ok((list, member)),
+            _ => Err(format!("{} job without its list or member", r.kind)),
+        };
         match r.kind.as_str() {
             "fanout" => Ok(Job::Fanout {
                 tweet_id: r.tweet_id.ok_or("fanout job without a tweet")?,
                 progress: r.progress,
+                list_progress: r.list_progress,
             }),
             "backfill" => pair().map(|(follower, followee)| Job::Backfill { follower, followee }),
             "unmerge" => pair().map(|(follower, followee)| Job::Unmerge { follower, followee }),
+            "list_backfill" => list_pair().map(|(list, member)| Job::ListBackfill { list, member }),
+            "list_unmerge" => list_pair().map(|(list, member)| Job::ListUnmerge { list, member }),
             other => Err(format!("unknown job kind {other:?}")),
         }
     }
@@ -90,19 +108,24 @@ impl TryFrom<&JobRow> for Job {
 
 /// Queues `job` in the transaction of the write that needs it and notifies the workers.
 pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
-    let (tweet, follower, followee) = match job {
-        Job::Fanout { tweet_id, .. } => (Some(*tweet_id), None, None),
+    let (tweet, follower, followee, list) = match job {
+        Job::Fanout { tweet_id, .. } => (Some(*tweet_id), None, None, None),
         Job::Backfill { follower, followee } | Job::Unmerge { follower, followee } => {
-            (None, Some(*follower), Some(*followee))
+            (None, Some(*follower), Some(*followee), None)
+        }
+        Job::ListBackfill { list, member } | Job::ListUnmerge { list, member } => {
+            (None, None, Some(*member), Some(*list))
         }
     };
     sqlx::query(
-        "insert into jobs (kind, tweet_id, follower_id, followee_id) values ($1, $2, $3, $4)",
+        "insert into jobs (kind, tweet_id, follower_id, followee_id, list_id)
+         values ($1, $2, $3, $4, $5)",
     )
     .bind(job.kind())
     .bind(tweet)
     .bind(follower)
     .bind(followee)
+    .bind(list)
     .execute(&mut *tx)
     .await?;
     sqlx::query("select pg_notify($1, '')")
@@ -112,16 +135,38 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     Ok(())
 }
 
-/// Records a fan-out job's progress and renews its lease (after each batch).
-pub async fn save_progress(db: &PgPool, job_id: i64, progress: Timestamp) -> sqlx::Result<()> {
-    sqlx::query(
-        "update jobs set progress = $2, locked_until = now() + interval '30 seconds' where id = $1",
-    )
-    .bind(job_id)
-    .bind(progress)
-    .execute(db)
-    .await
-    .map(|_| ())
+/// Which part of a fan-out job made progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// The followers' newsfeeds (`progress`).
+    Followers,
+    /// The lists that contain the author (`list_progress`).
+    Lists,
+}
+
+/// Records a fan-out job's progress in `part` and renews its lease (after each batch).
+pub async fn save_progress(
+    db: &PgPool,
+    job_id: i64,
+    part: Part,
+    progress: Timestamp,
+) -> sqlx::Result<()> {
+    let sql = match part {
+        Part::Followers => {
+            "update jobs set progress = $2, locked_until = now() + interval '30 seconds'
+             where id = $1"
+        }
+        Part::Lists => {
+            "update jobs set list_progress = $2, locked_until = now() + interval '30 seconds'
+             where id = $1"
+        }
+    };
+    sqlx::query(sql)
+        .bind(job_id)
+        .bind(progress)
+        .execute(db)
+        .await
+        .map(|_| ())
 }
 
 /// What a worker needs: the database, the cache and the batch sizes.
@@ -156,7 +201,8 @@ impl Worker {
                    and (locked_until is null or locked_until < now())
                  order by id limit 1
                  for update skip locked)
-             returning id, kind, tweet_id, follower_id, followee_id, progress, attempts",
+             returning id, kind, tweet_id, follower_id, followee_id, list_id, progress, list_progress,
+                       attempts",
         )
         .fetch_optional(&self.db)
         .await?;
@@ -206,8 +252,14 @@ impl Worker {
 
     async fn dispatch(&self, claim: Claim, job: &Job) -> anyhow::Result<()> {
         match *job {
-            Job::Fanout { tweet_id, progress } => {
-                newsfeeds::fanout(self, claim.id, tweet_id, progress).await
+            Job::Fanout {
+                tweet_id,
+                progress,
+                list_progress,
+            } => {
+                // Newsfeeds first: the lists that contain the author never delay them.
+                newsfeeds::fanout(self, claim.id, tweet_id, progress).await?;
+                lists::fanout(self, claim.id, tweet_id, list_progress).await
             }
             Job::Backfill { follower, followee } => {
                 newsfeeds::backfill(self, follower, followee).await
@@ -215,6 +267,8 @@ impl Worker {
             Job::Unmerge { follower, followee } => {
                 newsfeeds::unmerge(self, follower, followee).await
             }
+            Job::ListBackfill { list, member } => lists::backfill(self, list, member).await,
+            Job::ListUnmerge { list, member } => lists::unmerge(self, list, member).await,
         }
     }
 

@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod cache;
+pub mod circles;
 pub mod comments;
 pub mod config;
 pub mod db;
@@ -12,6 +13,7 @@ pub mod http;
 pub mod import;
 pub mod jobs;
 pub mod likes;
+pub mod lists;
 pub mod model;
 pub mod newsfeeds;
 pub mod pagination;

@@ -73,12 +73,12 @@ async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Resul
         .is_some())
 }
 
-/// Moves the object's `likes_count` by `by`; for a tweet, returns the cache update.
+/// Moves the object's `likes_count` by `by`; for a tweet, returns the cache updates.
 async fn shift_likes(
     tx: &mut sqlx::PgConnection,
     target: Target,
     by: i64,
-) -> sqlx::Result<Option<Update>> {
+) -> sqlx::Result<Vec<Update>> {
     match target {
         Target::Tweet(id) => {
             let row: TweetRow = sqlx::query_as(concat!(
@@ -89,7 +89,7 @@ async fn shift_likes(
             .bind(by)
             .fetch_one(tx)
             .await?;
-            Ok(Some(row.counts_update()))
+            Ok(row.counts_updates())
         }
         Target::Comment(id) => {
             sqlx::query("update comments set likes_count = likes_count + $2 where id = $1")
@@ -97,7 +97,7 @@ async fn shift_likes(
                 .bind(by)
                 .execute(tx)
                 .await?;
-            Ok(None)
+            Ok(Vec::new())
         }
     }
 }

@@ -14,6 +14,10 @@ pub struct TweetRecord {
     pub user_id: i64,
     pub content: String,
     pub created_at: Timestamp,
+    /// The circle the tweet was posted into, if any (absent in objects cached before circles).
+    #[sqlx(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circle_id: Option<i64>,
 }
 
 /// A user as stored and cached: the public fields plus `version`, bumped by every profile edit,

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use anyhow::Context;
 use sqlx::{PgConnection, PgPool};
 
-use crate::cache::{Guard, ListKey, Update};
+use crate::cache::{ListKey, Update};
 use crate::jobs::{self, Worker};
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
@@ -195,13 +195,13 @@ pub async fn fanout(
                 };
                 let timeline = Timeline::Newsfeed(*f);
                 let guard = guards.as_ref().and_then(|g| g.get(i).cloned());
-                Some(guarded_merge(timeline, guard, &[entry]))
+                Some(timeline.guarded_merge(guard, &[entry]))
             })
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;
         tx.commit().await.context("committing a fan-out batch")?;
         worker.cache.finish(&worker.db, staged).await;
-        jobs::save_progress(&worker.db, job_id, last).await?;
+        jobs::save_progress(&worker.db, job_id, jobs::Part::Followers, last).await?;
         progress = Some(last);
         if batch.len() < worker.batch_size {
             return Ok(());
@@ -272,7 +272,7 @@ pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::
     }
     let staged = worker
         .cache
-        .stage(&mut tx, &[guarded_merge(timeline, guard, &rows)])
+        .stage(&mut tx, &[timeline.guarded_merge(guard, &rows)])
         .await?;
     tx.commit().await.context("committing the backfill")?;
     worker.cache.finish(&worker.db, staged).await;
@@ -319,21 +319,6 @@ pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::R
     tx.commit().await.context("committing the unmerge")?;
     worker.cache.finish(&worker.db, staged).await;
     Ok(())
-}
-
-/// A merge guarded by the removal generation read under the rows' lock; without one (Redis
-/// could not be asked) the safe update is to drop the list.
-fn guarded_merge(timeline: Timeline, guard: Option<String>, entries: &[ListEntry]) -> Update {
-    match guard {
-        Some(r) => Update::Merge {
-            list: timeline.key(),
-            guard: Guard::Removals(r),
-            entries: entries.iter().map(|e| timeline.scored(e)).collect(),
-        },
-        None => Update::Invalidate {
-            list: timeline.key(),
-        },
-    }
 }
 
 /// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills

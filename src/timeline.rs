@@ -1,5 +1,5 @@
 //! Timelines: one cache-aside read path for every kind of timeline (a user's newsfeed, a user's
-//! own tweets; lists and circles are the next kinds), generic over [`Timeline`]. A new kind is a
+//! own tweets, a list's timeline, a circle's tweets), generic over [`Timeline`]. A new kind is a
 //! new variant with its member codec and its SQL; the read path below does not change.
 //!
 //! The read path (Redis in Action ch. 8's timelines, Mastodon's `FeedManager`):
@@ -22,11 +22,11 @@ use std::sync::atomic::Ordering;
 use sqlx::PgPool;
 
 use crate::cache::objects::Cached;
-use crate::cache::{Cache, CacheUnavailable, ListKey, Scored, Update, Window};
+use crate::cache::{Cache, CacheUnavailable, Guard, ListKey, Owner, Scored, Update, Window};
 use crate::model::{TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
-use crate::{likes, newsfeeds, tweets, users};
+use crate::{circles, likes, lists, newsfeeds, tweets, users};
 
 /// A timeline: which list, of whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -35,25 +35,36 @@ pub enum Timeline {
     Newsfeed(i64),
     /// The tweets a user wrote (user timeline), from `tweets`.
     UserTweets(i64),
+    /// The timeline of a list: fan-out-on-write rows of `list_feeds` (see [`crate::lists`]).
+    List(i64),
+    /// The tweets posted into a circle, from `tweets` (see [`crate::circles`]).
+    Circle(i64),
 }
 
 impl Timeline {
-    /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:tweets`).
+    /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:tweets`, `{p}:{l7}:feed`,
+    /// `{p}:{c3}:tweets`).
     pub fn key(self) -> ListKey {
         match self {
-            Timeline::Newsfeed(user) => ListKey::new(user, "feed"),
-            Timeline::UserTweets(user) => ListKey::new(user, "tweets"),
+            Timeline::Newsfeed(user) => ListKey::new(Owner::User(user), "feed"),
+            Timeline::UserTweets(user) => ListKey::new(Owner::User(user), "tweets"),
+            Timeline::List(list) => ListKey::new(Owner::List(list), "feed"),
+            Timeline::Circle(circle) => ListKey::new(Owner::Circle(circle), "tweets"),
         }
     }
 
     /// The member of `entry` in this timeline's list: `"{newsfeed_id}:{tweet_id}:{author_id}"`
-    /// in a newsfeed, `"{tweet_id}"` in a user's tweets (the author is the list's owner).
+    /// in a newsfeed, `"{tweet_id}"` in a user's tweets (the author is the list's owner),
+    /// `"{tweet_id}:{author_id}"` in a list or circle.
     pub fn member(self, entry: &ListEntry) -> String {
         match self {
             Timeline::Newsfeed(_) => {
                 format!("{}:{}:{}", entry.id, entry.tweet_id, entry.author_id)
             }
             Timeline::UserTweets(_) => entry.tweet_id.to_string(),
+            Timeline::List(_) | Timeline::Circle(_) => {
+                format!("{}:{}", entry.tweet_id, entry.author_id)
+            }
         }
     }
 
@@ -84,6 +95,31 @@ impl Timeline {
                     created_at,
                 })
             }
+            Timeline::List(_) | Timeline::Circle(_) => {
+                let (tweet, author) = member.split_once(':')?;
+                let tweet_id = tweet.parse().ok()?;
+                Some(ListEntry {
+                    id: tweet_id,
+                    tweet_id,
+                    author_id: author.parse().ok()?,
+                    created_at,
+                })
+            }
+        }
+    }
+
+    /// The merge of fan-out `entries` into this timeline's cached list, guarded by the removal
+    /// generation `guard` read while the rows the merge adds were locked (see
+    /// [`crate::cache::Guard::Removals`]); without one (Redis could not be asked) the safe
+    /// update is to drop the list.
+    pub fn guarded_merge(self, guard: Option<String>, entries: &[ListEntry]) -> Update {
+        match guard {
+            Some(r) => Update::Merge {
+                list: self.key(),
+                guard: Guard::Removals(r),
+                entries: entries.iter().map(|e| self.scored(e)).collect(),
+            },
+            None => Update::Invalidate { list: self.key() },
         }
     }
 
@@ -97,11 +133,14 @@ impl Timeline {
         match self {
             Timeline::Newsfeed(user) => newsfeeds::entries(db, user, limit).await,
             Timeline::UserTweets(user) => tweets::timeline_entries(db, user, limit).await,
+            Timeline::List(list) => lists::feed_entries(db, list, limit).await,
+            Timeline::Circle(circle) => circles::timeline_entries(db, circle, limit).await,
         }
     }
 
-    /// Entries older than `gt` that arrived after `gt` (see [`read`]); only newsfeeds have
-    /// them (a user's own tweets are listed in the transaction that writes them).
+    /// Entries older than `gt` that arrived after `gt` (see [`read`]); only fan-out timelines
+    /// (newsfeeds, lists) have them (a user's own and a circle's tweets are listed in the
+    /// transaction that writes them).
     async fn late_arrivals(
         self,
         db: &PgPool,
@@ -110,7 +149,8 @@ impl Timeline {
     ) -> sqlx::Result<Vec<FeedRow>> {
         match self {
             Timeline::Newsfeed(user) => newsfeeds::late_arrivals(db, user, gt, limit).await,
-            Timeline::UserTweets(_) => Ok(Vec::new()),
+            Timeline::List(list) => lists::late_arrivals(db, list, gt, limit).await,
+            Timeline::UserTweets(_) | Timeline::Circle(_) => Ok(Vec::new()),
         }
     }
 
@@ -125,6 +165,8 @@ impl Timeline {
         match self {
             Timeline::Newsfeed(user) => newsfeeds::page(db, user, lt, gt, limit).await,
             Timeline::UserTweets(user) => tweets::timeline_page(db, user, lt, gt, limit).await,
+            Timeline::List(list) => lists::feed_page(db, list, lt, gt, limit).await,
+            Timeline::Circle(circle) => circles::timeline_page(db, circle, lt, gt, limit).await,
         }
     }
 }
@@ -132,7 +174,7 @@ impl Timeline {
 /// A reference to one item of a timeline: what a cached list entry encodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
 pub struct ListEntry {
-    /// The newsfeed row id (newsfeeds) or the tweet id (user tweets).
+    /// The newsfeed row id (newsfeeds) or the tweet id (every other timeline).
     pub id: i64,
     pub tweet_id: i64,
     /// The tweet's author, so hydration can fetch tweet and author in the same round trip.
@@ -158,7 +200,7 @@ pub struct Item {
 #[macro_export]
 macro_rules! feed_row_columns {
     () => {
-        " t.id as tweet_id, t.content, t.likes_count, t.comments_count, t.counts_version,
+        " t.id as tweet_id, t.content, t.circle_id, t.likes_count, t.comments_count, t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at "
     };
@@ -171,6 +213,7 @@ pub struct FeedRow {
     pub created_at: Timestamp,
     pub tweet_id: i64,
     pub content: String,
+    pub circle_id: Option<i64>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -191,6 +234,7 @@ impl From<FeedRow> for Item {
                 user_id: r.author_id,
                 content: r.content,
                 created_at: r.created_at,
+                circle_id: r.circle_id,
             },
             author: UserRecord {
                 id: r.author_id,
@@ -450,6 +494,25 @@ async fn hydrate(
     Ok((items, gone))
 }
 
+/// Hydrates entries that are not a timeline page (a rank): like the read path, from the object
+/// caches with Postgres for misses. Returns the items in order (entries of deleted tweets are
+/// left out) and whether Redis answered (`false`: the caller should read Postgres alone).
+///
+/// # Errors
+/// Only Postgres errors.
+pub async fn hydrate_entries(
+    db: &PgPool,
+    cache: &Cache,
+    entries: &[ListEntry],
+    viewer: Option<i64>,
+) -> sqlx::Result<Option<Vec<Item>>> {
+    match hydrate(db, cache, entries, viewer).await {
+        Ok((items, _gone)) => Ok(Some(items)),
+        Err(ReadError::Cache) => Ok(None),
+        Err(ReadError::Db(e)) => Err(e),
+    }
+}
+
 /// A page from Postgres alone: one joined query, and `has_liked` for the viewer.
 async fn load_page(
     db: &PgPool,
@@ -465,7 +528,7 @@ async fn load_page(
 }
 
 /// Items from joined Postgres rows, with `has_liked` for the viewer.
-async fn with_likes(
+pub async fn with_likes(
     db: &PgPool,
     cache: &Cache,
     rows: Vec<FeedRow>,

@@ -11,10 +11,10 @@ use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::{self, Job};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
-use crate::newsfeeds;
 use crate::time::{self, Timestamp};
 use crate::timeline::{FeedRow, Item, ListEntry, Timeline};
 use crate::users::{self, User};
+use crate::{circles, lists, newsfeeds};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -34,6 +34,8 @@ pub struct Tweet {
     pub comments_count: i64,
     pub likes_count: i64,
     pub has_liked: bool,
+    /// The circle the tweet was posted into, or null.
+    pub circle_id: Option<i64>,
 }
 
 impl Tweet {
@@ -47,6 +49,7 @@ impl Tweet {
             likes_count: counts.likes,
             comments_count: counts.comments,
             has_liked,
+            circle_id: record.circle_id,
         }
     }
 
@@ -60,7 +63,7 @@ impl Tweet {
 #[macro_export]
 macro_rules! returning_tweet_row {
     () => {
-        " returning id, user_id, content, created_at, likes_count, comments_count, counts_version"
+        " returning id, user_id, content, created_at, circle_id, likes_count, comments_count, counts_version"
     };
 }
 
@@ -74,12 +77,15 @@ pub struct TweetRow {
 }
 
 impl TweetRow {
-    /// The write-through cache update for these counts.
-    pub fn counts_update(&self) -> Update {
-        Update::TweetCounts {
+    /// The write-through cache updates for these counts: the tweet's counts, and its score in
+    /// its circle's rank if it was posted into one.
+    pub fn counts_updates(&self) -> Vec<Update> {
+        let mut updates = vec![Update::TweetCounts {
             id: self.record.id,
             counts: self.counts,
-        }
+        }];
+        updates.extend(circles::score_update(&self.record, &self.counts));
+        updates
     }
 }
 
@@ -95,10 +101,12 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
     }
 }
 
-/// Creates a tweet. One transaction inserts the tweet, the author's own newsfeed row, the
-/// author's count, the fan-out job and the outbox row of its cache updates; then the author's
-/// cached lists get the entry at once (read your writes), the tweet object and its zero counts
-/// are cached, and the worker fans out to followers.
+/// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
+/// [`circles::check_can_post`]). One transaction inserts the tweet, the author's own newsfeed
+/// row, the author's (and circle's) count, the fan-out jobs (followers, lists) and the outbox
+/// row of its cache updates; then the author's cached lists (and the circle's tweets and rank)
+/// get the entry at once (read your writes), the tweet object and its zero counts are cached,
+/// and the worker fans out to followers and lists.
 ///
 /// # Errors
 /// Postgres failed.
@@ -108,29 +116,32 @@ pub async fn create(
     cache: &Cache,
     author: i64,
     content: &str,
+    circle: Option<i64>,
 ) -> anyhow::Result<TweetRecord> {
     let (tweet, staged) =
-        db::with_unique_timestamp("tweets_created_at_key", |created_at| async move {
+        db::with_unique_timestamp(&["tweets_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
             let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at) values ($1, $2, $3)
-                 returning id, user_id, content, created_at",
+                "insert into tweets (user_id, content, created_at, circle_id) values ($1, $2, $3, $4)
+                 returning id, user_id, content, created_at, circle_id",
             )
             .bind(author)
             .bind(content)
             .bind(created_at)
+            .bind(circle)
             .fetch_one(&mut *tx)
             .await?;
             let newsfeed_id = newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
             let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-            jobs::enqueue(
-                &mut tx,
-                &Job::Fanout {
-                    tweet_id: tweet.id,
-                    progress: None,
-                },
-            )
-            .await?;
+            if let Some(circle) = circle {
+                circles::shift_tweets(&mut tx, circle, 1).await?;
+            }
+            let fanout = Job::Fanout {
+                tweet_id: tweet.id,
+                progress: None,
+                list_progress: None,
+            };
+            jobs::enqueue(&mut tx, &fanout).await?;
             let entry = ListEntry {
                 id: newsfeed_id,
                 tweet_id: tweet.id,
@@ -154,6 +165,7 @@ pub async fn create(
                         counts: author_counts,
                     },
                 ])
+                .chain(circles::created_updates(&tweet))
                 .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             tx.commit().await?;
@@ -181,9 +193,11 @@ async fn shift_tweets_count(
     .await
 }
 
-/// Deletes tweet `id` of user `me`: the tweet, every newsfeed row of it, and every cached entry
+/// Deletes tweet `id` of user `me`: the tweet, every newsfeed and list timeline row of it (and
+/// its circle's count), and every cached entry
 /// (the tweet object becomes a tombstone, so no late reader can bring it back). A tweet with more
-/// than [`MAX_EAGER_REMOVALS`] readers leaves their cached entries to the tombstone.
+/// than [`MAX_EAGER_REMOVALS`] readers (newsfeeds and lists) leaves their cached entries to the
+/// tombstone.
 ///
 /// # Errors
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author.
@@ -192,19 +206,26 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
     let mut tx = db.begin().await?;
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
-    let owner: Option<i64> =
-        sqlx::query_scalar("select user_id from tweets where id = $1 for update")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    match owner {
+    let tweet: Option<TweetRecord> = sqlx::query_as(
+        "select id, user_id, content, created_at, circle_id from tweets where id = $1 for update",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let tweet = match tweet {
         None => return Err(ApiError::NotFound),
-        Some(owner) if owner != me => return Err(ApiError::Forbidden),
-        Some(_) => {}
-    }
+        Some(t) if t.user_id != me => return Err(ApiError::Forbidden),
+        Some(t) => t,
+    };
     let readers = newsfeeds::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's newsfeed rows")?;
+    let lists = lists::delete_for_tweet(&mut tx, id)
+        .await
+        .context("deleting the tweet's list timeline rows")?;
+    if let Some(circle) = tweet.circle_id {
+        circles::shift_tweets(&mut tx, circle, -1).await?;
+    }
     // Its comments and likes go with it (on delete cascade).
     sqlx::query("delete from tweets where id = $1")
         .bind(id)
@@ -226,13 +247,15 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
             members: vec![own.member(&entry_of(id, id, me))],
         },
     ];
-    if readers.len() <= MAX_EAGER_REMOVALS {
-        updates.extend(readers.into_iter().map(|(newsfeed_id, reader)| {
-            let feed = Timeline::Newsfeed(reader);
-            Update::Remove {
-                list: feed.key(),
-                members: vec![feed.member(&entry_of(newsfeed_id, id, me))],
-            }
+    updates.extend(circles::deleted_updates(&tweet));
+    if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
+        let feeds = readers
+            .into_iter()
+            .map(|(newsfeed_id, reader)| (Timeline::Newsfeed(reader), newsfeed_id))
+            .chain(lists.into_iter().map(|list| (Timeline::List(list), id)));
+        updates.extend(feeds.map(|(timeline, entry_id)| Update::Remove {
+            list: timeline.key(),
+            members: vec![timeline.member(&entry_of(entry_id, id, me))],
         }));
     }
     let staged = cache.stage(&mut tx, &updates).await?;
@@ -253,7 +276,8 @@ fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
 /// Tweets with their counts by id (any order; unknown ids are absent).
 pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
     sqlx::query_as(
-        "select id, user_id, content, created_at, likes_count, comments_count, counts_version
+        "select id, user_id, content, created_at, circle_id, likes_count, comments_count,
+                counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)

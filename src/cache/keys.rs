@@ -8,6 +8,10 @@
 //! |---|---|---|
 //! | `{p}:{u42}:feed` | sorted set | user 42's newsfeed: member `"{newsfeed_id}:{tweet_id}:{author_id}"`, score = `created_at` in µs |
 //! | `{p}:{u42}:tweets` | sorted set | user 42's own tweets: member `"{tweet_id}"`, score = `created_at` in µs |
+//! | `{p}:{l7}:feed` | sorted set | list 7's timeline: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
+//! | `{p}:{c3}:tweets` | sorted set | circle 3's tweets: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
+//! | `{p}:{c3d20261122}:rank` | sorted set | circle 3's rank of 2026-11-22 (UTC): member `"{created_at µs, 17 digits}:{tweet_id}:{author_id}"`, score = likes + comments |
+//! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
 //! | `{p}:{u42}:liked` | set | ids of the tweets user 42 liked, plus the marker `-1` (an integer, so the set stays an intset) |
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
@@ -19,25 +23,51 @@
 
 use std::fmt;
 
-/// A cached, generation-guarded collection of one user: a timeline list or the liked set.
+/// Whose keys: the hash tag every key of one owner carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A user (`{u42}`).
+    User(i64),
+    /// A list (`{l7}`).
+    List(i64),
+    /// A circle (`{c3}`).
+    Circle(i64),
+    /// One UTC day of a circle (`{c3d20261122}`: circle 3, day `yyyymmdd`), for its rank.
+    CircleDay(i64, u32),
+}
+
+impl fmt::Display for Owner {
+    /// The hash tag's content.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Owner::User(id) => write!(f, "u{id}"),
+            Owner::List(id) => write!(f, "l{id}"),
+            Owner::Circle(id) => write!(f, "c{id}"),
+            Owner::CircleDay(id, day) => write!(f, "c{id}d{day}"),
+        }
+    }
+}
+
+/// A cached, generation-guarded collection of one owner: a timeline list, a rank or the liked
+/// set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ListKey {
-    /// The owner's user id (the hash tag `{u<id>}`).
-    pub owner: i64,
-    /// The collection's name after the hash tag (`feed`, `tweets`, `liked`).
+    /// The owner (the hash tag).
+    pub owner: Owner,
+    /// The collection's name after the hash tag (`feed`, `tweets`, `liked`, `rank`).
     pub name: &'static str,
 }
 
 impl ListKey {
-    /// The collection `name` of user `owner`.
-    pub const fn new(owner: i64, name: &'static str) -> Self {
+    /// The collection `name` of `owner`.
+    pub const fn new(owner: Owner, name: &'static str) -> Self {
         ListKey { owner, name }
     }
 }
 
 impl fmt::Display for ListKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} of user {}", self.name, self.owner)
+        write!(f, "{} of {}", self.name, self.owner)
     }
 }
 
@@ -67,7 +97,12 @@ impl Keys {
 
     /// The key of a list or set.
     pub fn list(&self, list: ListKey) -> String {
-        format!("{}:{{u{}}}:{}", self.prefix, list.owner, list.name)
+        format!("{}:{{{}}}:{}", self.prefix, list.owner, list.name)
+    }
+
+    /// The version hash of a rank (same slot as the rank).
+    pub fn versions_of(list_key: &str) -> String {
+        format!("{list_key}:ver")
     }
 
     /// The generation hash of a list or set (same slot as the list).
@@ -103,7 +138,7 @@ impl Keys {
 
     /// The set of tweets a user liked.
     pub fn liked(&self, user_id: i64) -> String {
-        self.list(ListKey::new(user_id, LIKED))
+        self.list(ListKey::new(Owner::User(user_id), LIKED))
     }
 
     /// The cache epoch (see [`super::epoch`]).
@@ -127,7 +162,14 @@ mod tests {
     #[test]
     fn every_key_of_one_owner_shares_its_hash_tag() {
         let keys = Keys::new("p").unwrap();
-        let feed = keys.list(ListKey::new(42, "feed"));
+        let feed = keys.list(ListKey::new(Owner::User(42), "feed"));
+        assert_eq!(
+            keys.list(ListKey::new(Owner::List(7), "feed")),
+            "p:{l7}:feed"
+        );
+        let rank = keys.list(ListKey::new(Owner::CircleDay(3, 20261122), "rank"));
+        assert_eq!(rank, "p:{c3d20261122}:rank");
+        assert_eq!(Keys::versions_of(&rank), "p:{c3d20261122}:rank:ver");
         assert_eq!(feed, "p:{u42}:feed");
         assert_eq!(Keys::gen_of(&feed), "p:{u42}:feed:gen");
         assert_eq!(keys.liked(42), "p:{u42}:liked");

@@ -19,6 +19,7 @@ pub mod keys;
 pub mod lists;
 pub mod objects;
 pub mod outbox;
+pub mod rank;
 pub mod scripts;
 pub mod update;
 
@@ -31,7 +32,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind};
 
 use crate::config::{CacheMode, Config};
-pub use keys::{Keys, ListKey};
+pub use keys::{Keys, ListKey, Owner};
 pub use lists::{Generation, Scored, Window};
 pub use update::{Guard, Repair, Staged, Update};
 

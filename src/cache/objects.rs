@@ -180,7 +180,8 @@ impl Cache {
 
     /// Starts loading a user's liked set (see [`Cache::begin_load`]).
     pub async fn begin_load_liked(&self, user: i64) -> Result<Generation, CacheUnavailable> {
-        self.begin_load(ListKey::new(user, keys::LIKED)).await
+        self.begin_load(ListKey::new(keys::Owner::User(user), keys::LIKED))
+            .await
     }
 
     /// Stores a user's liked set loaded from Postgres unless it exists or changed since

@@ -243,8 +243,75 @@ return 1
     ))
 });
 
+/// `RANK_RANGE rank | count` → nil if the rank is not cached, else
+/// `[member, score, ...]`: the `count` highest scores, ties in reverse member order (members
+/// start with the tweet's `created_at`, so ties list the newest first). A rank is a sorted set
+/// with the marker `#` at `-inf`, so a day without tweets is cached too.
+pub static RANK_RANGE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local items = redis.call('ZRANGE', KEYS[1], '+inf', '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, tonumber(ARGV[1]) + 1, 'WITHSCORES')
+local out = {}
+for i = 1, #items, 2 do
+  if items[i] ~= '#' and #out < 2 * tonumber(ARGV[1]) then
+    out[#out + 1] = items[i]
+    out[#out + 1] = items[i + 1]
+  end
+end
+return out
+"#,
+    )
+});
+
+/// `RANK_SET rank gen ver | ttl member score version`: the versioned write-through of one
+/// tweet's score (likes + comments committed with `counts_version` = `version`) into a cached
+/// rank: stored only if newer than the version the rank holds for that member (a write-through
+/// that reaches Redis late can not put back an older score), never creating a rank (no blind
+/// increment of a missing key: a missing rank is rebuilt from Postgres). Bumps `w` if the rank
+/// or its generation exists, so a rebuild in flight is refused.
+pub static RANK_SET: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{GENERATIONS}
+local cached = redis.call('EXISTS', KEYS[1]) == 1
+if cached then
+  local v = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '-1')
+  if tonumber(ARGV[4]) > v then
+    redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+    redis.call('HSET', KEYS[3], ARGV[2], ARGV[4])
+    redis.call('EXPIRE', KEYS[3], ARGV[1])
+  end
+end
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then bump(KEYS[2], ARGV[1], false) end
+return 1
+"#
+    ))
+});
+
+/// `RANK_FILL rank gen ver | expected ttl score member version ...` → 1 if stored: a rank
+/// rebuilt from Postgres, stored with its versions only if it is still absent and nothing was
+/// written to it since [`BEGIN_LOAD`] returned `expected`.
+pub static RANK_FILL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{SAME_GENERATION}
+if not same_generation(KEYS[2], ARGV[1]) then return 0 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('DEL', KEYS[3])
+redis.call('ZADD', KEYS[1], '-inf', '#')
+for i = 3, #ARGV, 3 do
+  redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
+  redis.call('HSET', KEYS[3], ARGV[i + 1], ARGV[i + 2])
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+redis.call('EXPIRE', KEYS[3], ARGV[2])
+return 1
+"#
+    ))
+});
+
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 9] {
+pub fn all() -> [&'static Script; 12] {
     [
         &RANGE,
         &BEGIN_LOAD,
@@ -255,5 +322,8 @@ pub fn all() -> [&'static Script; 9] {
         &SET_IF_NEWER,
         &SET_FILL,
         &SET_ADD,
+        &RANK_RANGE,
+        &RANK_SET,
+        &RANK_FILL,
     ]
 }

@@ -14,6 +14,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::cache::counts::Versioned;
 use crate::cache::objects::{TOMBSTONE, encode_user, pipe_put_tweet};
+use crate::cache::rank::RANK_TTL_SECS;
 use crate::cache::{AfterCommit, Cache, Keys, ListKey, Scored, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
 
@@ -57,6 +58,15 @@ pub enum Update {
     UserCounts { id: i64, counts: UserCounts },
     /// A bearer token was revoked (by its hash): tombstone it.
     TokenRevoked { hash: Vec<u8> },
+    /// The versioned write-through of a circle tweet's score (likes + comments, committed with
+    /// `version`) into its day's cached rank ([`crate::cache::rank`]); `member` from
+    /// [`crate::cache::rank::rank_member`].
+    RankScore {
+        rank: ListKey,
+        member: String,
+        score: i64,
+        version: i64,
+    },
     /// `user` liked (`true`) `tweet`: add it to the user's liked set if cached; or stopped
     /// liking it (`false`): drop the set (a like and a cancel may reach Redis in either order;
     /// a dropped set is reloaded with the next read).
@@ -196,6 +206,23 @@ impl Update {
                     key: keys.token(hash),
                 }],
             ),
+            Update::RankScore {
+                rank,
+                member,
+                score,
+                version,
+            } => {
+                let key = keys.list(*rank);
+                let mut inv = scripts::RANK_SET.key(&key);
+                inv.key(Keys::gen_of(&key))
+                    .key(Keys::versions_of(&key))
+                    .arg(RANK_TTL_SECS)
+                    .arg(member)
+                    .arg(*score)
+                    .arg(*version);
+                pipe.invoke_script(&inv).ignore();
+                vec![Repair::Invalidate { key }]
+            }
             Update::Liked { user, tweet, liked } => {
                 let key = keys.liked(*user);
                 if *liked {

@@ -106,14 +106,21 @@ impl Fields {
 
     /// A required id: a JSON integer or a decimal string.
     pub fn required_id(&self, name: &str, errors: &mut FieldErrors) -> Option<i64> {
+        if matches!(self.0.get(name), None | Some(Value::Null)) {
+            errors
+                .entry(name.into())
+                .or_default()
+                .push("This field is required.".into());
+            return None;
+        }
+        self.optional_id(name, errors)
+    }
+
+    /// An optional id: `None` if absent, null or empty; otherwise as [`Fields::required_id`].
+    pub fn optional_id(&self, name: &str, errors: &mut FieldErrors) -> Option<i64> {
         let parsed = match self.0.get(name) {
-            None | Some(Value::Null) => {
-                errors
-                    .entry(name.into())
-                    .or_default()
-                    .push("This field is required.".into());
-                return None;
-            }
+            None | Some(Value::Null) => return None,
+            Some(Value::String(s)) if s.trim().is_empty() => return None,
             Some(Value::Number(n)) => n.as_i64(),
             Some(Value::String(s)) => s.trim().parse().ok(),
             Some(_) => None,

@@ -1,11 +1,13 @@
 //! The HTTP API: one router per module, merged here, with the layers every route shares.
 
 pub mod accounts;
+pub mod circles;
 pub mod comments;
 pub mod extract;
 pub mod friendships;
 pub mod health;
 pub mod likes;
+pub mod lists;
 pub mod newsfeeds;
 pub mod tweets;
 pub mod users;
@@ -47,6 +49,8 @@ pub fn router(state: AppState) -> Router {
         .merge(friendships::router())
         .merge(comments::router())
         .merge(likes::router())
+        .merge(lists::router())
+        .merge(circles::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn(run_to_completion))

@@ -7,6 +7,7 @@ use axum::{Json, Router};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::circles;
 use crate::comments::{self, Comment};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
@@ -58,12 +59,16 @@ async fn create(
 ) -> ApiResult<(StatusCode, Json<Tweet>)> {
     let mut errors = FieldErrors::new();
     let raw = fields.required_text("content", &mut errors);
+    let circle = fields.optional_id("circle_id", &mut errors);
     let content = match raw.map(|c| tweets::validate_content(&c)) {
         Some(Ok(c)) if errors.is_empty() => c,
         Some(Err(msg)) => return Err(ApiError::field("content", msg)),
         _ => return Err(ApiError::Validation(errors)),
     };
-    let tweet = tweets::create(&state.db, &state.cache, auth.user_id, &content).await?;
+    if let Some(circle) = circle {
+        circles::check_can_post(&state.db, circle, auth.user_id).await?;
+    }
+    let tweet = tweets::create(&state.db, &state.cache, auth.user_id, &content, circle).await?;
     state.worker.wake.notify_one();
     let no_counts = TweetCounts::default();
     Ok((

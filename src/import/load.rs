@@ -13,6 +13,7 @@ use rand::{RngCore, SeedableRng};
 use sqlx::{PgConnection, PgPool};
 
 use super::map::{Mapped, Post};
+use super::read::InList;
 use crate::accounts;
 use crate::time::Timestamp;
 
@@ -74,7 +75,8 @@ async fn copy_rows(
 pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
     sqlx::query(
         "truncate users, auth_tokens, tweets, friendships, newsfeeds, jobs, cache_outbox,
-                      comments, tweet_likes, comment_likes restart identity",
+                  comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
+                  circles, circle_members restart identity",
     )
     .execute(&mut *conn)
     .await?;
@@ -168,9 +170,82 @@ pub(super) async fn tweets_and_comments(
     Ok(())
 }
 
+/// Adds the lists of a circles file, owned by their egos, with their members; accounts for
+/// egos and members that are not there yet are added as graph nodes are (`u{id}`). A list's
+/// `created_at` is 2012-01-02T00:00:00Z plus its line's position in µs, a membership's
+/// 2012-01-03T00:00:00Z plus its position among all memberships in µs (unique, as chirp
+/// requires). Lists are matched by (owner, name), so a second import adds nothing.
+pub(super) async fn lists(conn: &mut PgConnection, circles: &[InList]) -> anyhow::Result<()> {
+    sqlx::raw_sql(
+        "create temp table import_lists (owner bigint, name text, created_at timestamptz) on commit drop;
+         create temp table import_list_members (owner bigint, name text, user_id bigint, created_at timestamptz) on commit drop;",
+    )
+    .execute(&mut *conn)
+    .await?;
+    let list_base = chrono::DateTime::from_timestamp(1_325_462_400, 0).unwrap_or_default();
+    let member_base = list_base + chrono::Duration::days(1);
+    let mut name = String::new();
+    copy_rows(
+        conn,
+        "copy import_lists (owner, name, created_at) from stdin",
+        circles.iter().enumerate().map(|(i, l)| {
+            name.clear();
+            copy_text(&l.name, &mut name);
+            let at = list_base + chrono::Duration::microseconds(i as i64);
+            format!("{}\t{name}\t{}", l.owner, copy_time(&at))
+        }),
+    )
+    .await?;
+    let memberships = circles
+        .iter()
+        .flat_map(|l| l.members.iter().map(move |m| (l, *m)))
+        .enumerate()
+        .map(|(i, (l, m))| {
+            let mut name = String::new();
+            copy_text(&l.name, &mut name);
+            let at = member_base + chrono::Duration::microseconds(i as i64);
+            format!("{}\t{name}\t{m}\t{}", l.owner, copy_time(&at))
+        });
+    copy_rows(
+        conn,
+        "copy import_list_members (owner, name, user_id, created_at) from stdin",
+        memberships,
+    )
+    .await?;
+    sqlx::raw_sql(
+        "insert into users (id, username, email, password_hash, created_at)
+         select id, 'u' || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01'
+         from (select owner as id from import_lists union select user_id from import_list_members) n
+         on conflict do nothing;
+         insert into lists (owner_id, name, created_at)
+         select owner, name, created_at from import_lists on conflict do nothing;
+         insert into list_members (list_id, user_id, created_at)
+         select l.id, m.user_id, m.created_at
+         from import_list_members m join lists l on l.owner_id = m.owner and l.name = m.name
+         on conflict do nothing;",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Puts every staged tweet in its author's and its author's followers' newsfeeds.
 pub(super) async fn newsfeeds(conn: &mut PgConnection) -> anyhow::Result<()> {
     crate::newsfeeds::fill_from_friendships(conn).await?;
+    Ok(())
+}
+
+/// Fills every list's timeline with its members' tweets (rows already there are left alone;
+/// imported rows have no `arrived_at`, like imported newsfeed rows).
+pub(super) async fn list_feeds(conn: &mut PgConnection) -> anyhow::Result<()> {
+    sqlx::query(
+        "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
+         select m.list_id, t.id, t.created_at, null
+         from list_members m join tweets t on t.user_id = m.user_id
+         on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }
 
@@ -199,9 +274,17 @@ pub(super) async fn counts_and_sequences(conn: &mut PgConnection) -> anyhow::Res
     .execute(&mut *conn)
     .await?;
     sqlx::query(
+        "update lists l set members_count = c.n
+         from (select l.id, (select count(*) from list_members where list_id = l.id) as n from lists l) c
+         where c.id = l.id and l.members_count <> c.n",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
         "select setval(pg_get_serial_sequence('users', 'id'), greatest((select max(id) from users), 1)),
                 setval(pg_get_serial_sequence('tweets', 'id'), greatest((select max(id) from tweets), 1)),
-                setval(pg_get_serial_sequence('comments', 'id'), greatest((select max(id) from comments), 1))",
+                setval(pg_get_serial_sequence('comments', 'id'), greatest((select max(id) from comments), 1)),
+                setval(pg_get_serial_sequence('lists', 'id'), greatest((select max(id) from lists), 1))",
     )
     .execute(&mut *conn)
     .await?;
@@ -257,28 +340,38 @@ pub(super) async fn write_tokens(
 
 /// Updates the planner's statistics of the tables the import filled (after the commit).
 pub(super) async fn analyze(db: &PgPool) -> anyhow::Result<()> {
-    sqlx::query("analyze users, tweets, friendships, newsfeeds, comments")
-        .execute(db)
-        .await?;
+    sqlx::query(
+        "analyze users, tweets, friendships, newsfeeds, comments, lists, list_members, list_feeds",
+    )
+    .execute(db)
+    .await?;
     Ok(())
 }
 
 /// `(table, rows)` for the tables the import writes.
 pub(super) async fn table_counts(db: &PgPool) -> anyhow::Result<Vec<(String, i64)>> {
-    let counts: (i64, i64, i64, i64, i64, i64) = sqlx::query_as(
-        "select (select count(*) from users), (select count(*) from friendships), (select count(*) from tweets),
-                (select count(*) from comments), (select count(*) from newsfeeds), (select count(*) from auth_tokens)",
+    let tables = [
+        "users",
+        "friendships",
+        "tweets",
+        "comments",
+        "newsfeeds",
+        "auth_tokens",
+        "lists",
+        "list_members",
+        "list_feeds",
+    ];
+    let counts: Vec<i64> = sqlx::query_scalar(
+        "select n from (values
+            (1, (select count(*) from users)), (2, (select count(*) from friendships)),
+            (3, (select count(*) from tweets)), (4, (select count(*) from comments)),
+            (5, (select count(*) from newsfeeds)), (6, (select count(*) from auth_tokens)),
+            (7, (select count(*) from lists)), (8, (select count(*) from list_members)),
+            (9, (select count(*) from list_feeds))) t(i, n) order by i",
     )
-    .fetch_one(db)
+    .fetch_all(db)
     .await?;
-    Ok(vec![
-        ("users".into(), counts.0),
-        ("friendships".into(), counts.1),
-        ("tweets".into(), counts.2),
-        ("comments".into(), counts.3),
-        ("newsfeeds".into(), counts.4),
-        ("auth_tokens".into(), counts.5),
-    ])
+    Ok(tables.iter().map(|t| (*t).to_owned()).zip(counts).collect())
 }
 
 #[cfg(test)]

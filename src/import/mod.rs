@@ -19,6 +19,10 @@
 //!   chain), keeping their id; other replies are tweets.
 //! - **Newsfeeds**: one row for every follower of every imported tweet's author, and one for the
 //!   author, made with set-based SQL, so feeds are complete right after the import.
+//! - **Lists** (`--circles`, SNAP ego-Twitter circles: `ego<TAB>circle name<TAB>member…`): each
+//!   circle becomes a list named as in the file, owned by the ego's account, with its members;
+//!   every list's timeline is filled with its members' tweets. Egos and members that are not
+//!   accounts yet become accounts as graph nodes do. `--circles` works alone or with a graph.
 //!
 //! Everything is loaded with `COPY` into temporary staging tables and moved into the real
 //! tables with `insert … select … on conflict do nothing`, in one transaction: a failed import
@@ -43,28 +47,56 @@ pub use report::{Skipped, Summary};
 /// A missing or unreadable file, an empty graph, or a database error; the database is then
 /// left as it was.
 pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
+    if args.follows.is_none() && args.circles.is_none() {
+        anyhow::bail!("nothing to import: give --follows and --tweets, or --circles, or both");
+    }
     let mut phases = Phases::new();
-    let edges = phases.timed("read follows", || read::read_follows(&args.follows))?;
-    let (tweets, skipped_tweets, duplicate_tweets) =
-        phases.timed("read tweets", || read::read_tweets(&args.tweets))?;
-
-    phases.start("map authors and times");
-    let mapped = map::map(&tweets, &edges.edges)?;
+    let mut summary = Summary::default();
+    let graph = match &args.follows {
+        Some(follows) => {
+            let edges = phases.timed("read follows", || read::read_follows(follows))?;
+            let (tweets, skipped_tweets, duplicate_tweets) =
+                phases.timed("read tweets", || read::read_tweets(&args.tweets))?;
+            summary.skipped_edges = edges.skipped.clone();
+            summary.duplicate_edges = edges.duplicates;
+            summary.self_follows = edges.self_follows;
+            summary.skipped_tweets = skipped_tweets;
+            summary.duplicate_tweets = duplicate_tweets;
+            Some((edges, tweets))
+        }
+        None => None,
+    };
+    let circles = match &args.circles {
+        Some(path) => Some(phases.timed("read circles", || read::read_circles(path))?),
+        None => None,
+    };
 
     let mut tx = db.begin().await?;
     if args.reset {
         phases.start("reset");
         load::reset(&mut tx).await?;
     }
-    load::create_staging(&mut tx).await?;
-    phases.start("load users");
-    load::users(&mut tx, &mapped).await?;
-    phases.start("load friendships");
-    load::friendships(&mut tx, &mapped, &edges.edges).await?;
-    phases.start("load tweets and comments");
-    load::tweets_and_comments(&mut tx, &mapped).await?;
-    phases.start("fan out newsfeeds");
-    load::newsfeeds(&mut tx).await?;
+    if let Some((edges, tweets)) = &graph {
+        phases.start("map authors and times");
+        let mapped = map::map(tweets, &edges.edges)?;
+        load::create_staging(&mut tx).await?;
+        phases.start("load users");
+        load::users(&mut tx, &mapped).await?;
+        phases.start("load friendships");
+        load::friendships(&mut tx, &mapped, &edges.edges).await?;
+        phases.start("load tweets and comments");
+        load::tweets_and_comments(&mut tx, &mapped).await?;
+        phases.start("fan out newsfeeds");
+        load::newsfeeds(&mut tx).await?;
+    }
+    if let Some(circles) = &circles {
+        phases.start("load lists");
+        load::lists(&mut tx, &circles.lists).await?;
+        summary.skipped_circles = circles.skipped.clone();
+        summary.duplicate_members = circles.duplicate_members;
+    }
+    phases.start("fill list timelines");
+    load::list_feeds(&mut tx).await?;
     phases.start("count");
     load::counts_and_sequences(&mut tx).await?;
     let mut tokens_written = 0;
@@ -76,16 +108,8 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
     tx.commit().await?;
     phases.start("analyze");
     load::analyze(db).await?;
-    let phases = phases.finish();
-
-    Ok(Summary {
-        phases,
-        tables: load::table_counts(db).await?,
-        skipped_edges: edges.skipped,
-        skipped_tweets,
-        duplicate_edges: edges.duplicates,
-        self_follows: edges.self_follows,
-        duplicate_tweets,
-        tokens_written,
-    })
+    summary.phases = phases.finish();
+    summary.tables = load::table_counts(db).await?;
+    summary.tokens_written = tokens_written;
+    Ok(summary)
 }

@@ -233,3 +233,64 @@ mod tests {
         assert_eq!(crate::time::format(&t), "2016-11-09T06:57:54.000000Z");
     }
 }
+
+/// One list of a SNAP ego-Twitter circles file: its owner (the ego), name and members.
+#[derive(Debug, Clone)]
+pub(super) struct InList {
+    pub(super) owner: i64,
+    pub(super) name: String,
+    pub(super) members: Vec<i64>,
+}
+
+/// A circles file as read.
+#[derive(Debug, Default)]
+pub(super) struct Circles {
+    pub(super) lists: Vec<InList>,
+    pub(super) skipped: Skipped,
+    /// Members named twice in one list (kept once).
+    pub(super) duplicate_members: usize,
+}
+
+/// Reads SNAP ego-Twitter circles (`ego<TAB>circle name<TAB>member id<TAB>…` per line, each
+/// circle one of the ego's Twitter lists), skipping malformed lines: a bad id, or a name that
+/// is empty or longer than a list name may be.
+pub(super) fn read_circles(path: &Path) -> anyhow::Result<Circles> {
+    let (mut reader, pb) = open(path, "circles")?;
+    let mut out = Circles::default();
+    for_each_line(path, &mut *reader, |n, line| {
+        let line = match line {
+            Ok(l) => l.trim_end(),
+            Err(reason) => return out.skipped.add(path, n, reason),
+        };
+        if line.is_empty() || line.starts_with('#') {
+            return;
+        }
+        let mut fields = line.split('\t');
+        let owner = fields.next().and_then(|o| o.trim().parse::<i64>().ok());
+        let name = fields.next().map(str::trim).unwrap_or_default();
+        let Some(owner) = owner else {
+            return out.skipped.add(path, n, "expected an integer ego id");
+        };
+        if name.is_empty() || name.chars().count() > crate::lists::MAX_NAME_CHARS {
+            return out
+                .skipped
+                .add(path, n, "expected a list name of 1 to 25 characters");
+        }
+        let mut members = Vec::new();
+        let mut seen = HashSet::new();
+        for raw in fields {
+            match raw.trim().parse::<i64>() {
+                Ok(m) if seen.insert(m) => members.push(m),
+                Ok(_) => out.duplicate_members += 1,
+                Err(_) => return out.skipped.add(path, n, "expected integer member ids"),
+            }
+        }
+        out.lists.push(InList {
+            owner,
+            name: name.to_owned(),
+            members,
+        });
+    })?;
+    pb.finish();
+    Ok(out)
+}

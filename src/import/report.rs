@@ -9,7 +9,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 const EXAMPLES: usize = 5;
 
 /// What was skipped while reading, with a few examples (`file:line: reason`).
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Skipped {
     /// How many lines were skipped.
     pub count: usize,
@@ -48,6 +48,10 @@ pub struct Summary {
     pub duplicate_tweets: usize,
     /// Tokens written to the tokens file (0 without one).
     pub tokens_written: usize,
+    /// Malformed lines of the circles file.
+    pub skipped_circles: Skipped,
+    /// Members named twice in one circle (kept once).
+    pub duplicate_members: usize,
 }
 
 impl std::fmt::Display for Summary {
@@ -72,11 +76,17 @@ impl std::fmt::Display for Summary {
             "tweets: {} duplicate ids dropped, {} malformed lines skipped",
             self.duplicate_tweets, self.skipped_tweets.count
         )?;
+        writeln!(
+            f,
+            "circles: {} members named twice in a circle, {} malformed lines skipped",
+            self.duplicate_members, self.skipped_circles.count
+        )?;
         for e in self
             .skipped_edges
             .examples
             .iter()
             .chain(&self.skipped_tweets.examples)
+            .chain(&self.skipped_circles.examples)
         {
             writeln!(f, "  skipped {e}")?;
         }

@@ -94,11 +94,12 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
     let tweets = files.write("tweets.jsonl.gz", &tweets);
     let tokens = files.dir.join("tokens.tsv");
     let args = ImportArgs {
-        follows,
+        follows: Some(follows),
         tweets: vec![tweets],
         reset: false,
         tokens_out: Some(tokens.clone()),
         tokens: 5,
+        circles: None,
     };
 
     let summary = chirp::import::run(app.db(), &args).await.unwrap();
@@ -217,22 +218,24 @@ async fn a_failed_import_changes_nothing_and_says_why(db: PgPool) {
         &tweet(5, 9, "Wed Nov 09 06:57:54 +0000 2016", "hi", None),
     );
     let missing = ImportArgs {
-        follows: files.dir.join("nope.txt"),
+        follows: Some(files.dir.join("nope.txt")),
         tweets: vec![tweets.clone()],
         reset: false,
         tokens_out: None,
         tokens: 1,
+        circles: None,
     };
     let err = chirp::import::run(app.db(), &missing).await.unwrap_err();
     assert!(format!("{err:#}").contains("nope.txt"), "{err:#}");
 
     // Fails after loading everything, at the token file: rolled back.
     let unwritable = ImportArgs {
-        follows,
+        follows: Some(follows),
         tweets: vec![tweets],
         reset: true,
         tokens_out: Some(files.dir.join("no/such/dir/tokens.tsv")),
         tokens: 1,
+        circles: None,
     };
     app.signup("existing").await;
     assert!(chirp::import::run(app.db(), &unwritable).await.is_err());
