@@ -242,7 +242,7 @@ async fn lock_circle(tx: &mut PgConnection, id: i64) -> ApiResult<()> {
 /// # Errors
 /// 404 if there is no such circle.
 pub async fn join(db: &PgPool, me: i64, id: i64) -> ApiResult<Added> {
-    let joined = db::with_unique_timestamp(
+    db::with_unique_timestamp(
         &["circle_members_created_at_key"],
         |created_at| async move {
             let mut tx = db.begin().await?;
@@ -266,8 +266,7 @@ pub async fn join(db: &PgPool, me: i64, id: i64) -> ApiResult<Added> {
             Ok(Ok(Added::New(created_at)))
         },
     )
-    .await?;
-    joined
+    .await?
 }
 
 /// `me` leaves circle `id`; returns rows deleted (0 or 1). Tweets posted into it stay.

@@ -238,42 +238,40 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
 /// # Errors
 /// 404 / 403 as [`delete`]; 400 on `user_id` if there is no such user.
 pub async fn add_member(db: &PgPool, me: i64, id: i64, user: i64) -> ApiResult<Added> {
-    let added =
-        db::with_unique_timestamp(&["list_members_created_at_key"], |created_at| async move {
-            let mut tx = db.begin().await?;
-            if let Err(e) = lock_owned(&mut tx, me, id).await {
-                return Ok(Err(e));
-            }
-            if !users::exists(db, user).await? {
-                return Ok(Err(ApiError::field("user_id", "User does not exist.")));
-            }
-            let inserted: Option<Timestamp> = sqlx::query_scalar(
-                "insert into list_members (list_id, user_id, created_at) values ($1, $2, $3)
+    db::with_unique_timestamp(&["list_members_created_at_key"], |created_at| async move {
+        let mut tx = db.begin().await?;
+        if let Err(e) = lock_owned(&mut tx, me, id).await {
+            return Ok(Err(e));
+        }
+        if !users::exists(db, user).await? {
+            return Ok(Err(ApiError::field("user_id", "User does not exist.")));
+        }
+        let inserted: Option<Timestamp> = sqlx::query_scalar(
+            "insert into list_members (list_id, user_id, created_at) values ($1, $2, $3)
                  on conflict (list_id, user_id) do nothing returning created_at",
-            )
-            .bind(id)
-            .bind(user)
-            .bind(created_at)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(created_at) = inserted else {
-                return Ok(Ok(Added::Duplicate));
-            };
-            shift_members(&mut tx, id, 1).await?;
-            jobs::enqueue(
-                &mut tx,
-                &Job::ListBackfill {
-                    list: id,
-                    member: user,
-                },
-            )
-            .await?;
-            tx.commit().await?;
-            Ok(Ok(Added::New(created_at)))
-        })
-        .await
-        .context("adding the list member")?;
-    added
+        )
+        .bind(id)
+        .bind(user)
+        .bind(created_at)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(created_at) = inserted else {
+            return Ok(Ok(Added::Duplicate));
+        };
+        shift_members(&mut tx, id, 1).await?;
+        jobs::enqueue(
+            &mut tx,
+            &Job::ListBackfill {
+                list: id,
+                member: user,
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Ok(Added::New(created_at)))
+    })
+    .await
+    .context("adding the list member")?
 }
 
 /// `me` removes `user` from list `id`; queues the unmerge. Returns rows deleted (0 or 1).
@@ -493,9 +491,9 @@ pub async fn fanout(
         let index: HashMap<i64, usize> = lists.iter().enumerate().map(|(i, l)| (*l, i)).collect();
         let updates: Vec<Update> = inserted
             .iter()
-            .filter_map(|l| {
-                let guard = guards.as_ref().and_then(|g| g.get(*index.get(l)?).cloned());
-                Some(Timeline::List(*l).guarded_merge(guard, &[entry]))
+            .map(|l| {
+                let guard = index.get(l).and_then(|i| guards.as_ref()?.get(*i).cloned());
+                Timeline::List(*l).guarded_merge(guard, &[entry])
             })
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;

@@ -189,6 +189,11 @@ impl TestApp {
             .list(timeline.key())
     }
 
+    /// The Redis key of any cached list, rank or set.
+    pub fn list_key_of(&self, list: chirp::cache::ListKey) -> String {
+        self.state.cache.keys().expect("cache on").list(list)
+    }
+
     /// Members of a cached list, newest first (`None`: not cached).
     pub async fn cached_members(&self, list: Timeline) -> Option<Vec<String>> {
         let mut r = self.redis().await;

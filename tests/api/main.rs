@@ -3,12 +3,14 @@
 
 mod accounts;
 mod cache;
+mod circles;
 mod comments;
 mod fanout;
 mod friendships;
 mod helpers;
 mod import;
 mod likes;
+mod lists;
 mod outbox;
 mod pagination;
 mod races;

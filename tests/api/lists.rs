@@ -1,0 +1,347 @@
+//! Lists: CRUD and membership, list timelines on the cache-aside path, the list jobs, and the
+//! import of SNAP circles as lists.
+
+use axum::http::{Method, StatusCode};
+use chirp::config::ImportArgs;
+use chirp::timeline::Timeline;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, page_all, tweet_ids};
+
+/// Creates a list and returns its id.
+async fn new_list(app: &TestApp, token: &str, name: &str) -> i64 {
+    let res = app
+        .post(
+            "/api/lists/",
+            Some(token),
+            json!({"name": name, "description": "people"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    res.body["id"].as_i64().expect("id")
+}
+
+async fn add(app: &TestApp, token: &str, list: i64, user: i64) -> serde_json::Value {
+    let res = app
+        .post(
+            &format!("/api/lists/{list}/members/"),
+            Some(token),
+            json!({"user_id": user}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    res.body
+}
+
+/// The list's tweets as Postgres says, newest first.
+async fn truth(app: &TestApp, list: i64) -> Vec<i64> {
+    sqlx::query_scalar(
+        "select t.id from tweets t join list_members m on m.user_id = t.user_id
+         where m.list_id = $1 order by t.created_at desc",
+    )
+    .bind(list)
+    .fetch_all(app.db())
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_list_timeline_pages_across_the_cached_window_into_postgres(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 5).await;
+    let (_, owner) = app.quick_user("owner").await;
+    let list = new_list(&app, &owner, "writers").await;
+    let (outsider, to) = app.quick_user("outsider").await;
+    for i in 0..3 {
+        let (id, token) = app.quick_user(&format!("member{i}")).await;
+        add(&app, &owner, list, id).await;
+        for j in 0..4 {
+            app.tweet(&token, &format!("member {i} tweet {j}")).await;
+        }
+    }
+    app.tweet(&to, "not in the list").await;
+    app.drain().await;
+    let expected = truth(&app, list).await;
+    assert_eq!(expected.len(), 12);
+
+    let uri = format!("/api/lists/{list}/timeline/");
+    let first = app.get(&uri, None).await.body;
+    assert_eq!(tweet_ids(&first)[..], expected[..12]);
+    let cached = app
+        .cached_members(Timeline::List(list))
+        .await
+        .expect("cached");
+    assert_eq!(cached.len(), 5, "trimmed to the list limit: {cached:?}");
+    for page_size in [1, 3, 7] {
+        assert_eq!(page_all(&app, &uri, None, page_size).await, expected);
+    }
+    assert!(
+        app.stat("fallbacks") > 0,
+        "pages past the window came from Postgres"
+    );
+    assert_eq!(first["results"][0]["user"]["username"], json!("member2"));
+    let _ = outsider;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn adding_a_member_backfills_and_removing_one_takes_their_tweets_out(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, owner) = app.quick_user("owner").await;
+    let (alice, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let list = new_list(&app, &owner, "friends").await;
+    let uri = format!("/api/lists/{list}/timeline/");
+    let old = app.tweet(&ta, "before she was added").await["id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(
+        tweet_ids(&app.get(&uri, None).await.body),
+        Vec::<i64>::new()
+    );
+    assert_eq!(
+        app.cached_members(Timeline::List(list)).await,
+        Some(vec!["#".to_owned()]),
+        "the empty timeline is cached as complete"
+    );
+
+    // Added: the backfill brings her earlier tweet into the cached list.
+    let added = add(&app, &owner, list, alice).await;
+    assert_eq!(added["user"]["id"], json!(alice));
+    assert_eq!(
+        add(&app, &owner, list, alice).await,
+        json!({"success": true, "duplicate": true})
+    );
+    app.drain().await;
+    let cached = app
+        .cached_members(Timeline::List(list))
+        .await
+        .expect("cached");
+    assert!(cached.contains(&format!("{old}:{alice}")), "{cached:?}");
+    assert_eq!(tweet_ids(&app.get(&uri, None).await.body), vec![old]);
+
+    // Her new tweet is fanned out to the list; bob's (not a member) is not.
+    add(&app, &owner, list, bob).await;
+    let new = app.tweet(&ta, "after").await["id"].as_i64().unwrap();
+    let by_bob = app.tweet(&tb, "bob's").await["id"].as_i64().unwrap();
+    app.drain().await;
+    assert_eq!(
+        tweet_ids(&app.get(&uri, None).await.body),
+        vec![by_bob, new, old]
+    );
+
+    // Deletes leave the list.
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/tweets/{by_bob}/"),
+            Some(&tb),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(tweet_ids(&app.get(&uri, None).await.body), vec![new, old]);
+
+    // Removed: all of her tweets leave, in Postgres and in the cached list.
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/lists/{list}/members/{alice}/"),
+            Some(&owner),
+            None,
+        )
+        .await;
+    assert_eq!(res.body, json!({"success": true, "deleted": 1}));
+    app.drain().await;
+    assert_eq!(
+        tweet_ids(&app.get(&uri, None).await.body),
+        Vec::<i64>::new()
+    );
+    let cached = app
+        .cached_members(Timeline::List(list))
+        .await
+        .expect("cached");
+    assert!(
+        !cached.iter().any(|m| m.ends_with(&format!(":{alice}"))),
+        "{cached:?}"
+    );
+    let detail = app.get(&format!("/api/lists/{list}/"), None).await.body;
+    assert_eq!(detail["members_count"], json!(1));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn only_the_owner_changes_a_list_and_bad_input_changes_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (owner_id, owner) = app.quick_user("owner").await;
+    let (other_id, other) = app.quick_user("other").await;
+    let list = new_list(&app, &owner, "mine").await;
+
+    let res = app
+        .post(
+            &format!("/api/lists/{list}/members/"),
+            Some(&other),
+            json!({"user_id": other_id}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/lists/{list}/"),
+            Some(&other),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN);
+    let res = app
+        .post(
+            "/api/lists/999999/members/",
+            Some(&owner),
+            json!({"user_id": other_id}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND);
+    let res = app
+        .post(
+            &format!("/api/lists/{list}/members/"),
+            Some(&owner),
+            json!({"user_id": 999999}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert!(res.body["errors"]["user_id"].is_array(), "{}", res.body);
+    for body in [
+        json!({"name": ""}),
+        json!({"name": "x".repeat(26)}),
+        json!({"name": "ok", "description": "d".repeat(101)}),
+        json!({"name": "mine"}),
+    ] {
+        let res = app.post("/api/lists/", Some(&owner), body.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.body);
+    }
+    let res = app.post("/api/lists/", None, json!({"name": "anon"})).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+
+    let mine = app
+        .get(&format!("/api/lists/?user_id={owner_id}"), None)
+        .await
+        .body;
+    assert_eq!(mine["results"].as_array().map(Vec::len), Some(1));
+    assert_eq!(mine["results"][0]["owner"]["id"], json!(owner_id));
+    assert_eq!(mine["results"][0]["members_count"], json!(0));
+
+    add(&app, &owner, list, other_id).await;
+    let members = app
+        .get(&format!("/api/lists/{list}/members/"), None)
+        .await
+        .body;
+    assert_eq!(members["results"][0]["user"]["id"], json!(other_id));
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/lists/{list}/"),
+            Some(&owner),
+            None,
+        )
+        .await;
+    assert_eq!(res.body, json!({"success": true}));
+    assert_eq!(
+        app.get(&format!("/api/lists/{list}/timeline/"), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn imported_circles_become_lists_with_filled_timelines(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let dir = std::env::temp_dir().join(crate::helpers::unique_prefix());
+    std::fs::create_dir_all(&dir).unwrap();
+    let follows = dir.join("graph.txt");
+    std::fs::write(&follows, "10 20\n11 20\n").unwrap();
+    let tweets = dir.join("tweets.jsonl");
+    let tweet = json!({"id_str": "5001", "created_at": "Wed Nov 09 06:57:54 +0000 2016",
+        "text": "imported", "user": {"id_str": "77"}});
+    std::fs::write(&tweets, tweet.to_string()).unwrap();
+    let circles = dir.join("circles.txt");
+    // Ego 10's list "0" holds 20 (the tweet's account) and 11, named twice; a malformed line.
+    std::fs::write(&circles, "10\t0\t20\t11\t11\n10\t1\t11\nnot-an-id\t2\t20\n").unwrap();
+    let args = ImportArgs {
+        follows: Some(follows),
+        tweets: vec![tweets],
+        reset: false,
+        tokens_out: None,
+        tokens: 0,
+        circles: Some(circles),
+    };
+    let summary = chirp::import::run(app.db(), &args).await.unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        (summary.duplicate_members, summary.skipped_circles.count),
+        (1, 1)
+    );
+    let list: i64 = sqlx::query_scalar("select id from lists where owner_id = 10 and name = '0'")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    let detail = app.get(&format!("/api/lists/{list}/"), None).await.body;
+    assert_eq!(detail["members_count"], json!(2));
+    assert_eq!(
+        tweet_ids(
+            &app.get(&format!("/api/lists/{list}/timeline/"), None)
+                .await
+                .body
+        ),
+        vec![5001]
+    );
+}
+
+/// The shared real data directory: `CHIRP_SHARED_DATA`, else `../shared/data` next to the
+/// project.
+fn shared_data() -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("CHIRP_SHARED_DATA")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data"));
+    dir.join("ego-twitter/circles.txt.gz")
+        .exists()
+        .then_some(dir)
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn the_real_snap_circles_import_as_4065_lists_and_twice_adds_nothing(db: PgPool) {
+    let Some(data) = shared_data() else {
+        eprintln!(
+            "SKIPPED: no shared data (set CHIRP_SHARED_DATA to the directory with ego-twitter/)"
+        );
+        return;
+    };
+    let app = TestApp::new(db).await;
+    let args = ImportArgs {
+        follows: None,
+        tweets: Vec::new(),
+        reset: false,
+        tokens_out: None,
+        tokens: 0,
+        circles: Some(data.join("ego-twitter/circles.txt.gz")),
+    };
+    let counts = async || -> (i64, i64, i64, i64) {
+        sqlx::query_as(
+            "select (select count(*) from lists), (select count(*) from list_members),
+                    (select count(distinct owner_id) from lists), (select sum(members_count)::bigint from lists)",
+        )
+        .fetch_one(app.db())
+        .await
+        .unwrap()
+    };
+    let summary = chirp::import::run(app.db(), &args).await.unwrap();
+    // 50,853 memberships in the file, 3 of them a member named twice in the same circle.
+    assert_eq!(summary.duplicate_members, 3);
+    assert_eq!(summary.skipped_circles.count, 0);
+    assert_eq!(counts().await, (4065, 50_850, 938, 50_850));
+    chirp::import::run(app.db(), &args).await.unwrap();
+    assert_eq!(
+        counts().await,
+        (4065, 50_850, 938, 50_850),
+        "again: nothing added"
+    );
+}
