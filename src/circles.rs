@@ -19,8 +19,8 @@ use sqlx::{PgConnection, PgPool};
 use crate::cache::rank::{RankEntry, parse_rank_member, rank_key, rank_member};
 use crate::cache::{Cache, Guard, Update};
 use crate::db;
-use crate::error::{ApiError, ApiResult, FieldErrors};
-use crate::lists::{Added, Member, member_page};
+use crate::error::{ApiError, ApiResult};
+use crate::lists::{Added, Member, member_page, validate_named};
 use crate::model::{TweetCounts, TweetRecord};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
@@ -85,32 +85,7 @@ macro_rules! circle_columns {
 /// # Errors
 /// The field errors, by field.
 pub fn validate(name: Option<String>, description: Option<String>) -> ApiResult<(String, String)> {
-    let mut errors = FieldErrors::new();
-    let name = name.map(|n| n.trim().to_owned()).unwrap_or_default();
-    match name.chars().count() {
-        0 => errors.insert("name".into(), vec!["This field may not be blank.".into()]),
-        n if n > MAX_NAME_CHARS => errors.insert(
-            "name".into(),
-            vec![format!(
-                "Ensure this field has no more than {MAX_NAME_CHARS} characters."
-            )],
-        ),
-        _ => None,
-    };
-    let description = description.map(|d| d.trim().to_owned()).unwrap_or_default();
-    if description.chars().count() > MAX_DESCRIPTION_CHARS {
-        errors.insert(
-            "description".into(),
-            vec![format!(
-                "Ensure this field has no more than {MAX_DESCRIPTION_CHARS} characters."
-            )],
-        );
-    }
-    if errors.is_empty() {
-        Ok((name, description))
-    } else {
-        Err(ApiError::Validation(errors))
-    }
+    validate_named(name, description, MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS)
 }
 
 /// Creates a circle owned by `owner`, who is its first member.

@@ -89,26 +89,35 @@ macro_rules! list_columns {
 /// # Errors
 /// The field errors, by field.
 pub fn validate(name: Option<String>, description: Option<String>) -> ApiResult<(String, String)> {
+    validate_named(name, description, MAX_NAME_CHARS, MAX_DESCRIPTION_CHARS)
+}
+
+/// Validates the `name` (1 to `max_name` characters after trimming) and `description` (at most
+/// `max_description`, absent: empty) of a named group: a list or a circle.
+///
+/// # Errors
+/// The field errors, by field.
+pub fn validate_named(
+    name: Option<String>,
+    description: Option<String>,
+    max_name: usize,
+    max_description: usize,
+) -> ApiResult<(String, String)> {
     let mut errors = FieldErrors::new();
+    let too_long = |max: usize| {
+        vec![format!(
+            "Ensure this field has no more than {max} characters."
+        )]
+    };
     let name = name.map(|n| n.trim().to_owned()).unwrap_or_default();
     match name.chars().count() {
         0 => errors.insert("name".into(), vec!["This field may not be blank.".into()]),
-        n if n > MAX_NAME_CHARS => errors.insert(
-            "name".into(),
-            vec![format!(
-                "Ensure this field has no more than {MAX_NAME_CHARS} characters."
-            )],
-        ),
+        n if n > max_name => errors.insert("name".into(), too_long(max_name)),
         _ => None,
     };
     let description = description.map(|d| d.trim().to_owned()).unwrap_or_default();
-    if description.chars().count() > MAX_DESCRIPTION_CHARS {
-        errors.insert(
-            "description".into(),
-            vec![format!(
-                "Ensure this field has no more than {MAX_DESCRIPTION_CHARS} characters."
-            )],
-        );
+    if description.chars().count() > max_description {
+        errors.insert("description".into(), too_long(max_description));
     }
     if errors.is_empty() {
         Ok((name, description))

@@ -92,28 +92,35 @@ impl Fields {
         }
     }
 
-    /// A required text field.
-    pub fn required_text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
-        if matches!(self.0.get(name), None | Some(Value::Null)) {
+    /// Whether `name` was sent with a value; if not, records "This field is required.".
+    /// `empty_is_missing`: an empty or blank string counts as not sent (for ids).
+    fn present(&self, name: &str, empty_is_missing: bool, errors: &mut FieldErrors) -> bool {
+        let missing = match self.0.get(name) {
+            None | Some(Value::Null) => true,
+            Some(Value::String(s)) => empty_is_missing && s.trim().is_empty(),
+            Some(_) => false,
+        };
+        if missing {
             errors
                 .entry(name.into())
                 .or_default()
                 .push("This field is required.".into());
-            return None;
         }
-        self.text(name, errors)
+        !missing
+    }
+
+    /// A required text field.
+    pub fn required_text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
+        self.present(name, false, errors)
+            .then(|| self.text(name, errors))
+            .flatten()
     }
 
     /// A required id: a JSON integer or a decimal string.
     pub fn required_id(&self, name: &str, errors: &mut FieldErrors) -> Option<i64> {
-        if matches!(self.0.get(name), None | Some(Value::Null)) {
-            errors
-                .entry(name.into())
-                .or_default()
-                .push("This field is required.".into());
-            return None;
-        }
-        self.optional_id(name, errors)
+        self.present(name, true, errors)
+            .then(|| self.optional_id(name, errors))
+            .flatten()
     }
 
     /// An optional id: `None` if absent, null or empty; otherwise as [`Fields::required_id`].
