@@ -103,8 +103,8 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 
 /// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
 /// [`circles::check_can_post`]). One transaction inserts the tweet, the author's own newsfeed
-/// row, the author's (and circle's) count, the fan-out jobs (followers, lists) and the outbox
-/// row of its cache updates; then the author's cached lists (and the circle's tweets and rank)
+/// row, the author's (and circle's) count, the fan-out job (followers, then lists) and the
+/// outbox row of its cache updates; then the author's cached lists (and the circle's tweets and rank)
 /// get the entry at once (read your writes), the tweet object and its zero counts are cached,
 /// and the worker fans out to followers and lists.
 ///
@@ -194,8 +194,8 @@ async fn shift_tweets_count(
 }
 
 /// Deletes tweet `id` of user `me`: the tweet, every newsfeed and list timeline row of it (and
-/// its circle's count), and every cached entry
-/// (the tweet object becomes a tombstone, so no late reader can bring it back). A tweet with more
+/// its circle's count), and every cached entry (the tweet object becomes a tombstone, so no
+/// late reader can bring it back). A tweet with more
 /// than [`MAX_EAGER_REMOVALS`] readers (newsfeeds and lists) leaves their cached entries to the
 /// tombstone.
 ///
