@@ -135,6 +135,18 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub workers: u32,
 
+    /// Origins allowed to call the API from a browser (CORS), comma-separated, e.g.
+    /// `https://app.example.com,http://localhost:5173`; none by default (no CORS headers).
+    #[arg(long, global = true, env = "CHIRP_CORS_ORIGINS", value_delimiter = ',',
+          value_parser = parse_origin)]
+    pub cors_origins: Vec<String>,
+
+    /// Rate limits: `on` (the defaults of docs/API.md), `off`, or rules like
+    /// `auth=3/s;tweet=1/s,5/m;write=10/s;read=50/s` (classes not named keep their defaults).
+    #[arg(long, global = true, env = "CHIRP_RATE_LIMITS", default_value = "on",
+          value_parser = crate::http::limits::RateLimits::parse)]
+    pub rate_limits: crate::http::limits::RateLimits,
+
     /// Maximum Postgres connections of this process.
     #[arg(
         long,
@@ -143,6 +155,21 @@ pub struct Config {
         default_value_t = 20
     )]
     pub db_max_connections: u32,
+}
+
+/// An origin for CORS: `http(s)://host[:port]`, usable as a header value.
+fn parse_origin(raw: &str) -> Result<String, String> {
+    let origin = raw.trim().trim_end_matches('/');
+    let valid = (origin.starts_with("http://") || origin.starts_with("https://"))
+        && axum::http::HeaderValue::from_str(origin).is_ok()
+        && !origin["https://".len().min(origin.len())..].contains('/');
+    if valid {
+        Ok(origin.to_owned())
+    } else {
+        Err(format!(
+            "{raw:?} is not an origin like https://app.example.com"
+        ))
+    }
 }
 
 impl Config {

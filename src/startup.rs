@@ -61,7 +61,10 @@ impl Application {
         );
         tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
         let app = http::app(state);
-        axum::serve(self.listener, ServiceExt::<Request>::into_make_service(app))
+        // The peer address is the subject of anonymous callers' rate limits.
+        let service =
+            ServiceExt::<Request>::into_make_service_with_connect_info::<std::net::SocketAddr>(app);
+        axum::serve(self.listener, service)
             .with_graceful_shutdown(async move {
                 shutdown.await;
                 tracing::info!("shutting down: finishing requests and jobs");

@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 use crate::cache::Cache;
+use crate::cache::limits::LocalGcra;
 use crate::config::Config;
 use crate::jobs::Worker;
 
@@ -16,6 +17,8 @@ pub struct AppState {
     pub cache: Cache,
     pub worker: Worker,
     pub config: Arc<Config>,
+    /// The per-process rate limiter used while Redis is down.
+    pub limiter: Arc<LocalGcra>,
 }
 
 impl AppState {
@@ -37,6 +40,7 @@ impl AppState {
             cache,
             worker,
             config: Arc::new(config),
+            limiter: Arc::new(LocalGcra::default()),
         })
     }
 }

@@ -16,6 +16,7 @@
 pub mod counts;
 pub mod epoch;
 pub mod keys;
+pub mod limits;
 pub mod lists;
 pub mod objects;
 pub mod outbox;

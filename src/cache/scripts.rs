@@ -310,8 +310,50 @@ return 1
     ))
 });
 
+/// `GCRA key | n (field interval_us period_us)*n` → `[allowed 1|0, index of the rate nearest
+/// exhaustion, its remaining, its reset µs, retry-after µs]`. A request is allowed only if
+/// every rate allows it, and only then are the TATs stored. A rate of `count` per `period` has
+/// the emission interval `period / count` and lets `count` requests through at once.
+pub static GCRA: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n = tonumber(ARGV[1])
+local ok = true
+local new = {}
+local best, best_rem, best_reset = 0, nil, 0
+local retry, maxp = 0, 0
+for i = 0, n - 1 do
+  local field = ARGV[2 + i * 3]
+  local interval = tonumber(ARGV[3 + i * 3])
+  local period = tonumber(ARGV[4 + i * 3])
+  if period > maxp then maxp = period end
+  local tat = tonumber(redis.call('HGET', KEYS[1], field) or '0')
+  if tat < now then tat = now end
+  local nt = tat + interval
+  local rem, reset
+  if nt - now > period then
+    ok = false
+    if nt - period - now > retry then retry = nt - period - now end
+    rem, reset = 0, tat - now
+  else
+    new[field] = nt
+    rem, reset = math.floor((period - (nt - now)) / interval), nt - now
+  end
+  if best_rem == nil or rem < best_rem then best, best_rem, best_reset = i, rem, reset end
+end
+if ok then
+  for field, nt in pairs(new) do redis.call('HSET', KEYS[1], field, string.format('%.0f', nt)) end
+  redis.call('PEXPIRE', KEYS[1], math.ceil(maxp / 1000))
+end
+return {ok and 1 or 0, best, best_rem, best_reset, retry}
+"#,
+    )
+});
+
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 12] {
+pub fn all() -> [&'static Script; 13] {
     [
         &RANGE,
         &BEGIN_LOAD,
@@ -325,5 +367,6 @@ pub fn all() -> [&'static Script; 12] {
         &RANK_RANGE,
         &RANK_SET,
         &RANK_FILL,
+        &GCRA,
     ]
 }

@@ -3,10 +3,12 @@
 use std::collections::HashMap;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request};
-use axum::http::StatusCode;
+use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use crate::accounts;
@@ -196,8 +198,8 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
     }
 }
 
-fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
-    let Some(value) = parts.headers.get(AUTHORIZATION) else {
+fn bearer(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(AUTHORIZATION) else {
         return Ok(None);
     };
     let value = value.to_str().map_err(|_| ApiError::InvalidToken)?;
@@ -217,23 +219,40 @@ fn bearer(parts: &Parts) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// The authenticated caller (by id) and the token used. Rejection: 401.
+/// Middleware run before every route: a request that sends a bearer token is authenticated
+/// here, once; a malformed, unknown or revoked token is a 401 on *every* route (also where
+/// login is optional, as Django REST framework does); no token is an anonymous caller. The
+/// handlers' [`Auth`] and [`MaybeAuth`] read the result from the request's extensions.
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match bearer(req.headers()) {
+        Err(e) => return e.into_response(),
+        Ok(None) => {}
+        Ok(Some(token)) => match accounts::authenticate(&state.db, &state.cache, &token).await {
+            Ok(user_id) => {
+                req.extensions_mut().insert(Auth { user_id, token });
+            }
+            Err(e) => return e.into_response(),
+        },
+    }
+    next.run(req).await
+}
+
+/// The authenticated caller (by id) and the token used (see [`authenticate`]). Rejection: 401.
 #[derive(Debug, Clone)]
 pub struct Auth {
     pub user_id: i64,
     pub token: String,
 }
 
-impl FromRequestParts<AppState> for Auth {
+impl<S: Send + Sync> FromRequestParts<S> for Auth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let token = bearer(parts)?.ok_or(ApiError::Unauthenticated)?;
-        let user_id = accounts::authenticate(&state.db, &state.cache, &token).await?;
-        Ok(Auth { user_id, token })
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Auth>()
+            .cloned()
+            .ok_or(ApiError::Unauthenticated)
     }
 }
 
@@ -248,23 +267,15 @@ impl Auth {
     }
 }
 
-/// The caller's id if a token was sent (a bad token is still a 401), else anonymous.
+/// The caller's id if a token was sent (a bad token was a 401 already), else anonymous.
 #[derive(Debug, Clone, Copy)]
 pub struct MaybeAuth(pub Option<i64>);
 
-impl FromRequestParts<AppState> for MaybeAuth {
+impl<S: Send + Sync> FromRequestParts<S> for MaybeAuth {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        match bearer(parts)? {
-            None => Ok(MaybeAuth(None)),
-            Some(token) => Ok(MaybeAuth(Some(
-                accounts::authenticate(&state.db, &state.cache, &token).await?,
-            ))),
-        }
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(MaybeAuth(parts.extensions.get::<Auth>().map(|a| a.user_id)))
     }
 }
 

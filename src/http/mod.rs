@@ -7,6 +7,7 @@ pub mod extract;
 pub mod friendships;
 pub mod health;
 pub mod likes;
+pub mod limits;
 pub mod lists;
 pub mod newsfeeds;
 pub mod tweets;
@@ -17,11 +18,13 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::StatusCode;
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use tower::Layer;
 use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -53,6 +56,11 @@ pub fn router(state: AppState) -> Router {
         .merge(circles::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
+        .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            extract::authenticate,
+        ))
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TimeoutLayer::with_status_code(
@@ -63,7 +71,42 @@ pub fn router(state: AppState) -> Router {
         // 5xx are logged once, by ApiError (with the error chain), not again by the trace layer.
         .layer(TraceLayer::new_for_http().on_failure(()))
         .layer(middleware::from_fn(json_errors))
+        .layer(cors(&state.config.cors_origins))
         .with_state(state)
+}
+
+/// CORS for browser front ends on the configured origins (`CHIRP_CORS_ORIGINS`); with none, no
+/// CORS headers at all (a browser on another origin is then refused).
+fn cors(origins: &[String]) -> tower::util::Either<CorsLayer, tower::layer::util::Identity> {
+    if origins.is_empty() {
+        return tower::util::Either::Right(tower::layer::util::Identity::new());
+    }
+    // Origins were checked when the configuration was parsed.
+    let allowed: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    let exposed = [
+        "retry-after",
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ]
+    .map(HeaderName::from_static);
+    tower::util::Either::Left(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(allowed))
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
+            .allow_headers([AUTHORIZATION, CONTENT_TYPE])
+            .expose_headers(exposed)
+            .max_age(Duration::from_secs(3600)),
+    )
 }
 
 /// Runs the handler in its own task, so that a client that disconnects (hyper then drops the

@@ -2,6 +2,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use serde_json::json;
 use sqlx::PgPool;
+use tower::ServiceExt;
 
 use crate::helpers::TestApp;
 
@@ -196,4 +197,78 @@ async fn missing_and_bad_tokens_are_401s(db: PgPool) {
     assert_eq!(res.status, StatusCode::UNAUTHORIZED);
     let res = app.get("/api/accounts/login_status/", None).await;
     assert_eq!(res.body, json!({"has_logged_in": false}));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_bad_token_is_a_401_on_every_route_and_no_token_is_anonymous(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (id, token) = app.signup("erin").await;
+    let public = [
+        format!("/api/users/{id}/"),
+        format!("/api/tweets/?user_id={id}"),
+        format!("/api/friendships/{id}/followers/"),
+        format!("/api/lists/?user_id={id}"),
+        "/api/circles/".to_owned(),
+    ];
+    for uri in &public {
+        let anonymous = app.get(uri, None).await;
+        assert_eq!(anonymous.status, StatusCode::OK, "{uri}");
+        assert_eq!(
+            app.get(uri, Some(&token)).await.status,
+            StatusCode::OK,
+            "{uri}"
+        );
+        let bad = app.get(uri, Some(&"b".repeat(43))).await;
+        assert_eq!(bad.status, StatusCode::UNAUTHORIZED, "{uri}");
+        assert_eq!(bad.body, json!({"detail": "Invalid token."}));
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn cors_answers_only_the_configured_origins(db: PgPool) {
+    let preflight = |origin: &str| {
+        axum::http::Request::builder()
+            .method(axum::http::Method::OPTIONS)
+            .uri("/api/tweets/")
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "authorization, content-type",
+            )
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let app = TestApp::with(db.clone(), |c| {
+        c.cors_origins = vec!["https://app.example.com".into()];
+    })
+    .await;
+    let res = app
+        .app
+        .clone()
+        .oneshot(preflight("https://app.example.com"))
+        .await
+        .unwrap();
+    assert_eq!(
+        res.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap()),
+        Some("https://app.example.com")
+    );
+    let res = app
+        .app
+        .clone()
+        .oneshot(preflight("https://evil.example"))
+        .await
+        .unwrap();
+    assert_eq!(res.headers().get("access-control-allow-origin"), None);
+    // The default: no CORS headers at all.
+    let plain = TestApp::new(db).await;
+    let res = plain
+        .app
+        .clone()
+        .oneshot(preflight("https://app.example.com"))
+        .await
+        .unwrap();
+    assert_eq!(res.headers().get("access-control-allow-origin"), None);
 }

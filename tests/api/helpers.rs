@@ -50,6 +50,7 @@ pub fn test_config() -> Config {
     config.redis_url = redis_url();
     config.redis_prefix = unique_prefix();
     config.cache_ttl_secs = 600;
+    config.rate_limits = chirp::http::limits::RateLimits::off();
     config
 }
 

@@ -10,6 +10,7 @@ mod friendships;
 mod helpers;
 mod import;
 mod likes;
+mod limits;
 mod lists;
 mod outbox;
 mod pagination;
