@@ -10,6 +10,7 @@ use crate::cache::Cache;
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::likes;
+use crate::notifications::{self, Verb};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
 use crate::tweets::TweetRow;
@@ -99,6 +100,14 @@ pub async fn create(
         .fetch_one(&mut *tx)
         .await?;
             let tweet = shift_comments(&mut tx, tweet_id, 1).await?;
+            notifications::notify(
+                &mut tx,
+                tweet.record.user_id,
+                author.id,
+                Verb::CommentedTweet,
+                tweet_id,
+            )
+            .await?;
             let staged = cache.stage(&mut tx, &tweet.counts_updates()).await?;
             tx.commit().await?;
             Ok(Some((row, staged)))
@@ -198,6 +207,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
         .bind(id)
         .execute(&mut *tx)
         .await?;
+    notifications::forget_comment(&mut tx, id).await?;
     let tweet = shift_comments(&mut tx, tweet_id, -1)
         .await
         .context("moving comments_count")?;

@@ -11,6 +11,7 @@ use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::{self, Job};
+use crate::notifications::{self, Verb};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
 use crate::users::{self, User, UserCountsRow};
@@ -91,6 +92,7 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
                 return Ok((Followed::Duplicate, None));
             };
             let updates = shift_counts(&mut tx, me, target, 1).await?;
+            notifications::notify(&mut tx, target, me, Verb::Followed, target).await?;
             let job = Job::Backfill {
                 follower: me,
                 followee: target,

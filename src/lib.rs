@@ -16,6 +16,7 @@ pub mod likes;
 pub mod lists;
 pub mod model;
 pub mod newsfeeds;
+pub mod notifications;
 pub mod pagination;
 pub mod startup;
 pub mod state;

@@ -15,6 +15,7 @@ use anyhow::Context;
 use crate::cache::objects::LikedAmong;
 use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
+use crate::notifications::{self, Verb};
 use crate::time::{self, Timestamp};
 use crate::tweets::TweetRow;
 use crate::users::{self, User};
@@ -58,19 +59,18 @@ fn no_such_object() -> ApiError {
 /// Locks the liked object against deletion for the transaction, with the lock its counter
 /// update needs anyway (taken first, so a concurrent delete of it can not deadlock with us);
 /// `false` if it does not exist.
-async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Result<bool> {
+async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Result<Option<i64>> {
     let sql = match target {
-        Target::Tweet(_) => "select 1 from tweets where id = $1 for no key update",
-        Target::Comment(_) => "select 1 from comments where id = $1 for no key update",
+        Target::Tweet(_) => "select user_id from tweets where id = $1 for no key update",
+        Target::Comment(_) => "select user_id from comments where id = $1 for no key update",
     };
     let id = match target {
         Target::Tweet(id) | Target::Comment(id) => id,
     };
-    Ok(sqlx::query_scalar::<_, i32>(sql)
+    sqlx::query_scalar::<_, i64>(sql)
         .bind(id)
         .fetch_optional(tx)
-        .await?
-        .is_some())
+        .await
 }
 
 /// Moves the object's `likes_count` by `by`; for a tweet, returns the cache updates.
@@ -110,9 +110,9 @@ async fn shift_likes(
 #[tracing::instrument(name = "likes::like", skip(db, cache, user), fields(user = user.id))]
 pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<Like> {
     let mut tx = db.begin().await?;
-    if !lock_object(&mut tx, target).await? {
-        return Err(no_such_object());
-    }
+    let owner = lock_object(&mut tx, target)
+        .await?
+        .ok_or_else(no_such_object)?;
     let (insert, existing) = match target {
         Target::Tweet(_) => (
             "insert into tweet_likes (tweet_id, user_id, created_at) values ($1, $2, $3)
@@ -156,6 +156,11 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
     let mut updates: Vec<Update> = Vec::new();
     if inserted {
         updates.extend(shift_likes(&mut tx, target, 1).await?);
+        let verb = match target {
+            Target::Tweet(_) => Verb::LikedTweet,
+            Target::Comment(_) => Verb::LikedComment,
+        };
+        notifications::notify(&mut tx, owner, user.id, verb, id).await?;
         if let Target::Tweet(tweet) = target {
             updates.push(Update::Liked {
                 user: user.id,
@@ -180,7 +185,7 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
 #[tracing::instrument(name = "likes::cancel", skip(db, cache))]
 pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> ApiResult<u64> {
     let mut tx = db.begin().await?;
-    if !lock_object(&mut tx, target).await? {
+    if lock_object(&mut tx, target).await?.is_none() {
         return Err(no_such_object());
     }
     let sql = match target {

@@ -14,7 +14,7 @@ use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 use crate::timeline::{FeedRow, Item, ListEntry, Timeline};
 use crate::users::{self, User};
-use crate::{circles, lists, newsfeeds};
+use crate::{circles, lists, newsfeeds, notifications};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -226,6 +226,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
     if let Some(circle) = tweet.circle_id {
         circles::shift_tweets(&mut tx, circle, -1).await?;
     }
+    notifications::forget_tweet(&mut tx, id).await?;
     // Its comments and likes go with it (on delete cascade).
     sqlx::query("delete from tweets where id = $1")
         .bind(id)

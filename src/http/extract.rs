@@ -125,6 +125,29 @@ impl Fields {
             .flatten()
     }
 
+    /// A required boolean: JSON `true`/`false`, or the strings `true`/`false`/`1`/`0` (forms).
+    pub fn required_bool(&self, name: &str, errors: &mut FieldErrors) -> Option<bool> {
+        if !self.present(name, true, errors) {
+            return None;
+        }
+        let parsed = match self.0.get(name) {
+            Some(Value::Bool(b)) => Some(*b),
+            Some(Value::String(s)) => match s.trim().to_ascii_lowercase().as_str() {
+                "true" | "1" => Some(true),
+                "false" | "0" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        };
+        if parsed.is_none() {
+            errors
+                .entry(name.into())
+                .or_default()
+                .push("Must be a valid boolean.".into());
+        }
+        parsed
+    }
+
     /// An optional id: `None` if absent, null or empty; otherwise as [`Fields::required_id`].
     pub fn optional_id(&self, name: &str, errors: &mut FieldErrors) -> Option<i64> {
         let parsed = match self.0.get(name) {

@@ -10,6 +10,7 @@ pub mod likes;
 pub mod limits;
 pub mod lists;
 pub mod newsfeeds;
+pub mod notifications;
 pub mod tweets;
 pub mod users;
 
@@ -54,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .merge(likes::router())
         .merge(lists::router())
         .merge(circles::router())
+        .merge(notifications::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
