@@ -147,6 +147,21 @@ pub struct Config {
           value_parser = crate::http::limits::RateLimits::parse)]
     pub rate_limits: crate::http::limits::RateLimits,
 
+    /// Where photos and avatars are stored: a local directory, or `s3://bucket[/prefix]` for an
+    /// S3-compatible store (configured by the usual `AWS_*` variables).
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_MEDIA_STORE",
+        default_value = ".local/media"
+    )]
+    pub media_store: String,
+
+    /// Absolute URL prefix of media URLs (e.g. `https://api.example.com`); unset, they are
+    /// root-relative (`/media/...`).
+    #[arg(long, global = true, env = "CHIRP_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
     /// Maximum Postgres connections of this process.
     #[arg(
         long,

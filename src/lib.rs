@@ -14,6 +14,7 @@ pub mod import;
 pub mod jobs;
 pub mod likes;
 pub mod lists;
+pub mod media;
 pub mod model;
 pub mod newsfeeds;
 pub mod notifications;

@@ -18,6 +18,10 @@ pub struct TweetRecord {
     #[sqlx(default)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circle_id: Option<i64>,
+    /// URLs of the tweet's photos, in upload order (absent in objects cached before photos).
+    #[sqlx(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub photo_urls: Vec<String>,
 }
 
 /// A user as stored and cached: the public fields plus `version`, bumped by every profile edit,

@@ -9,6 +9,7 @@ use crate::cache::Cache;
 use crate::cache::limits::LocalGcra;
 use crate::config::Config;
 use crate::jobs::Worker;
+use crate::media::Media;
 
 /// Postgres, the cache, the job worker handle and the configuration; cheap to clone.
 #[derive(Clone)]
@@ -17,6 +18,8 @@ pub struct AppState {
     pub cache: Cache,
     pub worker: Worker,
     pub config: Arc<Config>,
+    /// Photos and avatars.
+    pub media: Media,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
 }
@@ -25,7 +28,7 @@ impl AppState {
     /// State over an open pool. Builds the cache from `config` (no connection is made yet).
     ///
     /// # Errors
-    /// A malformed `REDIS_URL`.
+    /// A malformed `REDIS_URL`, or a media store that can not be opened.
     pub fn new(db: PgPool, config: Config) -> anyhow::Result<Self> {
         let cache = Cache::new(&config)?;
         let worker = Worker {
@@ -39,6 +42,7 @@ impl AppState {
             db,
             cache,
             worker,
+            media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
         })

@@ -200,7 +200,8 @@ pub struct Item {
 #[macro_export]
 macro_rules! feed_row_columns {
     () => {
-        " t.id as tweet_id, t.content, t.circle_id, t.likes_count, t.comments_count, t.counts_version,
+        " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.likes_count, t.comments_count,
+          t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at "
     };
@@ -214,6 +215,7 @@ pub struct FeedRow {
     pub tweet_id: i64,
     pub content: String,
     pub circle_id: Option<i64>,
+    pub photo_urls: Vec<String>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -235,6 +237,7 @@ impl From<FeedRow> for Item {
                 content: r.content,
                 created_at: r.created_at,
                 circle_id: r.circle_id,
+                photo_urls: r.photo_urls,
             },
             author: UserRecord {
                 id: r.author_id,

@@ -36,6 +36,8 @@ pub struct Tweet {
     pub has_liked: bool,
     /// The circle the tweet was posted into, or null.
     pub circle_id: Option<i64>,
+    /// URLs of its photos, in upload order.
+    pub photo_urls: Vec<String>,
 }
 
 impl Tweet {
@@ -50,6 +52,7 @@ impl Tweet {
             comments_count: counts.comments,
             has_liked,
             circle_id: record.circle_id,
+            photo_urls: record.photo_urls,
         }
     }
 
@@ -63,7 +66,8 @@ impl Tweet {
 #[macro_export]
 macro_rules! returning_tweet_row {
     () => {
-        " returning id, user_id, content, created_at, circle_id, likes_count, comments_count, counts_version"
+        " returning id, user_id, content, created_at, circle_id, photo_urls, likes_count,
+                    comments_count, counts_version"
     };
 }
 
@@ -102,7 +106,8 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 }
 
 /// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
-/// [`circles::check_can_post`]). One transaction inserts the tweet, the author's own newsfeed
+/// [`circles::check_can_post`]), with the photos the caller stored already (see
+/// [`crate::media`]). One transaction inserts the tweet, the author's own newsfeed
 /// row, the author's (and circle's) count, the fan-out job (followers, then lists) and the
 /// outbox row of its cache updates; then the author's cached lists (and the circle's tweets and rank)
 /// get the entry at once (read your writes), the tweet object and its zero counts are cached,
@@ -117,18 +122,21 @@ pub async fn create(
     author: i64,
     content: &str,
     circle: Option<i64>,
+    photo_urls: &[String],
 ) -> anyhow::Result<TweetRecord> {
     let (tweet, staged) =
         db::with_unique_timestamp(&["tweets_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
             let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at, circle_id) values ($1, $2, $3, $4)
-                 returning id, user_id, content, created_at, circle_id",
+                "insert into tweets (user_id, content, created_at, circle_id, photo_urls)
+                 values ($1, $2, $3, $4, $5)
+                 returning id, user_id, content, created_at, circle_id, photo_urls",
             )
             .bind(author)
             .bind(content)
             .bind(created_at)
             .bind(circle)
+            .bind(photo_urls)
             .fetch_one(&mut *tx)
             .await?;
             let newsfeed_id = newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
@@ -199,15 +207,18 @@ async fn shift_tweets_count(
 /// than [`MAX_EAGER_REMOVALS`] readers (newsfeeds and lists) leaves their cached entries to the
 /// tombstone.
 ///
+/// Returns the deleted tweet (the caller deletes its photos).
+///
 /// # Errors
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author.
 #[tracing::instrument(name = "tweets::delete", skip(db, cache))]
-pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<()> {
+pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<TweetRecord> {
     let mut tx = db.begin().await?;
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id from tweets where id = $1 for update",
+        "select id, user_id, content, created_at, circle_id, photo_urls from tweets
+         where id = $1 for update",
     )
     .bind(id)
     .fetch_optional(&mut *tx)
@@ -262,7 +273,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the delete")?;
     cache.finish(db, staged).await;
-    Ok(())
+    Ok(tweet)
 }
 
 fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
@@ -277,8 +288,8 @@ fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
 /// Tweets with their counts by id (any order; unknown ids are absent).
 pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
     sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id, likes_count, comments_count,
-                counts_version
+        "select id, user_id, content, created_at, circle_id, photo_urls, likes_count,
+                comments_count, counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)

@@ -31,7 +31,7 @@ log "dropped $DB, redis keys left under $PREFIX*: $(redis-cli --scan --pattern "
 
 # start
 DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" CHIRP_REDIS_PREFIX="$PREFIX" \
-  CHIRP_LISTEN="127.0.0.1:$PORT" RUST_LOG=warn "$BIN" serve > "$L/server.log" 2>&1 &
+  CHIRP_LISTEN="127.0.0.1:$PORT" CHIRP_RATE_LIMITS=off RUST_LOG=warn "$BIN" serve > "$L/server.log" 2>&1 &
 SPID=$!; echo "$SPID" > "$L/server.pid"
 for i in $(seq 1 300); do
   curl -fs "$BASE/livez" >/dev/null 2>&1 && break

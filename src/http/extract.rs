@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Path, RawQuery, Request, State};
+use axum::extract::{FromRequest, FromRequestParts, Multipart, Path, RawQuery, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode};
@@ -13,15 +13,18 @@ use serde_json::{Map, Value};
 
 use crate::accounts;
 use crate::error::{ApiError, FieldErrors};
+use crate::media::{self, Upload};
 use crate::pagination::{PageQuery, PageRequest};
 use crate::state::AppState;
 use crate::users::{self, User};
 
-/// A request body's fields, from JSON (an object) or an HTML form; an empty body has none.
+/// A request body's fields, from JSON (an object), an HTML form or `multipart/form-data` (text
+/// fields, and files in [`Fields::1`]); an empty body has none.
 ///
-/// Rejections: 413 over 64 KiB, 415 for another media type, 400 for a malformed body.
+/// Rejections: 413 over the route's body limit, 415 for another media type, 400 for a
+/// malformed body.
 #[derive(Debug, Default)]
-pub struct Fields(pub Map<String, Value>);
+pub struct Fields(pub Map<String, Value>, pub Vec<Upload>);
 
 impl<S: Send + Sync> FromRequest<S> for Fields {
     type Rejection = ApiError;
@@ -37,19 +40,29 @@ impl<S: Send + Sync> FromRequest<S> for Fields {
             .unwrap_or("")
             .trim()
             .to_ascii_lowercase();
-        let body = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::Detail(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "Request body is too large.".into(),
-                )
-            } else {
-                ApiError::field("body", "The request body could not be read.")
-            }
-        })?;
+        if content_type == "multipart/form-data" {
+            return multipart(req, state).await;
+        }
+        // Routes that take uploads raise the body limit for multipart bodies only: JSON and form
+        // bodies keep the small one everywhere.
+        let body = axum::body::to_bytes(req.into_body(), super::MAX_BODY_BYTES)
+            .await
+            .map_err(|e| {
+                if e.into_inner()
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    ApiError::Detail(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "Request body is too large.".into(),
+                    )
+                } else {
+                    ApiError::field("body", "The request body could not be read.")
+                }
+            })?;
         if content_type == "application/json" || content_type.ends_with("+json") {
             match serde_json::from_slice::<Value>(&body) {
-                Ok(Value::Object(map)) => Ok(Fields(map)),
+                Ok(Value::Object(map)) => Ok(Fields(map, Vec::new())),
                 Ok(_) => Err(ApiError::field("body", "Expected a JSON object.")),
                 Err(e) => Err(ApiError::field("body", format!("JSON parse error: {e}"))),
             }
@@ -61,6 +74,7 @@ impl<S: Send + Sync> FromRequest<S> for Fields {
                     .into_iter()
                     .map(|(k, v)| (k, Value::String(v)))
                     .collect(),
+                Vec::new(),
             ))
         } else if body.is_empty() {
             Ok(Fields::default())
@@ -71,6 +85,53 @@ impl<S: Send + Sync> FromRequest<S> for Fields {
             ))
         }
     }
+}
+
+/// Reads a `multipart/form-data` body: parts with a file name (or a non-text content type) are
+/// uploads, read up to [`media::MAX_FILE_BYTES`] each; the others are text fields.
+async fn multipart<S: Send + Sync>(req: Request, state: &S) -> Result<Fields, ApiError> {
+    let malformed = || ApiError::field("body", "Malformed multipart body.");
+    let mut form = Multipart::from_request(req, state)
+        .await
+        .map_err(|_| malformed())?;
+    let mut fields = Fields::default();
+    loop {
+        let next = form.next_field().await.map_err(|e| {
+            if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::Detail(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "Request body is too large.".into(),
+                )
+            } else {
+                malformed()
+            }
+        })?;
+        let Some(mut field) = next else { break };
+        let name = field.name().unwrap_or_default().to_owned();
+        let is_file = field.file_name().is_some()
+            || field
+                .content_type()
+                .is_some_and(|t| !t.starts_with("text/"));
+        if !is_file {
+            let text = field.text().await.map_err(|_| malformed())?;
+            fields.0.insert(name, Value::String(text));
+            continue;
+        }
+        let mut bytes = Vec::new();
+        let mut too_large = false;
+        while let Some(chunk) = field.chunk().await.map_err(|_| malformed())? {
+            if bytes.len() + chunk.len() > media::MAX_FILE_BYTES {
+                too_large = true;
+                break;
+            }
+            bytes.extend_from_slice(&chunk);
+        }
+        fields.1.push(Upload {
+            field: name,
+            bytes: (!too_large).then(|| Bytes::from(bytes)),
+        });
+    }
+    Ok(fields)
 }
 
 impl Fields {

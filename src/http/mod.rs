@@ -9,6 +9,7 @@ pub mod health;
 pub mod likes;
 pub mod limits;
 pub mod lists;
+pub mod media;
 pub mod newsfeeds;
 pub mod notifications;
 pub mod tweets;
@@ -35,6 +36,8 @@ use crate::state::AppState;
 
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest body of the routes that take uploads (9 photos of 5 MiB and the text fields).
+pub const UPLOAD_BODY_BYTES: usize = 10 * crate::media::MAX_FILE_BYTES;
 /// Time limit of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -56,6 +59,7 @@ pub fn router(state: AppState) -> Router {
         .merge(lists::router())
         .merge(circles::router())
         .merge(notifications::router())
+        .merge(media::router())
         .merge(health::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn_with_state(state.clone(), limits::limit))

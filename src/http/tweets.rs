@@ -1,6 +1,6 @@
 //! `/api/tweets/`: a user's tweets, posting, detail and deletion.
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -10,8 +10,10 @@ use serde_json::{Value, json};
 use crate::circles;
 use crate::comments::{self, Comment};
 use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::http::UPLOAD_BODY_BYTES;
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
 use crate::likes::{self, Like};
+use crate::media::{self, Media};
 use crate::model::TweetCounts;
 use crate::pagination::Page;
 use crate::pagination::PageRequest;
@@ -23,7 +25,12 @@ use crate::users;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/api/tweets", get(list).post(create))
+        .route(
+            "/api/tweets",
+            get(list)
+                .post(create)
+                .layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+        )
         .route("/api/tweets/{id}", get(detail).delete(remove))
 }
 
@@ -65,10 +72,29 @@ async fn create(
         Some(Err(msg)) => return Err(ApiError::field("content", msg)),
         _ => return Err(ApiError::Validation(errors)),
     };
+    let photos = Media::check(&fields.1, "files", media::MAX_PHOTOS)
+        .map_err(|msg| ApiError::field("files", msg))?;
     if let Some(circle) = circle {
         circles::check_can_post(&state.db, circle, auth.user_id).await?;
     }
-    let tweet = tweets::create(&state.db, &state.cache, auth.user_id, &content, circle).await?;
+    // Files first, under fresh keys; if the tweet then fails, they go again.
+    let photo_urls = state.media.put_all("photos", photos).await?;
+    let created = tweets::create(
+        &state.db,
+        &state.cache,
+        auth.user_id,
+        &content,
+        circle,
+        &photo_urls,
+    )
+    .await;
+    let tweet = match created {
+        Ok(tweet) => tweet,
+        Err(e) => {
+            state.media.delete_urls(&photo_urls).await;
+            return Err(e.into());
+        }
+    };
     state.worker.wake.notify_one();
     let no_counts = TweetCounts::default();
     Ok((
@@ -129,6 +155,7 @@ async fn remove(
     auth: Auth,
     PathId(id): PathId,
 ) -> ApiResult<Json<Value>> {
-    tweets::delete(&state.db, &state.cache, auth.user_id, id).await?;
+    let tweet = tweets::delete(&state.db, &state.cache, auth.user_id, id).await?;
+    state.media.delete_urls(&tweet.photo_urls).await;
     Ok(Json(json!({"success": true})))
 }

@@ -1,11 +1,13 @@
 //! `/api/users/{id}`: profiles.
 
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::routing::get;
 use axum::{Json, Router};
 
 use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::http::UPLOAD_BODY_BYTES;
 use crate::http::extract::{Auth, Fields, PathId};
+use crate::media::Media;
 use crate::state::AppState;
 use crate::users::{self, Profile, ProfileEdit};
 
@@ -15,7 +17,13 @@ pub const MAX_NICKNAME: usize = 50;
 pub const MAX_AVATAR_URL: usize = 500;
 
 pub fn router() -> Router<AppState> {
-    Router::new().route("/api/users/{id}", get(profile).patch(update))
+    Router::new().route(
+        "/api/users/{id}",
+        get(profile)
+            .patch(update)
+            .put(update)
+            .layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
+    )
 }
 
 async fn profile(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Profile>> {
@@ -78,11 +86,45 @@ async fn update(
         }
         edit.avatar_url = Some(url);
     }
+    let avatar = match Media::check(&fields.1, "avatar", 1) {
+        Ok(files) => files,
+        Err(msg) => {
+            errors.entry("avatar".into()).or_default().push(msg);
+            Vec::new()
+        }
+    };
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
-    users::update_profile(&state.db, &state.cache, id, edit)
+    // An uploaded avatar replaces `avatar_url`; the file is stored before the row names it.
+    let old = users::load_many(&state.db, &state.cache, &[id])
         .await?
-        .map(Json)
-        .ok_or(ApiError::NotFound)
+        .remove(&id)
+        .and_then(|u| u.avatar_url);
+    // Each user's avatars live under their own directory: only those are ever deleted here.
+    let dir = format!("avatars/{id}");
+    let stored = state.media.put_all(&dir, avatar).await?;
+    if let Some(url) = stored.first() {
+        edit.avatar_url = Some(Some(url.clone()));
+    }
+    let new = edit.avatar_url.clone();
+    match users::update_profile(&state.db, &state.cache, id, edit).await {
+        Ok(Some(profile)) => {
+            if let (Some(new), Some(old)) = (new, old)
+                && new.as_ref() != Some(&old)
+                && state.media.is_in(&old, &dir)
+            {
+                state.media.delete_urls(&[old]).await;
+            }
+            Ok(Json(profile))
+        }
+        Ok(None) => {
+            state.media.delete_urls(&stored).await;
+            Err(ApiError::NotFound)
+        }
+        Err(e) => {
+            state.media.delete_urls(&stored).await;
+            Err(e.into())
+        }
+    }
 }

@@ -51,6 +51,10 @@ pub fn test_config() -> Config {
     config.redis_prefix = unique_prefix();
     config.cache_ttl_secs = 600;
     config.rate_limits = chirp::http::limits::RateLimits::off();
+    config.media_store = std::env::temp_dir()
+        .join(format!("{}-media", config.redis_prefix))
+        .to_string_lossy()
+        .into_owned();
     config
 }
 

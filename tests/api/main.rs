@@ -12,6 +12,7 @@ mod import;
 mod likes;
 mod limits;
 mod lists;
+mod media;
 mod notifications;
 mod outbox;
 mod pagination;

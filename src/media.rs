@@ -1,0 +1,199 @@
+//! Media (course parity): tweet photos and avatars, validated by their content (not their file
+//! name), stored through the `object_store` abstraction (a local directory by default, any
+//! S3-compatible store by configuration) and served back under `/media/`.
+//!
+//! A file is stored *before* the row that names it is committed, under a fresh random key, and
+//! deleted again if that commit fails, so a failed upload leaves neither a row nor a file;
+//! files of a deleted tweet, or a replaced avatar, are deleted after the commit.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::body::Bytes;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutPayload};
+use rand::RngCore;
+
+use crate::config::Config;
+
+/// Largest file accepted, in bytes (5 MiB).
+pub const MAX_FILE_BYTES: usize = 5 * 1024 * 1024;
+/// Most photos per tweet.
+pub const MAX_PHOTOS: usize = 9;
+/// The image types accepted: `(MIME type, file extension)`.
+const IMAGES: [(&str, &str); 4] = [
+    ("image/jpeg", "jpg"),
+    ("image/png", "png"),
+    ("image/gif", "gif"),
+    ("image/webp", "webp"),
+];
+/// The path every media URL starts with.
+pub const ROUTE: &str = "/media/";
+
+/// A file sent in a multipart body.
+#[derive(Debug, Clone)]
+pub struct Upload {
+    /// The form field it came in.
+    pub field: String,
+    /// Its bytes, or `None` if it was larger than [`MAX_FILE_BYTES`] (the rest was not read).
+    pub bytes: Option<Bytes>,
+}
+
+/// The media store and how its URLs are written.
+#[derive(Clone)]
+pub struct Media {
+    store: Arc<dyn ObjectStore>,
+    /// `CHIRP_PUBLIC_URL` without a trailing `/`, or empty for root-relative URLs.
+    public_url: String,
+}
+
+impl std::fmt::Debug for Media {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Media({})", self.store)
+    }
+}
+
+impl Media {
+    /// The store of `CHIRP_MEDIA_STORE`: `s3://bucket[/prefix]` (credentials, region and
+    /// endpoint from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT` for MinIO), else a local
+    /// directory (created if missing).
+    ///
+    /// # Errors
+    /// The directory can not be created, or the S3 configuration is incomplete.
+    pub fn new(config: &Config) -> anyhow::Result<Self> {
+        let target = config.media_store.trim();
+        let store: Arc<dyn ObjectStore> = if target.starts_with("s3://") {
+            Arc::new(
+                object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(target)
+                    .build()
+                    .context("configuring the S3 media store")?,
+            )
+        } else {
+            std::fs::create_dir_all(target)
+                .with_context(|| format!("creating the media directory {target}"))?;
+            Arc::new(
+                object_store::local::LocalFileSystem::new_with_prefix(target)
+                    .with_context(|| format!("opening the media directory {target}"))?,
+            )
+        };
+        Ok(Media {
+            store,
+            public_url: config
+                .public_url
+                .as_deref()
+                .unwrap_or("")
+                .trim_end_matches('/')
+                .to_owned(),
+        })
+    }
+
+    /// Checks uploads of field `field` before anything is stored: at most `max` files, each an
+    /// image (by content) of at most [`MAX_FILE_BYTES`]. Returns their bytes and extensions.
+    ///
+    /// # Errors
+    /// The message for a 400 naming `field`.
+    pub fn check(
+        uploads: &[Upload],
+        field: &str,
+        max: usize,
+    ) -> Result<Vec<(Bytes, &'static str)>, String> {
+        let files: Vec<&Upload> = uploads.iter().filter(|u| u.field == field).collect();
+        if files.len() > max {
+            return Err(format!("At most {max} files may be uploaded."));
+        }
+        files
+            .into_iter()
+            .map(|u| {
+                let bytes = u.bytes.clone().ok_or_else(|| {
+                    format!("A file may be at most {} MiB.", MAX_FILE_BYTES >> 20)
+                })?;
+                let kind = infer::get(&bytes).map(|k| k.mime_type());
+                let ext = IMAGES
+                    .iter()
+                    .find(|(mime, _)| Some(*mime) == kind)
+                    .map(|(_, ext)| *ext)
+                    .ok_or("Upload a valid image: JPEG, PNG, GIF or WebP.")?;
+                Ok((bytes, ext))
+            })
+            .collect()
+    }
+
+    /// Stores checked files under `{dir}/{random}.{ext}`; returns their URLs in order. If one
+    /// fails, the ones stored already are deleted again.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn put_all(
+        &self,
+        dir: &str,
+        files: Vec<(Bytes, &'static str)>,
+    ) -> anyhow::Result<Vec<String>> {
+        let mut urls = Vec::with_capacity(files.len());
+        for (bytes, ext) in files {
+            let mut id = [0u8; 16];
+            rand::rng().fill_bytes(&mut id);
+            let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+            let key = format!("{dir}/{hex}.{ext}");
+            if let Err(e) = self
+                .store
+                .put(&Path::from(key.as_str()), PutPayload::from(bytes))
+                .await
+            {
+                self.delete_urls(&urls).await;
+                return Err(e).context("storing an upload");
+            }
+            urls.push(format!("{}{ROUTE}{key}", self.public_url));
+        }
+        Ok(urls)
+    }
+
+    /// Deletes the files behind media URLs of this store (others are left alone). Best effort:
+    /// a file that can not be deleted is logged and left behind.
+    pub async fn delete_urls(&self, urls: &[String]) {
+        for url in urls {
+            let Some(key) = self.key_of(url) else {
+                continue;
+            };
+            if let Err(e) = self.store.delete(&Path::from(key)).await
+                && !matches!(e, object_store::Error::NotFound { .. })
+            {
+                tracing::warn!(error = %e, url, "could not delete a media file");
+            }
+        }
+    }
+
+    /// Whether `url` is one of our files under directory `dir`.
+    pub fn is_in(&self, url: &str, dir: &str) -> bool {
+        self.key_of(url)
+            .and_then(|k| k.strip_prefix(dir))
+            .is_some_and(|rest| rest.starts_with('/'))
+    }
+
+    /// The store key of one of our URLs.
+    fn key_of<'a>(&self, url: &'a str) -> Option<&'a str> {
+        url.strip_prefix(self.public_url.as_str())?
+            .strip_prefix(ROUTE)
+            .filter(|k| !k.is_empty() && !k.split('/').any(|s| s == ".." || s.is_empty()))
+    }
+
+    /// The bytes and MIME type of the file at `key` (the path after `/media/`); `None` if there
+    /// is no such file.
+    ///
+    /// # Errors
+    /// The store failed.
+    pub async fn get(&self, key: &str) -> anyhow::Result<Option<(Bytes, &'static str)>> {
+        if key.is_empty() || key.split('/').any(|s| s == ".." || s.is_empty()) {
+            return Ok(None);
+        }
+        let mime = IMAGES
+            .iter()
+            .find(|(_, ext)| key.ends_with(&format!(".{ext}")))
+            .map_or("application/octet-stream", |(mime, _)| *mime);
+        match self.store.get(&Path::from(key)).await {
+            Ok(found) => Ok(Some((found.bytes().await?, mime))),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e).context("reading a media file"),
+        }
+    }
+}

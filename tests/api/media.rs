@@ -1,0 +1,301 @@
+//! Multipart bodies, tweet photos and avatars: validated by content, stored, served, deleted.
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+use crate::helpers::TestApp;
+
+/// One part of a multipart body: a text field, or a file with a name and bytes.
+enum Part<'a> {
+    Text(&'a str, &'a str),
+    File(&'a str, &'a str, Vec<u8>),
+}
+
+const BOUNDARY: &str = "chirp-test-boundary";
+
+fn multipart(parts: &[Part<'_>]) -> Vec<u8> {
+    let mut body = Vec::new();
+    for part in parts {
+        body.extend_from_slice(format!("--{BOUNDARY}\r\n").as_bytes());
+        match part {
+            Part::Text(name, value) => {
+                body.extend_from_slice(
+                    format!("Content-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n")
+                        .as_bytes(),
+                );
+            }
+            Part::File(name, file_name, bytes) => {
+                body.extend_from_slice(
+                    format!(
+                        "Content-Disposition: form-data; name=\"{name}\"; filename=\"{file_name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+                    )
+                    .as_bytes(),
+                );
+                body.extend_from_slice(bytes);
+                body.extend_from_slice(b"\r\n");
+            }
+        }
+    }
+    body.extend_from_slice(format!("--{BOUNDARY}--\r\n").as_bytes());
+    body
+}
+
+async fn send(
+    app: &TestApp,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    parts: &[Part<'_>],
+) -> (StatusCode, Value) {
+    let mut req = Request::builder().method(method).uri(uri).header(
+        "content-type",
+        format!("multipart/form-data; boundary={BOUNDARY}"),
+    );
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let res = app
+        .app
+        .clone()
+        .oneshot(req.body(Body::from(multipart(parts))).unwrap())
+        .await
+        .unwrap();
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// GETs a URL: status, content type and bytes.
+async fn fetch(app: &TestApp, url: &str) -> (StatusCode, String, Vec<u8>) {
+    let req = Request::get(url).body(Body::empty()).unwrap();
+    let res = app.app.clone().oneshot(req).await.unwrap();
+    let status = res.status();
+    let mime = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    (
+        status,
+        mime,
+        res.into_body().collect().await.unwrap().to_bytes().to_vec(),
+    )
+}
+
+fn png(seed: u8) -> Vec<u8> {
+    let mut b = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+    b.extend_from_slice(&[seed; 32]);
+    b
+}
+
+fn jpeg() -> Vec<u8> {
+    let mut b = vec![
+        0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, b'J', b'F', b'I', b'F', 0,
+    ];
+    b.extend_from_slice(&[7; 32]);
+    b
+}
+
+fn gif() -> Vec<u8> {
+    let mut b = b"GIF89a".to_vec();
+    b.extend_from_slice(&[1; 32]);
+    b
+}
+
+/// Files in the test's media directory.
+fn stored_files(app: &TestApp) -> usize {
+    fn walk(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    if e.path().is_dir() {
+                        walk(&e.path())
+                    } else {
+                        1
+                    }
+                })
+                .sum()
+        })
+    }
+    walk(std::path::Path::new(&app.state.config.media_store))
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_multipart_signup_and_a_tweet_with_three_photos_served_back(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (status, body) = send(
+        &app,
+        Method::POST,
+        "/api/accounts/signup/",
+        None,
+        &[
+            Part::Text("username", "photographer"),
+            Part::Text("email", "p@example.com"),
+            Part::Text("password", "correct horse"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let token = body["token"].as_str().unwrap().to_owned();
+    let id = body["user"]["id"].as_i64().unwrap();
+
+    // The same field errors as JSON bodies.
+    let (status, body) = send(&app, Method::POST, "/api/tweets/", Some(&token), &[]).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["errors"]["content"].is_array(), "{body}");
+
+    let photos = [png(1), jpeg(), gif()];
+    let (status, tweet) = send(
+        &app,
+        Method::POST,
+        "/api/tweets/",
+        Some(&token),
+        &[
+            Part::Text("content", "three photos"),
+            Part::File("files", "a.png", photos[0].clone()),
+            Part::File("files", "b.jpg", photos[1].clone()),
+            Part::File("files", "c.gif", photos[2].clone()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{tweet}");
+    let urls: Vec<String> = tweet["photo_urls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| u.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(urls.len(), 3);
+    for (url, (bytes, mime)) in
+        urls.iter()
+            .zip(photos.iter().zip(["image/png", "image/jpeg", "image/gif"]))
+    {
+        assert!(url.starts_with("/media/photos/"), "{url}");
+        let (status, got_mime, got) = fetch(&app, url).await;
+        assert_eq!((status, got_mime.as_str()), (StatusCode::OK, mime));
+        assert_eq!(&got, bytes);
+    }
+    // Photo URLs are part of the (cached) tweet object in listings and the detail.
+    let tid = tweet["id"].as_i64().unwrap();
+    for _ in 0..2 {
+        let detail = app.get(&format!("/api/tweets/{tid}/"), None).await.body;
+        assert_eq!(detail["photo_urls"], tweet["photo_urls"]);
+        let listed = app
+            .get(&format!("/api/tweets/?user_id={id}"), None)
+            .await
+            .body;
+        assert_eq!(listed["results"][0]["photo_urls"], tweet["photo_urls"]);
+    }
+
+    // Deleted with the tweet.
+    let res = app
+        .request(
+            Method::DELETE,
+            &format!("/api/tweets/{tid}/"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    for url in &urls {
+        assert_eq!(fetch(&app, url).await.0, StatusCode::NOT_FOUND);
+    }
+    assert_eq!(stored_files(&app), 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_non_image_a_tenth_file_or_an_oversize_file_is_a_400_and_stores_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, token) = app.quick_user("uploader").await;
+    let renamed = Part::File(
+        "files",
+        "notes.png",
+        b"just some text, not a picture".to_vec(),
+    );
+    let mut ten: Vec<Part<'_>> = (0..10)
+        .map(|i| Part::File("files", "p.png", png(i)))
+        .collect();
+    ten.push(Part::Text("content", "ten"));
+    let mut big = png(9);
+    big.resize(chirp::media::MAX_FILE_BYTES + 1, 0);
+    let cases: Vec<Vec<Part<'_>>> = vec![
+        vec![Part::Text("content", "text as png"), renamed],
+        ten,
+        vec![
+            Part::Text("content", "big"),
+            Part::File("files", "ok.png", png(1)),
+            Part::File("files", "big.png", big),
+        ],
+    ];
+    for parts in &cases {
+        let (status, body) = send(&app, Method::POST, "/api/tweets/", Some(&token), parts).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(body["errors"]["files"].is_array(), "{body}");
+    }
+    let tweets: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!((tweets, stored_files(&app)), (0, 0));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_uploaded_avatar_replaces_the_previous_one(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (id, token) = app.quick_user("face").await;
+    let uri = format!("/api/users/{id}/");
+    let (status, first) = send(
+        &app,
+        Method::PATCH,
+        &uri,
+        Some(&token),
+        &[
+            Part::Text("nickname", "Face"),
+            Part::File("avatar", "me.png", png(3)),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let old = first["avatar_url"].as_str().unwrap().to_owned();
+    assert!(old.starts_with(&format!("/media/avatars/{id}/")), "{old}");
+    assert_eq!(first["nickname"], "Face");
+    assert_eq!(fetch(&app, &old).await.0, StatusCode::OK);
+
+    let (status, second) = send(
+        &app,
+        Method::PUT,
+        &uri,
+        Some(&token),
+        &[Part::File("avatar", "me.jpg", jpeg())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    let new = second["avatar_url"].as_str().unwrap();
+    assert_ne!(new, old);
+    assert_eq!(
+        fetch(&app, &old).await.0,
+        StatusCode::NOT_FOUND,
+        "the old file is gone"
+    );
+    assert_eq!(fetch(&app, new).await.1, "image/jpeg");
+    assert_eq!(stored_files(&app), 1);
+
+    let (status, body) = send(
+        &app,
+        Method::PATCH,
+        &uri,
+        Some(&token),
+        &[Part::File("avatar", "x.png", b"not an image".to_vec())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["errors"]["avatar"].is_array(), "{body}");
+}
