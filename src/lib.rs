@@ -8,6 +8,7 @@ pub mod comments;
 pub mod config;
 pub mod db;
 pub mod error;
+pub mod fanout;
 pub mod friendships;
 pub mod http;
 pub mod import;

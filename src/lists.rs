@@ -14,8 +14,7 @@
 //! The races are those of newsfeeds and are handled the same way (see [`crate::newsfeeds`]):
 //! the fan-out locks the membership rows it reads (`for share`), so a removal waits for it and
 //! its unmerge sees the rows; merges are guarded by the list's removal generation; backfill and
-//! unmerge of one (list, member) pair are serialized by an advisory lock and re-check the
-//! membership under it. The read path is the generic one of [`crate::timeline`]
+//! unmerge are the shared steps of [`crate::fanout`] on the (list, member) pair. The read path is the generic one of [`crate::timeline`]
 //! (`Timeline::List`).
 
 use std::collections::HashMap;
@@ -27,6 +26,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult, FieldErrors};
+use crate::fanout::{self, Pair};
 use crate::jobs::{self, Job, Worker};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
@@ -518,26 +518,24 @@ pub async fn fanout(
     }
 }
 
-/// Takes the advisory lock that serializes backfill and unmerge of one (list, member) pair.
-async fn lock_pair(tx: &mut PgConnection, list: i64, member: i64) -> sqlx::Result<()> {
-    sqlx::query(
-        "select pg_advisory_xact_lock(hashtextextended('list-member:' || $1 || ':' || $2, 0))",
-    )
-    .bind(list)
-    .bind(member)
-    .execute(tx)
-    .await
-    .map(|_| ())
-}
-
-async fn is_member(tx: &mut PgConnection, list: i64, member: i64) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
-    )
-    .bind(list)
-    .bind(member)
-    .fetch_one(tx)
-    .await
+/// The (list timeline, member) pair of a membership, for [`fanout::backfill`] and
+/// [`fanout::unmerge`].
+fn membership(list: i64, member: i64) -> Pair {
+    Pair {
+        timeline: Timeline::List(list),
+        owner: list,
+        source: member,
+        lock: "list-member",
+        exists: "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
+        copy: "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
+               select $1, t.id, t.created_at, $4 from tweets t
+               where t.user_id = $2 order by t.created_at desc limit $3
+               on conflict (list_id, created_at) do update set tweet_id = excluded.tweet_id
+               returning tweet_id as id, tweet_id, $2::bigint as author_id, created_at",
+        remove: "delete from list_feeds f using tweets t
+                 where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
+                 returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
+    }
 }
 
 /// Member backfill: if `member` is still in the list, copies their newest `backfill_limit`
@@ -547,81 +545,15 @@ async fn is_member(tx: &mut PgConnection, list: i64, member: i64) -> sqlx::Resul
 /// Postgres failed; the job is retried.
 #[tracing::instrument(name = "lists::backfill", skip(worker))]
 pub async fn backfill(worker: &Worker, list: i64, member: i64) -> anyhow::Result<()> {
-    let timeline = Timeline::List(list);
-    let mut tx = worker.db.begin().await?;
-    lock_pair(&mut tx, list, member)
-        .await
-        .context("locking the pair")?;
-    if !is_member(&mut tx, list, member).await? {
-        return Ok(()); // removed meanwhile
-    }
-    let guard = worker
-        .cache
-        .removal_generations(&[timeline.key()])
-        .await
-        .ok()
-        .and_then(|mut g| g.pop());
-    let rows: Vec<ListEntry> = sqlx::query_as(
-        "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
-         select $1, t.id, t.created_at, $4 from tweets t
-         where t.user_id = $2 order by t.created_at desc limit $3
-         on conflict (list_id, created_at) do update set tweet_id = excluded.tweet_id
-         returning tweet_id as id, tweet_id, $2::bigint as author_id, created_at",
-    )
-    .bind(list)
-    .bind(member)
-    .bind(worker.backfill_limit as i64)
-    .bind(chrono::Utc::now())
-    .fetch_all(&mut *tx)
-    .await
-    .context("inserting the backfill")?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let staged = worker
-        .cache
-        .stage(&mut tx, &[timeline.guarded_merge(guard, &rows)])
-        .await?;
-    tx.commit().await.context("committing the list backfill")?;
-    worker.cache.finish(&worker.db, staged).await;
-    Ok(())
+    fanout::backfill(worker, &membership(list, member)).await
 }
 
 /// Member unmerge: unless `member` is in the list again, removes their tweets from the list's
-/// timeline and from the cached list (staged in the delete's transaction, as
-/// [`crate::newsfeeds::unmerge`]).
+/// timeline and from the cached list.
 ///
 /// # Errors
 /// Postgres failed; the job is retried.
 #[tracing::instrument(name = "lists::unmerge", skip(worker))]
 pub async fn unmerge(worker: &Worker, list: i64, member: i64) -> anyhow::Result<()> {
-    let timeline = Timeline::List(list);
-    let mut tx = worker.db.begin().await?;
-    lock_pair(&mut tx, list, member)
-        .await
-        .context("locking the pair")?;
-    if is_member(&mut tx, list, member).await? {
-        return Ok(()); // added again: its backfill keeps the rows
-    }
-    let rows: Vec<ListEntry> = sqlx::query_as(
-        "delete from list_feeds f using tweets t
-         where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
-         returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
-    )
-    .bind(list)
-    .bind(member)
-    .fetch_all(&mut *tx)
-    .await
-    .context("deleting the member's rows")?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let update = Update::Remove {
-        list: timeline.key(),
-        members: rows.iter().map(|e| timeline.member(e)).collect(),
-    };
-    let staged = worker.cache.stage(&mut tx, &[update]).await?;
-    tx.commit().await.context("committing the list unmerge")?;
-    worker.cache.finish(&worker.db, staged).await;
-    Ok(())
+    fanout::unmerge(worker, &membership(list, member)).await
 }

@@ -5,9 +5,9 @@
 //!
 //! Each job step commits its rows and stages its cache updates in the outbox in one transaction
 //! (see [`crate::cache::update`]), so a crash between the commit and Redis is repaired by the
-//! relay, and a re-run of a step is harmless. Backfill and unmerge of one (follower, followee)
-//! pair are serialized by an advisory lock and re-check the friendship under it, so
-//! follow / unfollow / follow in any job order ends with the feed matching the friendship.
+//! relay, and a re-run of a step is harmless. Backfill and unmerge are the shared steps of
+//! [`crate::fanout`] on the (follower, followee) pair, so follow / unfollow / follow in any job
+//! order ends with the feed matching the friendship.
 
 use std::collections::HashMap;
 
@@ -15,6 +15,7 @@ use anyhow::Context;
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::{ListKey, Update};
+use crate::fanout::{self, Pair};
 use crate::jobs::{self, Worker};
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
@@ -209,27 +210,25 @@ pub async fn fanout(
     }
 }
 
-/// Takes the advisory lock that serializes backfill and unmerge of one (follower, followee)
-/// pair for the rest of the transaction.
-async fn lock_pair(tx: &mut PgConnection, follower: i64, followee: i64) -> sqlx::Result<()> {
-    sqlx::query(
-        "select pg_advisory_xact_lock(hashtextextended('newsfeed-pair:' || $1 || ':' || $2, 0))",
-    )
-    .bind(follower)
-    .bind(followee)
-    .execute(tx)
-    .await
-    .map(|_| ())
-}
-
-async fn follows(tx: &mut PgConnection, follower: i64, followee: i64) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
-    )
-    .bind(follower)
-    .bind(followee)
-    .fetch_one(tx)
-    .await
+/// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and
+/// [`fanout::unmerge`].
+fn friendship(follower: i64, followee: i64) -> Pair {
+    Pair {
+        timeline: Timeline::Newsfeed(follower),
+        owner: follower,
+        source: followee,
+        lock: "newsfeed-pair",
+        exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        copy: "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+               select $1, t.id, t.created_at, $4 from tweets t
+               where t.user_id = $2 order by t.created_at desc limit $3
+               on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
+               returning id, tweet_id, $2::bigint as author_id, created_at",
+        remove: "delete from newsfeeds n using tweets t
+                 where n.user_id = $1 and t.user_id = $2
+                   and n.created_at = t.created_at and n.tweet_id = t.id
+                 returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
+    }
 }
 
 /// Follow backfill: if the friendship still exists, copies the followee's newest
@@ -239,86 +238,17 @@ async fn follows(tx: &mut PgConnection, follower: i64, followee: i64) -> sqlx::R
 /// Postgres failed; the job is retried.
 #[tracing::instrument(name = "newsfeeds::backfill", skip(worker))]
 pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
-    let timeline = Timeline::Newsfeed(follower);
-    let mut tx = worker.db.begin().await?;
-    lock_pair(&mut tx, follower, followee)
-        .await
-        .context("locking the pair")?;
-    if !follows(&mut tx, follower, followee).await? {
-        return Ok(()); // unfollowed meanwhile
-    }
-    let guard = worker
-        .cache
-        .removal_generations(&[timeline.key()])
-        .await
-        .ok()
-        .and_then(|mut g| g.pop());
-    let rows: Vec<ListEntry> = sqlx::query_as(
-        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-         select $1, t.id, t.created_at, $4 from tweets t
-         where t.user_id = $2 order by t.created_at desc limit $3
-         on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-         returning id, tweet_id, $2::bigint as author_id, created_at",
-    )
-    .bind(follower)
-    .bind(followee)
-    .bind(worker.backfill_limit as i64)
-    .bind(chrono::Utc::now())
-    .fetch_all(&mut *tx)
-    .await
-    .context("inserting the backfill")?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let staged = worker
-        .cache
-        .stage(&mut tx, &[timeline.guarded_merge(guard, &rows)])
-        .await?;
-    tx.commit().await.context("committing the backfill")?;
-    worker.cache.finish(&worker.db, staged).await;
-    Ok(())
+    fanout::backfill(worker, &friendship(follower, followee)).await
 }
 
 /// Unfollow unmerge: unless the follower follows again by now, removes the followee's tweets
-/// from the follower's newsfeed and from the cached list. The removal is staged in the delete's
-/// transaction, so a crash after the commit (when a re-run would find nothing to delete) is
-/// still repaired by the outbox relay.
+/// from the follower's newsfeed and from the cached list.
 ///
 /// # Errors
 /// Postgres failed; the job is retried.
 #[tracing::instrument(name = "newsfeeds::unmerge", skip(worker))]
 pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
-    let timeline = Timeline::Newsfeed(follower);
-    let mut tx = worker.db.begin().await?;
-    lock_pair(&mut tx, follower, followee)
-        .await
-        .context("locking the pair")?;
-    if follows(&mut tx, follower, followee).await? {
-        return Ok(()); // followed again: its backfill keeps the rows
-    }
-    let rows: Vec<ListEntry> = sqlx::query_as(
-        "delete from newsfeeds n using tweets t
-         where n.user_id = $1 and t.user_id = $2
-           and n.created_at = t.created_at and n.tweet_id = t.id
-         returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
-    )
-    .bind(follower)
-    .bind(followee)
-    .fetch_all(&mut *tx)
-    .await
-    .context("deleting the unfollowed rows")?;
-    if rows.is_empty() {
-        return Ok(());
-    }
-    let members = rows.iter().map(|e| timeline.member(e)).collect();
-    let update = Update::Remove {
-        list: timeline.key(),
-        members,
-    };
-    let staged = worker.cache.stage(&mut tx, &[update]).await?;
-    tx.commit().await.context("committing the unmerge")?;
-    worker.cache.finish(&worker.db, staged).await;
-    Ok(())
+    fanout::unmerge(worker, &friendship(follower, followee)).await
 }
 
 /// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills

@@ -1,0 +1,121 @@
+//! The job steps every fan-out-on-write timeline shares (newsfeeds and lists; Mastodon's
+//! `FeedManager` merge / unmerge): when a (timeline, source) pair begins, **backfill** copies
+//! the source's newest tweets into the timeline; when it ends, **unmerge** takes them out.
+//!
+//! Both steps of one pair take the same advisory lock and re-check the pair under it, so
+//! begin / end / begin in any job order ends with the timeline matching the last state. The
+//! backfill's merge is guarded by the list's removal generation read under that lock; the
+//! unmerge stages its removal in the delete's transaction, so a crash after the commit (when a
+//! re-run would find nothing to delete) is still repaired by the outbox relay.
+
+use anyhow::Context;
+use sqlx::PgConnection;
+
+use crate::cache::Update;
+use crate::jobs::Worker;
+use crate::timeline::{ListEntry, Timeline};
+
+/// A (timeline, source) pair and the SQL that keeps its rows: a follower's newsfeed and a
+/// followee, or a list and a member. Every statement binds `$1` = `owner`, `$2` = `source`.
+#[derive(Debug, Clone, Copy)]
+pub struct Pair {
+    /// The timeline that gains or loses the rows (of `owner`).
+    pub timeline: Timeline,
+    /// The follower or the list.
+    pub owner: i64,
+    /// The followee or the member, whose tweets move.
+    pub source: i64,
+    /// The advisory lock's name (`newsfeed-pair`, `list-member`).
+    pub lock: &'static str,
+    /// `select exists (…)`: does the pair exist now?
+    pub exists: &'static str,
+    /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets,
+    /// `$4` = the arrival time).
+    pub copy: &'static str,
+    /// The unmerge's `delete … returning` [`ListEntry`] columns.
+    pub remove: &'static str,
+}
+
+impl Pair {
+    async fn lock_and_check(&self, tx: &mut PgConnection) -> anyhow::Result<bool> {
+        sqlx::query(
+            "select pg_advisory_xact_lock(hashtextextended($3 || ':' || $1 || ':' || $2, 0))",
+        )
+        .bind(self.owner)
+        .bind(self.source)
+        .bind(self.lock)
+        .execute(&mut *tx)
+        .await
+        .context("locking the pair")?;
+        Ok(sqlx::query_scalar(self.exists)
+            .bind(self.owner)
+            .bind(self.source)
+            .fetch_one(&mut *tx)
+            .await?)
+    }
+}
+
+/// Backfill: if the pair still exists, copies the source's newest `backfill_limit` tweets into
+/// the timeline and merges them into its cached list.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
+    let mut tx = worker.db.begin().await?;
+    if !pair.lock_and_check(&mut tx).await? {
+        return Ok(()); // ended meanwhile
+    }
+    let guard = worker
+        .cache
+        .removal_generations(&[pair.timeline.key()])
+        .await
+        .ok()
+        .and_then(|mut g| g.pop());
+    let rows: Vec<ListEntry> = sqlx::query_as(pair.copy)
+        .bind(pair.owner)
+        .bind(pair.source)
+        .bind(worker.backfill_limit as i64)
+        .bind(chrono::Utc::now())
+        .fetch_all(&mut *tx)
+        .await
+        .context("inserting the backfill")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let staged = worker
+        .cache
+        .stage(&mut tx, &[pair.timeline.guarded_merge(guard, &rows)])
+        .await?;
+    tx.commit().await.context("committing the backfill")?;
+    worker.cache.finish(&worker.db, staged).await;
+    Ok(())
+}
+
+/// Unmerge: unless the pair exists again by now, removes the source's tweets from the timeline
+/// and from its cached list.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
+    let mut tx = worker.db.begin().await?;
+    if pair.lock_and_check(&mut tx).await? {
+        return Ok(()); // begun again: its backfill keeps the rows
+    }
+    let rows: Vec<ListEntry> = sqlx::query_as(pair.remove)
+        .bind(pair.owner)
+        .bind(pair.source)
+        .fetch_all(&mut *tx)
+        .await
+        .context("deleting the rows")?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let update = Update::Remove {
+        list: pair.timeline.key(),
+        members: rows.iter().map(|e| pair.timeline.member(e)).collect(),
+    };
+    let staged = worker.cache.stage(&mut tx, &[update]).await?;
+    tx.commit().await.context("committing the unmerge")?;
+    worker.cache.finish(&worker.db, staged).await;
+    Ok(())
+}
