@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod cache;
+pub mod chat;
 pub mod circles;
 pub mod comments;
 pub mod config;

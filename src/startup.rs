@@ -60,6 +60,7 @@ impl Application {
                 .run(state.config.workers as usize, stopped),
         );
         tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
+        let shutdown_chat = state.shutdown.clone();
         let app = http::app(state);
         // The peer address is the subject of anonymous callers' rate limits.
         let service =
@@ -69,6 +70,7 @@ impl Application {
                 shutdown.await;
                 tracing::info!("shutting down: finishing requests and jobs");
                 let _ = stop.send(true);
+                let _ = shutdown_chat.send(true);
             })
             .await
             .context("serving HTTP")?;

@@ -3,10 +3,11 @@
 use std::sync::Arc;
 
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use crate::cache::Cache;
 use crate::cache::limits::LocalGcra;
+use crate::chat::{ChatState, Hub};
 use crate::config::Config;
 use crate::jobs::Worker;
 use crate::media::Media;
@@ -20,6 +21,10 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Photos and avatars.
     pub media: Media,
+    /// Chat: the long-poll waiters of this process and the shutdown signal that ends them.
+    pub chat: ChatState,
+    /// Turned true when the process shuts down (ends long-polls and the chat subscriber).
+    pub shutdown: Arc<watch::Sender<bool>>,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
 }
@@ -38,7 +43,16 @@ impl AppState {
             backfill_limit: config.cache_list_limit as usize,
             wake: Arc::new(Notify::new()),
         };
+        let (shutdown, stopped) = watch::channel(false);
+        let chat = ChatState {
+            db: db.clone(),
+            cache: cache.clone(),
+            hub: Arc::new(Hub::default()),
+            stop: stopped,
+        };
         Ok(AppState {
+            chat,
+            shutdown: Arc::new(shutdown),
             db,
             cache,
             worker,

@@ -20,6 +20,7 @@ pub mod limits;
 pub mod lists;
 pub mod objects;
 pub mod outbox;
+pub mod pubsub;
 pub mod rank;
 pub mod scripts;
 pub mod update;
@@ -75,6 +76,8 @@ pub enum AfterCommit {
 
 struct Inner {
     conn: ConnectionManager,
+    /// For dedicated connections (pub/sub subscribers).
+    client: redis::Client,
     keys: Keys,
     ttl_secs: u64,
     list_limit: usize,
@@ -116,10 +119,11 @@ impl Cache {
             .set_connection_timeout(Some(timeout))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client, manager_config)?;
+        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
         Ok(Cache {
             inner: Some(Arc::new(Inner {
                 conn,
+                client,
                 keys,
                 ttl_secs: config.cache_ttl_secs,
                 list_limit: config.cache_list_limit as usize,

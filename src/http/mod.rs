@@ -1,6 +1,7 @@
 //! The HTTP API: one router per module, merged here, with the layers every route shares.
 
 pub mod accounts;
+pub mod chat;
 pub mod circles;
 pub mod comments;
 pub mod extract;
@@ -28,7 +29,6 @@ use tower::Layer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 use crate::error::ApiError;
@@ -40,6 +40,8 @@ pub const MAX_BODY_BYTES: usize = 64 * 1024;
 pub const UPLOAD_BODY_BYTES: usize = 10 * crate::media::MAX_FILE_BYTES;
 /// Time limit of one request.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Time limit of a chat request (a long-poll waits up to 30 s).
+pub const LONG_POLL_TIMEOUT: Duration = Duration::from_secs(crate::chat::MAX_WAIT_SECS + 5);
 
 /// The API as a service: every route with and without its trailing slash.
 pub fn app(state: AppState) -> NormalizePath<Router> {
@@ -61,6 +63,7 @@ pub fn router(state: AppState) -> Router {
         .merge(notifications::router())
         .merge(media::router())
         .merge(health::router())
+        .merge(chat::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
         .layer(middleware::from_fn_with_state(
@@ -69,10 +72,7 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::SERVICE_UNAVAILABLE,
-            REQUEST_TIMEOUT,
-        ))
+        .layer(middleware::from_fn(time_limit))
         .layer(CatchPanicLayer::new())
         // 5xx are logged once, by ApiError (with the error chain), not again by the trace layer.
         .layer(TraceLayer::new_for_http().on_failure(()))
@@ -131,6 +131,22 @@ async fn run_to_completion(req: Request, next: Next) -> Response {
             )
             .into_response()
         }
+    }
+}
+
+/// The time limit of a request: [`REQUEST_TIMEOUT`], or [`LONG_POLL_TIMEOUT`] for chat (whose
+/// polls may wait 30 s); past it the client gets a 503. Outside [`run_to_completion`], so the
+/// handler itself still runs to its end.
+async fn time_limit(req: Request, next: Next) -> Response {
+    let limit = if req.uri().path().starts_with("/api/chat/") {
+        LONG_POLL_TIMEOUT
+    } else {
+        REQUEST_TIMEOUT
+    };
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(res) => res,
+        Err(_) => ApiError::Detail(StatusCode::SERVICE_UNAVAILABLE, "Request timed out.".into())
+            .into_response(),
     }
 }
 

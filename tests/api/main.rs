@@ -3,6 +3,7 @@
 
 mod accounts;
 mod cache;
+mod chat;
 mod circles;
 mod comments;
 mod fanout;

@@ -1,0 +1,291 @@
+//! Chat: exact ordering under concurrent senders, read markers, idempotent sends, long-polls
+//! across processes and with Redis down, permissions.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+use crate::helpers::{Proxy, TestApp};
+
+async fn channel(app: &TestApp, token: &str, members: &[i64]) -> i64 {
+    let res = app
+        .post(
+            "/api/chat/channels/",
+            Some(token),
+            json!({"member_ids": members}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    res.body["id"].as_i64().expect("id")
+}
+
+async fn say(app: &TestApp, token: &str, channel: i64, content: &str) -> Value {
+    let res = app
+        .post(
+            &format!("/api/chat/channels/{channel}/messages/"),
+            Some(token),
+            json!({"content": content}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    res.body
+}
+
+fn ids(body: &Value) -> Vec<i64> {
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| m["id"].as_i64().unwrap())
+        .collect()
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_poller_sees_every_message_of_concurrent_senders_once_and_in_order(db: PgPool) {
+    let app = Arc::new(TestApp::new(db).await);
+    let mut users = Vec::new();
+    for i in 0..5 {
+        users.push(app.quick_user(&format!("talker{i}")).await);
+    }
+    let members: Vec<i64> = users.iter().map(|u| u.0).collect();
+    let room = channel(&app, &users[0].1, &members).await;
+    let (_, reader) = app.quick_user("reader").await;
+    let res = app
+        .post(
+            &format!("/api/chat/channels/{room}/members/"),
+            Some(&users[0].1),
+            json!({"user_id": sqlx::query_scalar::<_, i64>("select id from users where username = 'reader'").fetch_one(app.db()).await.unwrap()}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED);
+
+    let poller = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            let mut since = 0;
+            while seen.len() < 200 {
+                let body = app
+                    .get(
+                        &format!(
+                            "/api/chat/channels/{room}/messages/?since_id={since}&limit=7&wait=5"
+                        ),
+                        Some(&reader),
+                    )
+                    .await
+                    .body;
+                let got = ids(&body);
+                if let Some(last) = got.last() {
+                    since = *last;
+                }
+                seen.extend(got);
+            }
+            seen
+        })
+    };
+    let mut senders = Vec::new();
+    for (_, token) in users.clone() {
+        let app = app.clone();
+        senders.push(tokio::spawn(async move {
+            for i in 0..40 {
+                say(&app, &token, room, &format!("message {i}")).await;
+            }
+        }));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    let seen = tokio::time::timeout(Duration::from_secs(60), poller)
+        .await
+        .expect("the poller saw 200 messages")
+        .unwrap();
+    assert_eq!(
+        seen,
+        (1..=200).collect::<Vec<i64>>(),
+        "no gap, no repeat, in order"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn read_markers_are_one_per_user_and_own_messages_are_never_unread(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    let uri = format!("/api/chat/channels/{room}/messages/");
+    say(&app, &ta, room, "hi bob").await;
+    for text in ["one", "two", "three"] {
+        say(&app, &tb, room, text).await;
+    }
+    let list = app.get("/api/chat/channels/", Some(&ta)).await.body;
+    assert_eq!(list["results"][0]["unread_count"], json!(3), "{list}");
+    assert_eq!(
+        list["results"][0]["members"].as_array().map(Vec::len),
+        Some(2)
+    );
+
+    // Alice's first client checks: everything after her marker (her own message was read).
+    let first = app.get(&uri, Some(&ta)).await.body;
+    assert_eq!(ids(&first), vec![2, 3, 4]);
+    assert_eq!(first["messages"][0]["user"]["id"], json!(bob));
+    // Her second client (same user) finds nothing new; `since_id` reads without moving.
+    assert_eq!(ids(&app.get(&uri, Some(&ta)).await.body), Vec::<i64>::new());
+    assert_eq!(
+        ids(&app.get(&format!("{uri}?since_id=1"), Some(&ta)).await.body),
+        vec![2, 3, 4]
+    );
+    say(&app, &tb, room, "four").await;
+    say(&app, &tb, room, "five").await;
+    let res = app
+        .post(
+            &format!("/api/chat/channels/{room}/read/"),
+            Some(&ta),
+            json!({"last_read_id": 5}),
+        )
+        .await;
+    assert_eq!(res.body, json!({"unread_count": 1}));
+    assert_eq!(ids(&app.get(&uri, Some(&ta)).await.body), vec![6]);
+    // History pages back to message 1, oldest first.
+    let old = app
+        .get(&format!("{uri}?before_id=4&limit=2"), Some(&tb))
+        .await
+        .body;
+    assert_eq!(
+        (ids(&old), old["has_more"].clone()),
+        (vec![2, 3], json!(true))
+    );
+    let _ = alice;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_retried_send_stores_one_message_and_strangers_get_404s(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, _) = app.quick_user("bob").await;
+    let (_, tc) = app.quick_user("carol").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    let uri = format!("/api/chat/channels/{room}/messages/");
+    let body = json!({"content": "once", "client_id": "c-1"});
+    let (a, b) = tokio::join!(
+        app.post(&uri, Some(&ta), body.clone()),
+        app.post(&uri, Some(&ta), body.clone())
+    );
+    assert_eq!(
+        (a.status, b.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert_eq!(a.body["id"], b.body["id"]);
+    let again = app.post(&uri, Some(&ta), body).await;
+    assert_eq!(again.body["id"], a.body["id"]);
+    assert_eq!(say(&app, &ta, room, "next").await["id"], json!(2), "no gap");
+
+    for bad in [
+        json!({"content": "  "}),
+        json!({"content": "x".repeat(2001)}),
+        json!({}),
+    ] {
+        let res = app.post(&uri, Some(&ta), bad.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{bad}");
+    }
+    assert_eq!(app.get(&uri, Some(&tc)).await.status, StatusCode::NOT_FOUND);
+    let res = app
+        .post(&uri, Some(&tc), json!({"content": "let me in"}))
+        .await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND);
+    let res = app
+        .post(
+            "/api/chat/channels/",
+            Some(&ta),
+            json!({"member_ids": [999999]}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.get(&format!("{uri}?wait=31"), Some(&ta)).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    let res = app
+        .post(
+            &format!("/api/chat/channels/{room}/leave/"),
+            Some(&ta),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    assert_eq!(app.get(&uri, Some(&ta)).await.status, StatusCode::NOT_FOUND);
+    let stored: i64 = sqlx::query_scalar("select count(*) from chat_messages")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(stored, 2);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_long_poll_wakes_when_another_process_sends(db: PgPool) {
+    let sender = TestApp::new(db.clone()).await;
+    let prefix = sender.prefix.clone();
+    let poller = Arc::new(TestApp::with(db, |c| c.redis_prefix = prefix).await);
+    let (_, ta) = sender.quick_user("alice").await;
+    let (bob, tb) = sender.quick_user("bob").await;
+    let room = channel(&sender, &ta, &[bob]).await;
+    let waiting = {
+        let poller = poller.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let body = poller
+                .get(
+                    &format!("/api/chat/channels/{room}/messages/?wait=20"),
+                    Some(&tb),
+                )
+                .await
+                .body;
+            (ids(&body), started.elapsed())
+        })
+    };
+    // Let the poll subscribe and wait, then send from the other process.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    say(&sender, &ta, room, "wake up").await;
+    let (got, waited) = waiting.await.unwrap();
+    assert_eq!(got, vec![1]);
+    assert!(
+        waited < Duration::from_secs(10),
+        "woken, not timed out: {waited:?}"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn with_redis_down_sends_succeed_and_long_polls_still_return(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let app = Arc::new(
+        TestApp::with(db, |c| {
+            c.redis_url = proxy.url();
+            c.redis_timeout_ms = 100;
+        })
+        .await,
+    );
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    proxy.set_up(false);
+    let waiting = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.get(
+                &format!("/api/chat/channels/{room}/messages/?wait=20"),
+                Some(&tb),
+            )
+            .await
+            .body
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    say(&app, &ta, room, "while redis is down").await;
+    let body = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("returned before its wait ended")
+        .unwrap();
+    assert_eq!(ids(&body), vec![1]);
+}
