@@ -11,6 +11,13 @@
 //!   messages are never unread for you.
 //! - **Idempotent sends.** A retry with the same `client_id` finds the first message (a unique
 //!   index; a concurrent retry waits for the first and then finds it) and answers it again.
+//! - **Backlog cache.** Redis keeps each active channel's newest messages (`{p}:{ch5}:msgs`,
+//!   score = id), filled on a poll's miss with the generation-guarded fill of the timelines
+//!   and appended to by each send through the transactional outbox. A poll is answered from
+//!   Redis only if the cached messages are exactly the ids after its position, without a hole
+//!   (an append can reach Redis after a later one); anything else is read from Postgres. A
+//!   periodic cleanup, one process at a time, trims backlogs to `CHIRP_CHAT_BACKLOG` and drops
+//!   those of channels idle for `CHIRP_CHAT_IDLE_SECS`. Read markers live in Postgres only.
 //! - **Long-polls.** `wait=S` returns as soon as a message arrives in any process: a send
 //!   publishes the channel id on Redis after its commit, one subscriber per process wakes the
 //!   local waiters ([`Hub`]); while that subscription is down, waiters poll Postgres every
@@ -25,7 +32,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 
-use crate::cache::Cache;
+use crate::cache::backlog::backlog_key;
+use crate::cache::{Cache, Guard, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
@@ -144,13 +152,40 @@ impl Hub {
     }
 }
 
-/// What chat needs besides Postgres: the cache (pub/sub), the hub and the shutdown signal.
+/// What chat needs besides Postgres: the cache (backlogs, pub/sub), the hub, the shutdown
+/// signal and the cleanup's settings.
 #[derive(Clone)]
 pub struct ChatState {
     pub db: PgPool,
     pub cache: Cache,
     pub hub: Arc<Hub>,
     pub stop: tokio::sync::watch::Receiver<bool>,
+    /// Messages a backlog keeps (`CHIRP_CHAT_BACKLOG`).
+    pub backlog: usize,
+    /// How long a channel stays in Redis without a message (`CHIRP_CHAT_IDLE_SECS`).
+    pub idle: Duration,
+}
+
+/// A message as a backlog member: `"{id}|{user_id}|{created_at µs}|{content}"`.
+fn encode(row: &MessageRow) -> String {
+    format!(
+        "{}|{}|{}|{}",
+        row.id,
+        row.user_id,
+        time::to_micros(row.created_at),
+        row.content
+    )
+}
+
+fn decode(channel_id: i64, member: &str) -> Option<MessageRow> {
+    let mut parts = member.splitn(4, '|');
+    Some(MessageRow {
+        channel_id,
+        id: parts.next()?.parse().ok()?,
+        user_id: parts.next()?.parse().ok()?,
+        created_at: time::from_micros(parts.next()?.parse().ok()?),
+        content: parts.next()?.to_owned(),
+    })
 }
 
 async fn is_member(db: &PgPool, channel: i64, user: i64) -> sqlx::Result<bool> {
@@ -435,7 +470,14 @@ pub async fn send(
     .bind(id)
     .execute(&mut *tx)
     .await?;
+    let append = Update::Merge {
+        list: backlog_key(channel),
+        guard: Guard::None,
+        entries: vec![(row.id, encode(&row))],
+    };
+    let staged = chat.cache.stage(&mut tx, &[append]).await?;
     tx.commit().await?;
+    chat.cache.finish(db, staged).await;
     chat.hub.wake(channel);
     let _ = chat.cache.publish(TOPIC, &channel.to_string()).await;
     Ok(message(row, me))
@@ -527,15 +569,10 @@ pub async fn poll(
         let woken = waiter.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let rows: Vec<MessageRow> = sqlx::query_as(
-            "select channel_id, id, user_id, content, created_at from chat_messages
-             where channel_id = $1 and id > $2 order by id limit $3",
-        )
-        .bind(channel)
-        .bind(after)
-        .bind(limit as i64 + 1)
-        .fetch_all(db)
-        .await?;
+        let rows = match cached_after(chat, channel, after, limit).await? {
+            Some(rows) => rows,
+            None => after_in_db(db, channel, after, limit).await?,
+        };
         let now = tokio::time::Instant::now();
         if !rows.is_empty() || now >= deadline || *chat.stop.borrow() {
             break rows;
@@ -566,6 +603,152 @@ pub async fn poll(
         .await?;
     }
     Ok((messages(db, &chat.cache, rows).await?, has_more))
+}
+
+async fn after_in_db(
+    db: &PgPool,
+    channel: i64,
+    after: i64,
+    limit: usize,
+) -> sqlx::Result<Vec<MessageRow>> {
+    sqlx::query_as(
+        "select channel_id, id, user_id, content, created_at from chat_messages
+         where channel_id = $1 and id > $2 order by id limit $3",
+    )
+    .bind(channel)
+    .bind(after)
+    .bind(limit as i64 + 1)
+    .fetch_all(db)
+    .await
+}
+
+/// Up to `limit + 1` messages after `after` from the cached backlog, if it can answer: it
+/// covers `after + 1` and holds a run of ids without a hole from there. `None`: read Postgres
+/// (on a miss, this loads the backlog for the next poll first).
+async fn cached_after(
+    chat: &ChatState,
+    channel: i64,
+    after: i64,
+    limit: usize,
+) -> sqlx::Result<Option<Vec<MessageRow>>> {
+    let cache = &chat.cache;
+    if !cache.available() {
+        return Ok(None);
+    }
+    let key = backlog_key(channel);
+    let upper = after.saturating_add(limit as i64 + 2);
+    match cache.range(key, Some(upper), Some(after), limit + 1).await {
+        Ok(Some(window)) => {
+            let covers = window.complete || window.floor.is_some_and(|f| f <= after + 1);
+            let mut rows: Vec<MessageRow> = window
+                .items
+                .iter()
+                .filter_map(|(member, _)| decode(channel, member))
+                .collect();
+            rows.reverse();
+            let contiguous = rows
+                .iter()
+                .enumerate()
+                .all(|(i, r)| r.id == after + 1 + i as i64);
+            Ok((covers && contiguous).then_some(rows))
+        }
+        Ok(None) => {
+            load_backlog(chat, channel).await?;
+            Ok(None)
+        }
+        Err(_) => Ok(None),
+    }
+}
+
+/// Fills a missing backlog with the channel's newest messages (one loader per channel in this
+/// process; refused if a send landed meanwhile).
+async fn load_backlog(chat: &ChatState, channel: i64) -> sqlx::Result<()> {
+    let key = backlog_key(channel);
+    let Some(flight) = chat.cache.flight(key) else {
+        return Ok(());
+    };
+    let _loading = flight.acquire().await;
+    let Ok(generation) = chat.cache.begin_load(key).await else {
+        return Ok(());
+    };
+    let rows: Vec<MessageRow> = sqlx::query_as(
+        "select channel_id, id, user_id, content, created_at from chat_messages
+         where channel_id = $1 order by id desc limit $2",
+    )
+    .bind(channel)
+    .bind(chat.backlog as i64 + 1)
+    .fetch_all(&chat.db)
+    .await?;
+    let complete = rows.len() <= chat.backlog;
+    let entries: Vec<_> = rows
+        .iter()
+        .take(chat.backlog)
+        .map(|r| (r.id, encode(r)))
+        .collect();
+    let _ = chat.cache.fill(key, &generation, complete, &entries).await;
+    Ok(())
+}
+
+/// One cleanup pass (at most one process at a time, by an advisory lock): trims every cached
+/// backlog to the newest `backlog` messages and drops those of channels without a message for
+/// `idle`. Returns `(trimmed, dropped)`, or `None` if another process holds the lock or Redis
+/// is unavailable.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn cleanup(chat: &ChatState) -> sqlx::Result<Option<(usize, usize)>> {
+    let mut tx = chat.db.begin().await?;
+    let locked: bool =
+        sqlx::query_scalar("select pg_try_advisory_xact_lock(hashtextextended('chat-cleanup', 0))")
+            .fetch_one(&mut *tx)
+            .await?;
+    if !locked {
+        return Ok(None);
+    }
+    let Ok(cached) = chat.cache.cached_backlogs().await else {
+        return Ok(None);
+    };
+    let idle: Vec<i64> = sqlx::query_scalar(
+        "select id from chat_channels
+         where id = any($1) and last_activity_at < now() - make_interval(secs => $2)",
+    )
+    .bind(&cached)
+    .bind(chat.idle.as_secs_f64())
+    .fetch_all(&mut *tx)
+    .await?;
+    let active: Vec<i64> = cached
+        .iter()
+        .copied()
+        .filter(|c| !idle.contains(c))
+        .collect();
+    let done = chat.cache.drop_backlogs(&idle).await.is_ok()
+        && chat
+            .cache
+            .trim_backlogs(&active, chat.backlog)
+            .await
+            .is_ok();
+    tx.commit().await?;
+    Ok(done.then_some((active.len(), idle.len())))
+}
+
+/// How often the cleanup runs.
+pub const CLEANUP_EVERY: Duration = Duration::from_secs(60);
+
+/// Runs [`cleanup`] every [`CLEANUP_EVERY`] until `stop` (in `chirp serve` and `chirp worker`).
+pub async fn cleanup_loop(chat: ChatState, mut stop: tokio::sync::watch::Receiver<bool>) {
+    if !chat.cache.enabled() {
+        return;
+    }
+    let mut tick = tokio::time::interval(CLEANUP_EVERY);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        if let Err(e) = cleanup(&chat).await {
+            tracing::warn!(error = %e, "chat cleanup failed");
+        }
+    }
 }
 
 /// The `limit` messages of `channel` before `before`, oldest first (history), and whether older

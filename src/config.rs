@@ -162,6 +162,16 @@ pub struct Config {
     #[arg(long, global = true, env = "CHIRP_PUBLIC_URL")]
     pub public_url: Option<String>,
 
+    /// Messages of each active chat channel that Redis keeps (the cleanup trims to this).
+    #[arg(long, global = true, env = "CHIRP_CHAT_BACKLOG", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub chat_backlog: u32,
+
+    /// A chat channel without a message for this many seconds leaves Redis (cleanup).
+    #[arg(long, global = true, env = "CHIRP_CHAT_IDLE_SECS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub chat_idle_secs: u64,
+
     /// Maximum Postgres connections of this process.
     #[arg(
         long,

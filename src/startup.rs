@@ -12,9 +12,9 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cache::{epoch, outbox};
 use crate::config::{CacheMode, Cli, Command, Config};
-use crate::db;
 use crate::http;
 use crate::state::AppState;
+use crate::{chat, db};
 
 /// The API server: a bound listener and its state.
 pub struct Application {
@@ -53,6 +53,7 @@ impl Application {
             state.db.clone(),
             stopped.clone(),
         ));
+        let cleanup = tokio::spawn(chat::cleanup_loop(state.chat.clone(), stopped.clone()));
         let worker = tokio::spawn(
             state
                 .worker
@@ -76,6 +77,7 @@ impl Application {
             .context("serving HTTP")?;
         let _ = worker.await;
         let _ = monitor.await;
+        let _ = cleanup.await;
         Ok(())
     }
 }
@@ -91,6 +93,7 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
         state.db.clone(),
         stopped.clone(),
     ));
+    let cleanup = tokio::spawn(chat::cleanup_loop(state.chat.clone(), stopped.clone()));
     let worker = tokio::spawn(
         state
             .worker
@@ -103,6 +106,7 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
     let _ = stop.send(true);
     let _ = worker.await;
     let _ = monitor.await;
+    let _ = cleanup.await;
     Ok(())
 }
 

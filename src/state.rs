@@ -49,6 +49,8 @@ impl AppState {
             cache: cache.clone(),
             hub: Arc::new(Hub::default()),
             stop: stopped,
+            backlog: config.chat_backlog as usize,
+            idle: std::time::Duration::from_secs(config.chat_idle_secs),
         };
         Ok(AppState {
             chat,

@@ -11,6 +11,7 @@
 //! | `{p}:{l7}:feed` | sorted set | list 7's timeline: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
 //! | `{p}:{c3}:tweets` | sorted set | circle 3's tweets: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
 //! | `{p}:{c3d20261122}:rank` | sorted set | circle 3's rank of 2026-11-22 (UTC): member `"{created_at µs, 17 digits}:{tweet_id}:{author_id}"`, score = likes + comments |
+//! | `{p}:{ch5}:msgs` | sorted set | chat channel 5's recent backlog: member `"{id}\|{user_id}\|{created_at µs}\|{content}"`, score = message id |
 //! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
 //! | `{p}:{u42}:liked` | set | ids of the tweets user 42 liked, plus the marker `-1` (an integer, so the set stays an intset) |
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
@@ -34,6 +35,8 @@ pub enum Owner {
     Circle(i64),
     /// One UTC day of a circle (`{c3d20261122}`: circle 3, day `yyyymmdd`), for its rank.
     CircleDay(i64, u32),
+    /// A chat channel (`{ch5}`).
+    Channel(i64),
 }
 
 impl fmt::Display for Owner {
@@ -44,6 +47,7 @@ impl fmt::Display for Owner {
             Owner::List(id) => write!(f, "l{id}"),
             Owner::Circle(id) => write!(f, "c{id}"),
             Owner::CircleDay(id, day) => write!(f, "c{id}d{day}"),
+            Owner::Channel(id) => write!(f, "ch{id}"),
         }
     }
 }

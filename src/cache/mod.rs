@@ -13,6 +13,7 @@
 //! - **Stale Redis** (restarted from a snapshot, failed over to a lagging replica, flushed) is
 //!   fenced by the [`epoch`]: a mismatch clears every key under the prefix before Redis is used.
 
+pub mod backlog;
 pub mod counts;
 pub mod epoch;
 pub mod keys;

@@ -289,3 +289,122 @@ async fn with_redis_down_sends_succeed_and_long_polls_still_return(db: PgPool) {
         .unwrap();
     assert_eq!(ids(&body), vec![1]);
 }
+
+/// Members of a channel's cached backlog (`None`: not cached).
+async fn backlog(app: &TestApp, channel: i64) -> Option<Vec<String>> {
+    let key = app.list_key_of(chirp::cache::backlog::backlog_key(channel));
+    let mut r = app.redis().await;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    if !exists {
+        return None;
+    }
+    Some(
+        redis::cmd("ZRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut r)
+            .await
+            .unwrap(),
+    )
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn polls_use_the_backlog_and_a_flush_between_polls_loses_and_repeats_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    let uri = format!("/api/chat/channels/{room}/messages/");
+    for i in 0..5 {
+        say(&app, &ta, room, &format!("m{i}")).await;
+    }
+    assert_eq!(
+        backlog(&app, room).await,
+        None,
+        "nothing cached before a poll"
+    );
+    assert_eq!(
+        ids(&app.get(&uri, Some(&tb)).await.body),
+        vec![1, 2, 3, 4, 5]
+    );
+    let cached = backlog(&app, room)
+        .await
+        .expect("the poll's miss loaded the backlog");
+    assert_eq!(
+        cached.len(),
+        6,
+        "five messages and the completeness marker: {cached:?}"
+    );
+    say(&app, &ta, room, "appended").await;
+    assert_eq!(backlog(&app, room).await.map(|b| b.len()), Some(7));
+    // A probe: change the row behind Redis's back; the answer still comes from the backlog.
+    sqlx::query("update chat_messages set content = 'changed in postgres' where id = 6")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let body = app.get(&uri, Some(&tb)).await.body;
+    assert_eq!(ids(&body), vec![6]);
+    assert_eq!(body["messages"][0]["content"], json!("appended"), "served from Redis");
+
+    app.flush_cache().await;
+    say(&app, &ta, room, "after the flush").await;
+    say(&app, &ta, room, "and again").await;
+    assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), vec![7, 8]);
+    assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), Vec::<i64>::new());
+    assert_eq!(
+        ids(&app.get(&format!("{uri}?since_id=0"), Some(&tb)).await.body),
+        (1..=8).collect::<Vec<i64>>()
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn cleanup_trims_redis_and_drops_idle_channels_but_history_pages_to_message_1(db: PgPool) {
+    let app = TestApp::with(db, |c| c.chat_backlog = 3).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    let uri = format!("/api/chat/channels/{room}/messages/");
+    app.get(&uri, Some(&tb)).await; // loads the (empty, complete) backlog
+    for i in 0..10 {
+        say(&app, &ta, room, &format!("m{i}")).await;
+    }
+    assert_eq!(backlog(&app, room).await.map(|b| b.len()), Some(11));
+    assert_eq!(
+        chirp::chat::cleanup(&app.state.chat).await.unwrap(),
+        Some((1, 0))
+    );
+    let kept = backlog(&app, room).await.expect("still cached");
+    assert_eq!(kept.len(), 3, "{kept:?}");
+    assert!(kept[0].starts_with("8|"), "the newest three: {kept:?}");
+
+    // Older messages come from Postgres, through polls and history alike.
+    assert_eq!(
+        ids(&app
+            .get(&format!("{uri}?since_id=0&limit=100"), Some(&tb))
+            .await
+            .body),
+        (1..=10).collect::<Vec<i64>>()
+    );
+    let history = app
+        .get(&format!("{uri}?before_id=11&limit=100"), Some(&tb))
+        .await
+        .body;
+    assert_eq!(ids(&history), (1..=10).collect::<Vec<i64>>());
+
+    // Idle: the channel leaves Redis, and nothing is lost.
+    sqlx::query("update chat_channels set last_activity_at = now() - interval '2 hours'")
+        .execute(app.db())
+        .await
+        .unwrap();
+    assert_eq!(
+        chirp::chat::cleanup(&app.state.chat).await.unwrap(),
+        Some((0, 1))
+    );
+    assert_eq!(backlog(&app, room).await, None);
+    assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body).len(), 10);
+}

@@ -1,0 +1,92 @@
+//! Chores on cached chat backlogs ([`crate::chat`]): find them, trim them, drop idle ones.
+
+use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
+
+/// The cached backlog of chat channel `id` (`{p}:{ch5}:msgs`).
+pub fn backlog_key(id: i64) -> ListKey {
+    ListKey::new(Owner::Channel(id), "msgs")
+}
+
+impl Cache {
+    /// The channels whose backlog is cached (one `SCAN` of this prefix's backlog keys).
+    ///
+    /// # Errors
+    /// Redis is off or failed.
+    pub async fn cached_backlogs(&self) -> Result<Vec<i64>, CacheUnavailable> {
+        let inner = self.live()?;
+        let pattern = format!("{}:{{ch*}}:msgs", inner.keys.prefix());
+        let prefix = format!("{}:{{ch", inner.keys.prefix());
+        let mut cursor: u64 = 0;
+        let mut ids = Vec::new();
+        loop {
+            let mut scan = redis::pipe();
+            scan.cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let ((next, keys),): ((u64, Vec<String>),) = self.run_bulk(&scan, 1).await?;
+            ids.extend(keys.iter().filter_map(|k| {
+                k.strip_prefix(&prefix)?
+                    .strip_suffix("}:msgs")?
+                    .parse::<i64>()
+                    .ok()
+            }));
+            if next == 0 {
+                return Ok(ids);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Trims each backlog to its newest `keep` messages (a trimmed backlog is no longer
+    /// complete: the lowest ranks, the completeness marker first, go).
+    ///
+    /// # Errors
+    /// Redis is off or failed.
+    pub async fn trim_backlogs(
+        &self,
+        channels: &[i64],
+        keep: usize,
+    ) -> Result<(), CacheUnavailable> {
+        let inner = self.live()?;
+        if channels.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        for id in channels {
+            pipe.cmd("ZREMRANGEBYRANK")
+                .arg(inner.keys.list(backlog_key(*id)))
+                .arg(0)
+                .arg(-keep - 1)
+                .ignore();
+        }
+        self.run_bulk::<()>(&pipe, channels.len()).await
+    }
+
+    /// Drops the backlogs of `channels` (bumping their generations, so no load in flight
+    /// stores an old one).
+    ///
+    /// # Errors
+    /// Redis is off or failed.
+    pub async fn drop_backlogs(&self, channels: &[i64]) -> Result<(), CacheUnavailable> {
+        let inner = self.live()?;
+        if channels.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        for id in channels {
+            let key = inner.keys.list(backlog_key(*id));
+            pipe.invoke_script(
+                scripts::INVALIDATE
+                    .key(&key)
+                    .key(Keys::gen_of(&key))
+                    .arg(inner.ttl_secs),
+            )
+            .ignore();
+        }
+        self.run_bulk::<()>(&pipe, channels.len()).await
+    }
+}
