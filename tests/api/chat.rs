@@ -349,7 +349,11 @@ async fn polls_use_the_backlog_and_a_flush_between_polls_loses_and_repeats_nothi
         .unwrap();
     let body = app.get(&uri, Some(&tb)).await.body;
     assert_eq!(ids(&body), vec![6]);
-    assert_eq!(body["messages"][0]["content"], json!("appended"), "served from Redis");
+    assert_eq!(
+        body["messages"][0]["content"],
+        json!("appended"),
+        "served from Redis"
+    );
 
     app.flush_cache().await;
     say(&app, &ta, room, "after the flush").await;
