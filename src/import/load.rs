@@ -76,7 +76,8 @@ pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
     sqlx::query(
         "truncate users, auth_tokens, tweets, friendships, newsfeeds, jobs, cache_outbox,
                   comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
-                  circles, circle_members restart identity",
+                  circles, circle_members, notifications, chat_channels, chat_members,
+                  chat_messages restart identity",
     )
     .execute(&mut *conn)
     .await?;
@@ -106,7 +107,7 @@ pub(super) async fn users(conn: &mut PgConnection, mapped: &Mapped<'_>) -> anyho
     .await?;
     sqlx::query(
         "insert into users (id, username, email, password_hash, created_at)
-         select id, 'u' || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01' from import_users
+         select id, case when id between 0 and 9 then 'u0' else 'u' end || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01' from import_users
          on conflict do nothing",
     )
     .execute(&mut *conn)
@@ -214,7 +215,7 @@ pub(super) async fn lists(conn: &mut PgConnection, circles: &[InList]) -> anyhow
     .await?;
     sqlx::raw_sql(
         "insert into users (id, username, email, password_hash, created_at)
-         select id, 'u' || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01'
+         select id, case when id between 0 and 9 then 'u0' else 'u' end || id, 'u' || id || '@import.invalid', '!', timestamptz '2012-01-01'
          from (select owner as id from import_lists union select user_id from import_list_members) n
          on conflict do nothing;
          insert into lists (owner_id, name, created_at)

@@ -238,7 +238,8 @@ async fn a_failed_import_changes_nothing_and_says_why(db: PgPool) {
         circles: None,
     };
     app.signup("existing").await;
-    assert!(chirp::import::run(app.db(), &unwritable).await.is_err());
+    let err = chirp::import::run(app.db(), &unwritable).await.unwrap_err();
+    assert!(format!("{err:#}").contains("tokens.tsv"), "{err:#}");
     let (users, tweets): (i64, i64) =
         sqlx::query_as("select (select count(*) from users), (select count(*) from tweets)")
             .fetch_one(app.db())
@@ -249,4 +250,48 @@ async fn a_failed_import_changes_nothing_and_says_why(db: PgPool) {
         (1, 0),
         "the database is as it was, reset included"
     );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_reset_import_also_empties_notifications_and_chat(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&ta, bob).await; // notifies bob
+    let room = app
+        .post(
+            "/api/chat/channels/",
+            Some(&tb),
+            json!({"member_ids": [bob - 1]}),
+        )
+        .await;
+    let room = room.body["id"].as_i64().expect("a channel");
+    let sent = app
+        .post(
+            &format!("/api/chat/channels/{room}/messages/"),
+            Some(&tb),
+            json!({"content": "before the reset"}),
+        )
+        .await;
+    assert_eq!(sent.status, StatusCode::CREATED);
+    let files = Files::new();
+    let args = ImportArgs {
+        follows: Some(files.write("graph.txt", "1 2\n")),
+        tweets: vec![],
+        reset: true,
+        tokens_out: None,
+        tokens: 1,
+        circles: None,
+    };
+    chirp::import::run(app.db(), &args)
+        .await
+        .expect("the reset import");
+    let left: (i64, i64, i64, i64) = sqlx::query_as(
+        "select (select count(*) from users), (select count(*) from notifications),
+                (select count(*) from chat_channels), (select count(*) from chat_messages)",
+    )
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(left, (2, 0, 0, 0), "only the imported graph is left");
 }
