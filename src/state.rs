@@ -7,14 +7,27 @@ use tokio::sync::{Notify, watch};
 
 use crate::cache::Cache;
 use crate::cache::limits::LocalGcra;
-use crate::chat::{ChatState, Hub};
+use crate::chat::{ChatState, Hub, SendQueue};
 use crate::config::Config;
 use crate::jobs::Worker;
 use crate::media::Media;
 
-/// Postgres, the cache, the job worker handle and the configuration; cheap to clone.
+/// Postgres, the cache, the job worker handle and the configuration, shared by every handler
+/// and middleware. One `Arc`: a clone (each layer clones it per request) is one atomic
+/// increment; fields are reached through `Deref` (`state.db`).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct Shared {
     pub db: PgPool,
     pub cache: Cache,
     pub worker: Worker,
@@ -48,11 +61,12 @@ impl AppState {
             db: db.clone(),
             cache: cache.clone(),
             hub: Arc::new(Hub::default()),
+            sends: Arc::new(SendQueue::default()),
             stop: stopped,
             backlog: config.chat_backlog as usize,
             idle: std::time::Duration::from_secs(config.chat_idle_secs),
         };
-        Ok(AppState {
+        Ok(AppState(Arc::new(Shared {
             chat,
             shutdown: Arc::new(shutdown),
             db,
@@ -61,6 +75,6 @@ impl AppState {
             media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
-        })
+        })))
     }
 }
