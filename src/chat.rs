@@ -1,36 +1,42 @@
 //! Chat channels: the poll-based chat of J. Carlson's Redis chat design (send to a channel,
 //! check the messages since your last check), on Postgres as the truth.
 //!
-//! - **Ordering.** A message's id is its channel's next sequence number, taken by updating the
-//!   channel row inside the send's transaction. The row stays locked until that transaction
-//!   ends, so the sends of one channel commit one after the other in id order: a poller that
-//!   has seen id 12 can never later find an id 11 committed after its poll, and a rolled-back
-//!   send leaves no gap (its number rolls back with it).
+//! - **Ordering.** A message's id is its channel's next sequence number, taken under the
+//!   channel row's lock inside the send's transaction. The row stays locked until that
+//!   transaction ends, so the sends of one channel commit one after the other in id order: a
+//!   poller that has seen id 12 can never later find an id 11 committed after its poll, and a
+//!   rolled-back send leaves no gap (its number rolls back with it).
+//! - **Group commit.** Concurrent sends of one process share a transaction ([`SendQueue`]): a
+//!   batch locks its channels in id order, numbers its messages and writes them with two
+//!   set-based statements, so a busy process pays one commit per batch, not per message.
 //! - **Read markers.** A poll without `since_id` returns what came after the caller's marker
 //!   and moves it; `read/` moves it explicitly; both only ever move it forward. Your own
 //!   messages are never unread for you.
-//! - **Idempotent sends.** A retry with the same `client_id` finds the first message (a unique
-//!   index; a concurrent retry waits for the first and then finds it) and answers it again.
+//! - **Idempotent sends.** A retry with the same `client_id` finds the first message and
+//!   answers it again: the lookup runs under the channel's lock, so a concurrent retry (in any
+//!   process) waits for the first send's commit and then finds it; a unique index backs it.
 //! - **Backlog cache.** Redis keeps each active channel's newest messages (`{p}:{ch5}:msgs`,
 //!   score = id), filled on a poll's miss with the generation-guarded fill of the timelines
-//!   and appended to by each send through the transactional outbox. A poll is answered from
-//!   Redis only if the cached messages are exactly the ids after its position, without a hole
-//!   (an append can reach Redis after a later one); anything else is read from Postgres. A
-//!   periodic cleanup, one process at a time, trims backlogs to `CHIRP_CHAT_BACKLOG` and drops
+//!   and appended to by each send batch after its commit. Appends need no outbox row: a poll
+//!   is answered from Redis only if the cached messages are exactly the ids after its position,
+//!   without a hole (an append can reach Redis after a later one), up to the channel's
+//!   `last_message_id` read from Postgres with the caller's marker; a backlog that ends short
+//!   (an append lost to a crash or a Redis error, or still in flight) is completed from
+//!   Postgres and repaired; anything else is read from Postgres. A periodic cleanup, one process at a time, trims backlogs to `CHIRP_CHAT_BACKLOG` and drops
 //!   those of channels idle for `CHIRP_CHAT_IDLE_SECS`. Read markers live in Postgres only.
 //! - **Long-polls.** `wait=S` returns as soon as a message arrives in any process: a send
 //!   publishes the channel id on Redis after its commit, one subscriber per process wakes the
 //!   local waiters ([`Hub`]); while that subscription is down, waiters poll Postgres every
 //!   [`POLL_WHILE_DOWN`].
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use serde::Serialize;
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore, oneshot};
 
 use crate::cache::backlog::backlog_key;
 use crate::cache::{Cache, Guard, Update};
@@ -51,7 +57,8 @@ pub const MAX_WAIT_SECS: u64 = 30;
 pub const MAX_MEMBERS: usize = 1000;
 /// How often a waiter looks in Postgres while the Redis subscription is down.
 pub const POLL_WHILE_DOWN: Duration = Duration::from_millis(100);
-/// The pub/sub topic of new messages (the payload is the channel id).
+/// The pub/sub topic of new messages (the payload: the ids of the channels one send batch
+/// wrote, comma-separated).
 const TOPIC: &str = "chat";
 
 /// The public `Channel` object.
@@ -81,7 +88,7 @@ pub struct Message {
     pub created_at: Timestamp,
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 struct MessageRow {
     channel_id: i64,
     id: i64,
@@ -145,8 +152,10 @@ impl Hub {
         }
         let hub = Arc::downgrade(self);
         cache.spawn_subscriber(TOPIC, self.subscribed.clone(), stop.clone(), move |msg| {
-            if let (Some(hub), Ok(channel)) = (hub.upgrade(), msg.parse::<i64>()) {
-                hub.wake(channel);
+            if let Some(hub) = hub.upgrade() {
+                for channel in msg.split(',').filter_map(|c| c.parse::<i64>().ok()) {
+                    hub.wake(channel);
+                }
             }
         });
     }
@@ -159,6 +168,8 @@ pub struct ChatState {
     pub db: PgPool,
     pub cache: Cache,
     pub hub: Arc<Hub>,
+    /// This process's group commit of sends.
+    pub sends: Arc<SendQueue>,
     pub stop: tokio::sync::watch::Receiver<bool>,
     /// Messages a backlog keeps (`CHIRP_CHAT_BACKLOG`).
     pub backlog: usize,
@@ -396,8 +407,74 @@ pub async fn leave(db: &PgPool, me: i64, channel: i64) -> ApiResult<()> {
     Ok(())
 }
 
+/// Most sends one transaction commits (a group commit; see [`SendQueue`]).
+pub const MAX_SEND_BATCH: usize = 256;
+/// Send transactions one process runs at once; further sends queue and join the next batch.
+pub const SEND_BATCHES_IN_FLIGHT: usize = 2;
+
+/// One send waiting for its batch.
+struct Pending {
+    request: SendRequest,
+    reply: oneshot::Sender<ApiResult<Message>>,
+}
+
+/// A send as a batch stores it.
+struct SendRequest {
+    channel: i64,
+    author: User,
+    content: String,
+    client_id: Option<String>,
+}
+
+/// Group commit of chat sends: the concurrent sends of one process (to any channels) commit
+/// together, in one transaction of a few set-based statements, instead of one transaction
+/// each. No timer and no background task: a send queues itself, then waits for one of
+/// [`SEND_BATCHES_IN_FLIGHT`] slots; whoever gets a slot takes everything queued (up to
+/// [`MAX_SEND_BATCH`]) and commits it. An idle process so commits each send alone and at once;
+/// a busy one commits together whatever arrived while the previous batches were committing.
+/// Each batch locks its channel rows in id order, so the batches of several processes can not
+/// deadlock, and a channel's messages still commit in id order (see the module docs).
+pub struct SendQueue {
+    queue: Mutex<Vec<Pending>>,
+    slots: Semaphore,
+    /// Send transactions committed, for tests and benchmarks.
+    pub batches: AtomicU64,
+    /// Messages those transactions stored.
+    pub messages: AtomicU64,
+}
+
+impl Default for SendQueue {
+    fn default() -> Self {
+        SendQueue {
+            queue: Mutex::new(Vec::new()),
+            slots: Semaphore::new(SEND_BATCHES_IN_FLIGHT),
+            batches: AtomicU64::new(0),
+            messages: AtomicU64::new(0),
+        }
+    }
+}
+
+impl SendQueue {
+    fn push(&self, pending: Pending) {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        queue.push(pending);
+    }
+
+    fn take(&self) -> Vec<Pending> {
+        let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let n = queue.len().min(MAX_SEND_BATCH);
+        queue.drain(..n).collect()
+    }
+}
+
 /// Sends `content` (trimmed, validated) from `me` to `channel`; with a `client_id` already
-/// used by `me` in this channel, answers that first message and stores nothing.
+/// used by `me` in this channel, answers that first message and stores nothing. Committed
+/// with this process's concurrent sends ([`SendQueue`]); after the commit the backlog append
+/// goes through the outbox and the channel's long-polls are woken, here and (Redis pub/sub) in
+/// every other process.
+///
+/// Callers must not be cancelled while they wait (HTTP handlers run to completion in their own
+/// task): the batch one caller commits also answers others.
 ///
 /// # Errors
 /// 404 unless `me` is a member.
@@ -408,96 +485,263 @@ pub async fn send(
     content: &str,
     client_id: Option<&str>,
 ) -> ApiResult<Message> {
-    let db = &chat.db;
-    let mut tx = db.begin().await?;
-    let member: Option<i64> = sqlx::query_scalar(
-        "select user_id from chat_members where channel_id = $1 and user_id = $2",
-    )
-    .bind(channel)
-    .bind(me.id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if member.is_none() {
-        return Err(ApiError::NotFound);
+    let (reply, mut answer) = oneshot::channel();
+    let sends = &chat.sends;
+    sends.push(Pending {
+        request: SendRequest {
+            channel,
+            author: me.clone(),
+            content: content.to_owned(),
+            client_id: client_id.map(str::to_owned),
+        },
+        reply,
+    });
+    let unanswered = || anyhow::anyhow!("a send batch ended without an answer");
+    loop {
+        // A send answered by another caller's batch leaves at once: waiting on for a slot would
+        // make every caller queue behind the others and each batch hold one send.
+        let slot = tokio::select! {
+            biased;
+            result = &mut answer => return result.map_err(|_| unanswered())?,
+            slot = sends.slots.acquire() => {
+                slot.map_err(|_| anyhow::anyhow!("the send queue is closed"))?
+            }
+        };
+        let batch = sends.take();
+        if batch.is_empty() {
+            break; // another caller's batch took this send
+        }
+        commit_batch(chat, batch).await;
+        drop(slot);
     }
-    if let Some(client_id) = client_id
-        && let Some(first) = by_client_id(&mut tx, channel, me.id, client_id).await?
-    {
-        return Ok(message(first, me));
-    }
-    let now = time::next_timestamp();
-    // Locks the channel row until the commit: the sends of one channel commit in id order.
-    let id: i64 = sqlx::query_scalar(
-        "update chat_channels set last_message_id = last_message_id + 1,
-                last_activity_at = greatest(last_activity_at, $2)
-         where id = $1 returning last_message_id",
-    )
-    .bind(channel)
-    .bind(now)
-    .fetch_one(&mut *tx)
-    .await?;
-    // A concurrent retry with the same client_id waits here for the first one's commit.
-    let row: Option<MessageRow> = sqlx::query_as(
-        "insert into chat_messages (channel_id, id, user_id, content, client_id, created_at)
-         values ($1, $2, $3, $4, $5, $6)
-         on conflict (channel_id, user_id, client_id) where client_id is not null do nothing
-         returning channel_id, id, user_id, content, created_at",
-    )
-    .bind(channel)
-    .bind(id)
-    .bind(me.id)
-    .bind(content)
-    .bind(client_id)
-    .bind(now)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(row) = row else {
-        // The retry lost the race: drop its sequence number (no gap) and answer the first.
-        tx.rollback().await?;
-        let mut conn = db.acquire().await?;
-        let first = by_client_id(&mut conn, channel, me.id, client_id.unwrap_or_default())
-            .await?
-            .ok_or_else(|| anyhow::anyhow!("a conflicting client_id vanished"))?;
-        return Ok(message(first, me));
-    };
-    // Your own messages are never unread for you.
-    sqlx::query(
-        "update chat_members set last_read_id = greatest(last_read_id, $3)
-         where channel_id = $1 and user_id = $2",
-    )
-    .bind(channel)
-    .bind(me.id)
-    .bind(id)
-    .execute(&mut *tx)
-    .await?;
-    let append = Update::Merge {
-        list: backlog_key(channel),
-        guard: Guard::None,
-        entries: vec![(row.id, encode(&row))],
-    };
-    let staged = chat.cache.stage(&mut tx, &[append]).await?;
-    tx.commit().await?;
-    chat.cache.finish(db, staged).await;
-    chat.hub.wake(channel);
-    let _ = chat.cache.publish(TOPIC, &channel.to_string()).await;
-    Ok(message(row, me))
+    answer.await.map_err(|_| unanswered())?
 }
 
-async fn by_client_id(
-    conn: &mut sqlx::PgConnection,
-    channel: i64,
-    user: i64,
-    client_id: &str,
-) -> sqlx::Result<Option<MessageRow>> {
-    sqlx::query_as(
-        "select channel_id, id, user_id, content, created_at from chat_messages
-         where channel_id = $1 and user_id = $2 and client_id = $3",
+/// Commits one batch and answers each of its sends. If the batch fails as a whole, each send is
+/// retried alone, so one failing send does not fail the others.
+async fn commit_batch(chat: &ChatState, batch: Vec<Pending>) {
+    let (requests, replies): (Vec<SendRequest>, Vec<_>) =
+        batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    let results = match store_batch(chat, &requests).await {
+        Ok(results) => results,
+        Err(e) if requests.len() == 1 => vec![Err(e)],
+        Err(e) => {
+            tracing::warn!(error = %e, sends = requests.len(), "a send batch failed; sending one by one");
+            let mut results = Vec::with_capacity(requests.len());
+            for request in requests.chunks(1) {
+                results.push(match store_batch(chat, request).await {
+                    Ok(mut one) => one.pop().unwrap_or(Err(ApiError::NotFound)),
+                    Err(e) => Err(e),
+                });
+            }
+            results
+        }
+    };
+    for (reply, result) in replies.into_iter().zip(results) {
+        // A caller that went away anyway: its message is stored, nothing else to do.
+        let _ = reply.send(result);
+    }
+}
+
+/// What became of one send of a batch.
+enum Outcome {
+    NotMember,
+    /// Stored as the batch's `rows[i]`.
+    Stored(usize),
+    /// A retry: answered with the first send of its client id.
+    Earlier(MessageRow),
+}
+
+/// One batch's transaction: lock the channels (in id order), check membership, find earlier
+/// sends of the same client ids, number the new messages, insert them, move the channels'
+/// counters and the senders' read markers, stage the backlog appends, commit; then the cache
+/// step and the wake-ups. Returns one result per request, in order.
+async fn store_batch(
+    chat: &ChatState,
+    requests: &[SendRequest],
+) -> ApiResult<Vec<ApiResult<Message>>> {
+    let db = &chat.db;
+    let channels: Vec<i64> = requests.iter().map(|r| r.channel).collect();
+    let senders: Vec<i64> = requests.iter().map(|r| r.author.id).collect();
+    let client_ids: Vec<Option<&str>> = requests.iter().map(|r| r.client_id.as_deref()).collect();
+    let mut tx = db.begin().await?;
+    // Held until the commit: a channel's sends commit one after the other, in id order.
+    let mut last: HashMap<i64, i64> = sqlx::query_as(
+        "select id, last_message_id from chat_channels where id = any($1)
+         order by id for no key update",
     )
-    .bind(channel)
-    .bind(user)
-    .bind(client_id)
-    .fetch_optional(conn)
-    .await
+    .bind(&channels)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .collect();
+    // Per request: is the sender a member, and the earlier send of its client id, if any. No
+    // other send to these channels can commit before this transaction does now (it would wait
+    // for the channel locks), so the answer is final (this statement's snapshot is taken after
+    // the locks were granted).
+    let found: Vec<Found> = sqlx::query_as(
+        "select m.user_id is not null as member,
+                x.channel_id, x.id, x.user_id, x.content, x.created_at
+         from unnest($1::bigint[], $2::bigint[], $3::text[]) with ordinality
+              as s (channel_id, user_id, client_id, ord)
+         left join chat_members m on m.channel_id = s.channel_id and m.user_id = s.user_id
+         left join chat_messages x on x.channel_id = s.channel_id and x.user_id = s.user_id
+                                  and x.client_id = s.client_id
+         order by s.ord",
+    )
+    .bind(&channels)
+    .bind(&senders)
+    .bind(&client_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut earlier: HashMap<(i64, i64, String), MessageRow> = HashMap::new();
+    let mut members: HashSet<(i64, i64)> = HashSet::new();
+    for (r, f) in requests.iter().zip(found) {
+        if f.member {
+            members.insert((r.channel, r.author.id));
+        }
+        if let (Some(client), Some(row)) = (&r.client_id, f.earlier()) {
+            earlier.insert((r.channel, r.author.id, client.clone()), row);
+        }
+    }
+
+    // Number the new messages in arrival order; a repeated client id answers its first send.
+    let mut rows: Vec<MessageRow> = Vec::new();
+    let mut stored_client_ids: Vec<Option<&str>> = Vec::new();
+    let mut outcomes = Vec::with_capacity(requests.len());
+    for r in requests {
+        let retry_of = r
+            .client_id
+            .as_ref()
+            .map(|c| (r.channel, r.author.id, c.clone()));
+        let outcome = match (last.get_mut(&r.channel), retry_of) {
+            (None, _) => Outcome::NotMember,
+            _ if !members.contains(&(r.channel, r.author.id)) => Outcome::NotMember,
+            (_, Some(key)) if earlier.contains_key(&key) => Outcome::Earlier(earlier[&key].clone()),
+            (Some(seq), retry_of) => {
+                *seq += 1;
+                let row = MessageRow {
+                    channel_id: r.channel,
+                    id: *seq,
+                    user_id: r.author.id,
+                    content: r.content.clone(),
+                    created_at: time::next_timestamp(),
+                };
+                if let Some(key) = retry_of {
+                    earlier.insert(key, row.clone());
+                }
+                rows.push(row);
+                stored_client_ids.push(r.client_id.as_deref());
+                Outcome::Stored(rows.len() - 1)
+            }
+        };
+        outcomes.push(outcome);
+    }
+    if !rows.is_empty() {
+        insert_rows(&mut tx, &rows, &stored_client_ids).await?;
+    }
+    let mut appends: HashMap<i64, Vec<(i64, String)>> = HashMap::new();
+    for r in &rows {
+        appends
+            .entry(r.channel_id)
+            .or_default()
+            .push((r.id, encode(r)));
+    }
+    let woken: Vec<i64> = appends.keys().copied().collect();
+    let updates: Vec<Update> = appends
+        .into_iter()
+        .map(|(channel, entries)| Update::Merge {
+            list: backlog_key(channel),
+            guard: Guard::None,
+            entries,
+        })
+        .collect();
+    tx.commit().await?;
+    chat.sends.batches.fetch_add(1, Ordering::Relaxed);
+    chat.sends
+        .messages
+        .fetch_add(rows.len() as u64, Ordering::Relaxed);
+    // No outbox row: a lost append is found and repaired by the next poll (see cached_after).
+    chat.cache.apply_best_effort(&updates).await;
+    if !woken.is_empty() {
+        for channel in &woken {
+            chat.hub.wake(*channel);
+        }
+        let ids: Vec<String> = woken.iter().map(i64::to_string).collect();
+        let _ = chat.cache.publish(TOPIC, &ids.join(",")).await;
+    }
+    Ok(requests
+        .iter()
+        .zip(outcomes)
+        .map(|(r, outcome)| match outcome {
+            Outcome::NotMember => Err(ApiError::NotFound),
+            Outcome::Stored(i) => Ok(message(rows[i].clone(), &r.author)),
+            Outcome::Earlier(first) => Ok(message(first, &r.author)),
+        })
+        .collect())
+}
+
+/// What a batch finds for one of its requests (see [`store_batch`]).
+#[derive(sqlx::FromRow)]
+struct Found {
+    member: bool,
+    channel_id: Option<i64>,
+    id: Option<i64>,
+    user_id: Option<i64>,
+    content: Option<String>,
+    created_at: Option<Timestamp>,
+}
+
+impl Found {
+    /// The earlier message with the request's client id.
+    fn earlier(self) -> Option<MessageRow> {
+        Some(MessageRow {
+            channel_id: self.channel_id?,
+            id: self.id?,
+            user_id: self.user_id?,
+            content: self.content?,
+            created_at: self.created_at?,
+        })
+    }
+}
+
+/// Inserts a batch's new messages and moves, per channel, its last id and activity and, per
+/// (channel, sender), the sender's read marker (your own messages are never unread for you):
+/// one statement.
+async fn insert_rows(
+    tx: &mut sqlx::PgConnection,
+    rows: &[MessageRow],
+    client_ids: &[Option<&str>],
+) -> sqlx::Result<()> {
+    let ints = |f: fn(&MessageRow) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
+    sqlx::query(
+        "with new as (
+             select * from unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[],
+                                  $5::text[], $6::timestamptz[])
+                 as n (channel_id, id, user_id, content, client_id, created_at)),
+         inserted as (
+             insert into chat_messages (channel_id, id, user_id, content, client_id, created_at)
+             select * from new),
+         channels as (
+             update chat_channels c set last_message_id = s.last_id,
+                    last_activity_at = greatest(c.last_activity_at, s.at)
+             from (select channel_id, max(id) as last_id, max(created_at) as at
+                   from new group by channel_id) s
+             where c.id = s.channel_id)
+         update chat_members m set last_read_id = greatest(m.last_read_id, s.last_id)
+         from (select channel_id, user_id, max(id) as last_id from new
+               group by channel_id, user_id) s
+         where m.channel_id = s.channel_id and m.user_id = s.user_id",
+    )
+    .bind(ints(|r| r.channel_id))
+    .bind(ints(|r| r.id))
+    .bind(ints(|r| r.user_id))
+    .bind(rows.iter().map(|r| r.content.as_str()).collect::<Vec<_>>())
+    .bind(client_ids)
+    .bind(rows.iter().map(|r| r.created_at).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 fn message(row: MessageRow, author: &User) -> Message {
@@ -545,20 +789,21 @@ pub async fn poll(
     wait: Duration,
 ) -> ApiResult<(Vec<Message>, bool)> {
     let db = &chat.db;
+    // The caller's marker (also: is the caller a member) and the channel's last id.
+    let (marker, mut last): (i64, i64) = sqlx::query_as(
+        "select m.last_read_id, c.last_message_id
+         from chat_members m join chat_channels c on c.id = m.channel_id
+         where m.channel_id = $1 and m.user_id = $2",
+    )
+    .bind(channel)
+    .bind(me)
+    .fetch_optional(db)
+    .await?
+    .ok_or(ApiError::NotFound)?;
     let after = match since {
         Since::Id(id) => id,
-        Since::Marker => sqlx::query_scalar::<_, i64>(
-            "select last_read_id from chat_members where channel_id = $1 and user_id = $2",
-        )
-        .bind(channel)
-        .bind(me)
-        .fetch_optional(db)
-        .await?
-        .ok_or(ApiError::NotFound)?,
+        Since::Marker => marker,
     };
-    if let Since::Id(_) = since {
-        require_member(db, channel, me).await?;
-    }
     let deadline = tokio::time::Instant::now() + wait;
     let waiter = chat.hub.waiter(channel);
     if !wait.is_zero() {
@@ -569,7 +814,7 @@ pub async fn poll(
         let woken = waiter.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
-        let rows = match cached_after(chat, channel, after, limit).await? {
+        let rows = match cached_after(chat, channel, after, last, limit).await? {
             Some(rows) => rows,
             None => after_in_db(db, channel, after, limit).await?,
         };
@@ -588,6 +833,7 @@ pub async fn poll(
             _ = tokio::time::sleep(nap) => {}
             _ = stop.changed() => {}
         }
+        last = last_message_id(db, channel).await?;
     };
     let has_more = rows.len() > limit;
     let rows: Vec<MessageRow> = rows.into_iter().take(limit).collect();
@@ -622,13 +868,24 @@ async fn after_in_db(
     .await
 }
 
+async fn last_message_id(db: &PgPool, channel: i64) -> sqlx::Result<i64> {
+    sqlx::query_scalar("select last_message_id from chat_channels where id = $1")
+        .bind(channel)
+        .fetch_one(db)
+        .await
+}
+
 /// Up to `limit + 1` messages after `after` from the cached backlog, if it can answer: it
-/// covers `after + 1` and holds a run of ids without a hole from there. `None`: read Postgres
-/// (on a miss, this loads the backlog for the next poll first).
+/// covers `after + 1`, holds a run of ids without a hole from there, and that run reaches
+/// `last` (the channel's last id, read from Postgres before) or fills the page. Appends reach
+/// Redis after their commit and without an outbox row, so a backlog may end short of `last`:
+/// such a poll reads Postgres and puts the missing tail back into the backlog (read repair).
+/// `None`: read Postgres (on a miss, this loads the backlog for the next poll first).
 async fn cached_after(
     chat: &ChatState,
     channel: i64,
     after: i64,
+    last: i64,
     limit: usize,
 ) -> sqlx::Result<Option<Vec<MessageRow>>> {
     let cache = &chat.cache;
@@ -650,7 +907,26 @@ async fn cached_after(
                 .iter()
                 .enumerate()
                 .all(|(i, r)| r.id == after + 1 + i as i64);
-            Ok((covers && contiguous).then_some(rows))
+            if !(covers && contiguous) {
+                return Ok(None);
+            }
+            let reached = rows.last().map_or(after, |r| r.id);
+            if rows.len() > limit || reached >= last {
+                return Ok(Some(rows));
+            }
+            // A lost or late append: the tail from Postgres, and back into the backlog.
+            let missing = after_in_db(&chat.db, channel, reached, limit).await?;
+            let entries = missing.iter().map(|r| (r.id, encode(r))).collect();
+            cache
+                .apply_best_effort(&[Update::Merge {
+                    list: key,
+                    guard: Guard::None,
+                    entries,
+                }])
+                .await;
+            rows.extend(missing);
+            rows.truncate(limit + 1);
+            Ok(Some(rows))
         }
         Ok(None) => {
             load_backlog(chat, channel).await?;

@@ -18,7 +18,8 @@ pub fn router() -> Router<AppState> {
 }
 
 /// 200 if Postgres answers (503 if not); `redis` is `ok`, `down`, or `off` with
-/// `CHIRP_CACHE=off`. Also reports the cache's counters since start.
+/// `CHIRP_CACHE=off`. Also reports the cache's counters since start, and this process's chat
+/// send transactions and the messages they stored (their ratio: the group commit's batch size).
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let pg = tokio::time::timeout(
         Duration::from_secs(2),
@@ -53,6 +54,10 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         "postgres": if pg_ok { "ok" } else { "down" },
         "redis": redis,
         "cache": cache,
+        "chat": {
+            "send_batches": state.chat.sends.batches.load(Ordering::Relaxed),
+            "messages_sent": state.chat.sends.messages.load(Ordering::Relaxed),
+        },
     });
     (status, Json(body))
 }

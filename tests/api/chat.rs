@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::StatusCode;
 use serde_json::{Value, json};
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 
 use crate::helpers::{Proxy, TestApp};
 
@@ -411,4 +411,187 @@ async fn cleanup_trims_redis_and_drops_idle_channels_but_history_pages_to_messag
     );
     assert_eq!(backlog(&app, room).await, None);
     assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body).len(), 10);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_burst_of_sends_commits_in_a_few_batches_with_exact_ids_retries_and_404s(db: PgPool) {
+    let app = Arc::new(TestApp::new(db).await);
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let (_, stranger) = app.quick_user("mallory").await;
+    let mut rooms = Vec::new();
+    for _ in 0..4 {
+        rooms.push(channel(&app, &ta, &[bob]).await);
+    }
+    // Hold every room's row lock, so the batches in flight wait and every other send queues.
+    // (On connections of their own: the batches in flight may hold every pooled one.)
+    let options = app.db().connect_options();
+    let mut blocker = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    let mut watcher = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    sqlx::query("begin").execute(&mut blocker).await.unwrap();
+    sqlx::query("select 1 from chat_channels where id = any($1) for update")
+        .bind(&rooms)
+        .execute(&mut blocker)
+        .await
+        .unwrap();
+    let send = |token: String, room: i64, body: Value| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let res = app
+                .post(
+                    &format!("/api/chat/channels/{room}/messages/"),
+                    Some(&token),
+                    body,
+                )
+                .await;
+            (room, res.status, res.body)
+        })
+    };
+    let mut sends = Vec::new();
+    for i in 0..40 {
+        let token = if (i / 4) % 2 == 0 { &ta } else { &tb };
+        let body = json!({"content": format!("burst {i}")});
+        sends.push(send(token.clone(), rooms[i % 4], body));
+    }
+    let retry = json!({"content": "only once", "client_id": "r-1"});
+    sends.push(send(ta.clone(), rooms[1], retry.clone()));
+    sends.push(send(ta.clone(), rooms[1], retry));
+    sends.push(send(stranger, rooms[2], json!({"content": "let me in"})));
+    // Every slot's batch waits for the lock; the rest of the burst queues behind them.
+    crate::helpers::eventually("every send slot waits for the lock", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_stat_activity
+             where datname = current_database() and wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        waiting >= chirp::chat::SEND_BATCHES_IN_FLIGHT as i64
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    sqlx::query("rollback").execute(&mut blocker).await.unwrap();
+
+    let mut ids_by_room: std::collections::HashMap<i64, Vec<i64>> = Default::default();
+    let mut retried = Vec::new();
+    for s in sends {
+        let (room, status, body) = s.await.unwrap();
+        if body["content"] == json!("let me in") || status == StatusCode::NOT_FOUND {
+            assert_eq!(status, StatusCode::NOT_FOUND, "a stranger's send: {body}");
+            continue;
+        }
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["channel_id"], json!(room));
+        let id = body["id"].as_i64().unwrap();
+        if body["content"] == json!("only once") {
+            retried.push(id);
+        } else {
+            ids_by_room.entry(room).or_default().push(id);
+        }
+    }
+    assert_eq!(retried.len(), 2);
+    assert_eq!(retried[0], retried[1], "a retry answers the first send");
+    ids_by_room.entry(rooms[1]).or_default().push(retried[0]);
+    for room in &rooms {
+        let mut got = ids_by_room.remove(room).unwrap_or_default();
+        got.sort_unstable();
+        let n = got.len() as i64;
+        assert_eq!(
+            got,
+            (1..=n).collect::<Vec<i64>>(),
+            "room {room}: no gap, no repeat"
+        );
+        let (last, stored): (i64, i64) = sqlx::query_as(
+            "select c.last_message_id, (select count(*) from chat_messages m where m.channel_id = c.id)
+             from chat_channels c where c.id = $1",
+        )
+        .bind(room)
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+        assert_eq!((last, stored), (n, n), "room {room}");
+        // Each sender's read marker sits on their own newest message of the burst.
+        let markers: Vec<(i64, i64)> = sqlx::query_as(
+            "select m.last_read_id, (select coalesce(max(x.id), 0) from chat_messages x
+                                     where x.channel_id = m.channel_id and x.user_id = m.user_id)
+             from chat_members m where m.channel_id = $1",
+        )
+        .bind(room)
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        assert_eq!(markers.len(), 2);
+        for (marker, own_newest) in markers {
+            assert!(own_newest > 0, "room {room}: both members sent");
+            assert_eq!(marker, own_newest, "room {room}");
+        }
+    }
+    let batches = app
+        .state
+        .chat
+        .sends
+        .batches
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        batches <= 2 * chirp::chat::SEND_BATCHES_IN_FLIGHT as u64,
+        "43 concurrent sends committed in {batches} transactions, not one each"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_lost_backlog_append_is_read_from_postgres_and_repaired(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let room = channel(&app, &ta, &[bob]).await;
+    let uri = format!("/api/chat/channels/{room}/messages/");
+    for i in 1..=3 {
+        say(&app, &ta, room, &format!("m{i}")).await;
+    }
+    assert_eq!(
+        ids(&app.get(&format!("{uri}?since_id=0"), Some(&tb)).await.body),
+        vec![1, 2, 3]
+    );
+    assert!(backlog(&app, room).await.is_some(), "the poll loaded it");
+    // Message 4 commits, but its append never reaches Redis (a crash or a Redis error right
+    // after the commit): the backlog still looks complete, ending at 3.
+    say(&app, &ta, room, "lost on its way").await;
+    let key = app.list_key_of(chirp::cache::backlog::backlog_key(room));
+    let cached = backlog(&app, room).await.unwrap();
+    let appended: Vec<&String> = cached.iter().filter(|m| m.starts_with("4|")).collect();
+    let mut r = app.redis().await;
+    let _: i64 = redis::cmd("ZREM")
+        .arg(&key)
+        .arg(appended)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert!(
+        !backlog(&app, room)
+            .await
+            .unwrap()
+            .iter()
+            .any(|m| m.starts_with("4|"))
+    );
+
+    let body = app.get(&format!("{uri}?since_id=3"), Some(&tb)).await.body;
+    assert_eq!(ids(&body), vec![4], "not hidden by the short backlog");
+    assert!(
+        backlog(&app, room)
+            .await
+            .unwrap()
+            .iter()
+            .any(|m| m.starts_with("4|")),
+        "put back into the backlog"
+    );
+    // Served from Redis again: a change behind its back does not show.
+    sqlx::query("update chat_messages set content = 'changed in postgres' where id = 4")
+        .execute(app.db())
+        .await
+        .unwrap();
+    let body = app.get(&format!("{uri}?since_id=3"), Some(&tb)).await.body;
+    assert_eq!(body["messages"][0]["content"], json!("lost on its way"));
+    // The marker poll sees it too, and moves past it.
+    assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), vec![1, 2, 3, 4]);
+    assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), Vec::<i64>::new());
 }
