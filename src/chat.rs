@@ -22,8 +22,9 @@
 //!   without a hole (an append can reach Redis after a later one), up to the channel's
 //!   `last_message_id` read from Postgres with the caller's marker; a backlog that ends short
 //!   (an append lost to a crash or a Redis error, or still in flight) is completed from
-//!   Postgres and repaired; anything else is read from Postgres. A periodic cleanup, one process at a time, trims backlogs to `CHIRP_CHAT_BACKLOG` and drops
-//!   those of channels idle for `CHIRP_CHAT_IDLE_SECS`. Read markers live in Postgres only.
+//!   Postgres and repaired; anything else is read from Postgres. A periodic cleanup, one
+//!   process at a time, trims backlogs to `CHIRP_CHAT_BACKLOG` and drops those of channels
+//!   idle for `CHIRP_CHAT_IDLE_SECS`. Read markers live in Postgres only.
 //! - **Long-polls.** `wait=S` returns as soon as a message arrives in any process: a send
 //!   publishes the channel id on Redis after its commit, one subscriber per process wakes the
 //!   local waiters ([`Hub`]); while that subscription is down, waiters poll Postgres every
@@ -469,9 +470,9 @@ impl SendQueue {
 
 /// Sends `content` (trimmed, validated) from `me` to `channel`; with a `client_id` already
 /// used by `me` in this channel, answers that first message and stores nothing. Committed
-/// with this process's concurrent sends ([`SendQueue`]); after the commit the backlog append
-/// goes through the outbox and the channel's long-polls are woken, here and (Redis pub/sub) in
-/// every other process.
+/// with this process's concurrent sends ([`SendQueue`]); after the commit the message is
+/// appended to the channel's cached backlog (best effort: see [`cached_after`]) and the
+/// channel's long-polls are woken, here and (Redis pub/sub) in every other process.
 ///
 /// Callers must not be cancelled while they wait (HTTP handlers run to completion in their own
 /// task): the batch one caller commits also answers others.
@@ -517,25 +518,50 @@ pub async fn send(
     answer.await.map_err(|_| unanswered())?
 }
 
-/// Commits one batch and answers each of its sends. If the batch fails as a whole, each send is
-/// retried alone, so one failing send does not fail the others.
+/// Why a batch stored nothing it can answer for.
+enum BatchFailed {
+    /// Before the commit: nothing was stored, each send may be tried again.
+    BeforeCommit(ApiError),
+    /// The commit itself failed: the batch may or may not be stored, so nothing is retried
+    /// (a client retries with its `client_id`).
+    AtCommit(ApiError),
+}
+
+impl<E: Into<ApiError>> From<E> for BatchFailed {
+    fn from(e: E) -> Self {
+        BatchFailed::BeforeCommit(e.into())
+    }
+}
+
+/// Commits one batch and answers each of its sends. A batch that fails before its commit is
+/// retried one send at a time, so one failing send (say, content Postgres refuses) does not
+/// fail the others.
 async fn commit_batch(chat: &ChatState, batch: Vec<Pending>) {
     let (requests, replies): (Vec<SendRequest>, Vec<_>) =
         batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    // Each 500 is logged once when answered: the cause with the first, a pointer to it with
+    // the others.
+    let failed = |e: ApiError| -> Vec<ApiResult<Message>> {
+        let mut results = vec![Err(e)];
+        results.resize_with(requests.len(), || {
+            Err(anyhow::anyhow!("the send batch failed at its commit").into())
+        });
+        results
+    };
     let results = match store_batch(chat, &requests).await {
         Ok(results) => results,
-        Err(e) if requests.len() == 1 => vec![Err(e)],
-        Err(e) => {
+        Err(BatchFailed::BeforeCommit(e)) if requests.len() > 1 => {
             tracing::warn!(error = %e, sends = requests.len(), "a send batch failed; sending one by one");
             let mut results = Vec::with_capacity(requests.len());
             for request in requests.chunks(1) {
                 results.push(match store_batch(chat, request).await {
                     Ok(mut one) => one.pop().unwrap_or(Err(ApiError::NotFound)),
-                    Err(e) => Err(e),
+                    Err(BatchFailed::BeforeCommit(e) | BatchFailed::AtCommit(e)) => Err(e),
                 });
             }
             results
         }
+        Err(BatchFailed::BeforeCommit(e) | BatchFailed::AtCommit(e)) => failed(e),
     };
     for (reply, result) in replies.into_iter().zip(results) {
         // A caller that went away anyway: its message is stored, nothing else to do.
@@ -553,13 +579,13 @@ enum Outcome {
 }
 
 /// One batch's transaction: lock the channels (in id order), check membership, find earlier
-/// sends of the same client ids, number the new messages, insert them, move the channels'
-/// counters and the senders' read markers, stage the backlog appends, commit; then the cache
-/// step and the wake-ups. Returns one result per request, in order.
+/// sends of the same client ids, number the new messages, insert them with the channels'
+/// counters and the senders' read markers, commit; then the backlog appends and the wake-ups.
+/// Returns one result per request, in order.
 async fn store_batch(
     chat: &ChatState,
     requests: &[SendRequest],
-) -> ApiResult<Vec<ApiResult<Message>>> {
+) -> Result<Vec<ApiResult<Message>>, BatchFailed> {
     let db = &chat.db;
     let channels: Vec<i64> = requests.iter().map(|r| r.channel).collect();
     let senders: Vec<i64> = requests.iter().map(|r| r.author.id).collect();
@@ -656,7 +682,9 @@ async fn store_batch(
             entries,
         })
         .collect();
-    tx.commit().await?;
+    tx.commit()
+        .await
+        .map_err(|e| BatchFailed::AtCommit(e.into()))?;
     chat.sends.batches.fetch_add(1, Ordering::Relaxed);
     chat.sends
         .messages
@@ -916,14 +944,15 @@ async fn cached_after(
             }
             // A lost or late append: the tail from Postgres, and back into the backlog.
             let missing = after_in_db(&chat.db, channel, reached, limit).await?;
-            let entries = missing.iter().map(|r| (r.id, encode(r))).collect();
-            cache
-                .apply_best_effort(&[Update::Merge {
+            if !missing.is_empty() {
+                let entries = missing.iter().map(|r| (r.id, encode(r))).collect();
+                let repair = Update::Merge {
                     list: key,
                     guard: Guard::None,
                     entries,
-                }])
-                .await;
+                };
+                cache.apply_best_effort(&[repair]).await;
+            }
             rows.extend(missing);
             rows.truncate(limit + 1);
             Ok(Some(rows))

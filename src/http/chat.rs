@@ -133,6 +133,11 @@ async fn send(
             .entry("content".into())
             .or_default()
             .push(too_long(chat::MAX_CONTENT_CHARS)),
+        // Postgres text can not hold U+0000 (and one such send would fail its whole batch).
+        _ if content.as_deref().is_some_and(|c| c.contains('\0')) => errors
+            .entry("content".into())
+            .or_default()
+            .push("Null characters are not allowed.".into()),
         _ => {}
     }
     if client_id

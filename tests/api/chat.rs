@@ -185,6 +185,7 @@ async fn a_retried_send_stores_one_message_and_strangers_get_404s(db: PgPool) {
     for bad in [
         json!({"content": "  "}),
         json!({"content": "x".repeat(2001)}),
+        json!({"content": "a\u{0}b"}),
         json!({}),
     ] {
         let res = app.post(&uri, Some(&ta), bad.clone()).await;
