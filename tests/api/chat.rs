@@ -425,10 +425,10 @@ async fn a_burst_of_sends_commits_in_a_few_batches_with_exact_ids_retries_and_40
         rooms.push(channel(&app, &ta, &[bob]).await);
     }
     // Hold every room's row lock, so the batches in flight wait and every other send queues.
-    // (On connections of their own: the batches in flight may hold every pooled one.)
-    let options = app.db().connect_options();
-    let mut blocker = sqlx::PgConnection::connect_with(&options).await.unwrap();
-    let mut watcher = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    // (On a connection of its own: the batches in flight may hold every pooled one.)
+    let mut blocker = sqlx::PgConnection::connect_with(&app.db().connect_options())
+        .await
+        .unwrap();
     sqlx::query("begin").execute(&mut blocker).await.unwrap();
     sqlx::query("select 1 from chat_channels where id = any($1) for update")
         .bind(&rooms)
@@ -459,17 +459,7 @@ async fn a_burst_of_sends_commits_in_a_few_batches_with_exact_ids_retries_and_40
     sends.push(send(ta.clone(), rooms[1], retry));
     sends.push(send(stranger, rooms[2], json!({"content": "let me in"})));
     // Every slot's batch waits for the lock; the rest of the burst queues behind them.
-    crate::helpers::eventually("every send slot waits for the lock", async || {
-        let waiting: i64 = sqlx::query_scalar(
-            "select count(*) from pg_stat_activity
-             where datname = current_database() and wait_event_type = 'Lock'",
-        )
-        .fetch_one(&mut watcher)
-        .await
-        .unwrap();
-        waiting >= chirp::chat::SEND_BATCHES_IN_FLIGHT as i64
-    })
-    .await;
+    crate::helpers::lock_waiters(&app, chirp::chat::SEND_BATCHES_IN_FLIGHT as i64).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     sqlx::query("rollback").execute(&mut blocker).await.unwrap();
 

@@ -347,14 +347,19 @@ pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
-/// Waits until `n` backends of this test's database wait for a lock.
+/// Waits until `n` backends of this test's database wait for a lock. Asks on a connection of
+/// its own: the waiting backends may hold every connection of the app's pool.
 pub async fn lock_waiters(app: &TestApp, n: i64) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect_with(&app.db().connect_options())
+        .await
+        .unwrap();
     eventually("backends wait for a lock", async || {
         let waiting: i64 = sqlx::query_scalar(
             "select count(*) from pg_stat_activity
              where datname = current_database() and wait_event_type = 'Lock'",
         )
-        .fetch_one(app.db())
+        .fetch_one(&mut conn)
         .await
         .unwrap();
         waiting >= n
