@@ -30,7 +30,7 @@
 //!   local waiters ([`Hub`]); while that subscription is down, waiters poll Postgres every
 //!   [`POLL_WHILE_DOWN`].
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -572,9 +572,10 @@ async fn commit_batch(chat: &ChatState, batch: Vec<Pending>) {
 /// What became of one send of a batch.
 enum Outcome {
     NotMember,
-    /// Stored as the batch's `rows[i]`.
+    /// Stored as the batch's `rows[i]` (by this send, or by an earlier send of the batch with
+    /// the same client id).
     Stored(usize),
-    /// A retry: answered with the first send of its client id.
+    /// A retry of a send committed before this batch: answered with that message.
     Earlier(MessageRow),
 }
 
@@ -620,44 +621,34 @@ async fn store_batch(
     .bind(&client_ids)
     .fetch_all(&mut *tx)
     .await?;
-    let mut earlier: HashMap<(i64, i64, String), MessageRow> = HashMap::new();
-    let mut members: HashSet<(i64, i64)> = HashSet::new();
-    for (r, f) in requests.iter().zip(found) {
-        if f.member {
-            members.insert((r.channel, r.author.id));
-        }
-        if let (Some(client), Some(row)) = (&r.client_id, f.earlier()) {
-            earlier.insert((r.channel, r.author.id, client.clone()), row);
-        }
-    }
-
-    // Number the new messages in arrival order; a repeated client id answers its first send.
+    // Number the new messages in arrival order. A client id used before answers with its first
+    // message: one committed earlier (found above) or one earlier in this batch.
     let mut rows: Vec<MessageRow> = Vec::new();
     let mut stored_client_ids: Vec<Option<&str>> = Vec::new();
+    let mut firsts: HashMap<(i64, i64, &str), usize> = HashMap::new();
     let mut outcomes = Vec::with_capacity(requests.len());
-    for r in requests {
-        let retry_of = r
-            .client_id
-            .as_ref()
-            .map(|c| (r.channel, r.author.id, c.clone()));
-        let outcome = match (last.get_mut(&r.channel), retry_of) {
-            (None, _) => Outcome::NotMember,
-            _ if !members.contains(&(r.channel, r.author.id)) => Outcome::NotMember,
-            (_, Some(key)) if earlier.contains_key(&key) => Outcome::Earlier(earlier[&key].clone()),
-            (Some(seq), retry_of) => {
+    for (r, f) in requests.iter().zip(found) {
+        let member = f.member;
+        let retry_of = r.client_id.as_deref().map(|c| (r.channel, r.author.id, c));
+        let in_batch = retry_of.and_then(|k| firsts.get(&k).copied());
+        let outcome = match (f.earlier(), in_batch, last.get_mut(&r.channel)) {
+            _ if !member => Outcome::NotMember,
+            (Some(first), _, _) => Outcome::Earlier(first),
+            (None, Some(i), _) => Outcome::Stored(i),
+            (None, None, None) => Outcome::NotMember,
+            (None, None, Some(seq)) => {
                 *seq += 1;
-                let row = MessageRow {
+                rows.push(MessageRow {
                     channel_id: r.channel,
                     id: *seq,
                     user_id: r.author.id,
                     content: r.content.clone(),
                     created_at: time::next_timestamp(),
-                };
-                if let Some(key) = retry_of {
-                    earlier.insert(key, row.clone());
-                }
-                rows.push(row);
+                });
                 stored_client_ids.push(r.client_id.as_deref());
+                if let Some(key) = retry_of {
+                    firsts.insert(key, rows.len() - 1);
+                }
                 Outcome::Stored(rows.len() - 1)
             }
         };

@@ -255,14 +255,14 @@ async fn a_failed_import_changes_nothing_and_says_why(db: PgPool) {
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_reset_import_also_empties_notifications_and_chat(db: PgPool) {
     let app = TestApp::new(db).await;
-    let (_, ta) = app.signup("alice").await;
+    let (alice, ta) = app.signup("alice").await;
     let (bob, tb) = app.signup("bob").await;
     app.follow(&ta, bob).await; // notifies bob
     let room = app
         .post(
             "/api/chat/channels/",
             Some(&tb),
-            json!({"member_ids": [bob - 1]}),
+            json!({"member_ids": [alice]}),
         )
         .await;
     let room = room.body["id"].as_i64().expect("a channel");
