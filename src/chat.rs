@@ -152,13 +152,21 @@ impl Hub {
             return;
         }
         let hub = Arc::downgrade(self);
-        cache.spawn_subscriber(TOPIC, self.subscribed.clone(), stop.clone(), move |msg| {
+        let on_message = move |msg: &str| {
             if let Some(hub) = hub.upgrade() {
                 for channel in msg.split(',').filter_map(|c| c.parse::<i64>().ok()) {
                     hub.wake(channel);
                 }
             }
-        });
+        };
+        // Waiters poll Postgres while the subscription is down: nothing to do when it breaks.
+        cache.spawn_subscriber(
+            TOPIC,
+            self.subscribed.clone(),
+            stop.clone(),
+            on_message,
+            || {},
+        );
     }
 }
 

@@ -26,6 +26,23 @@ pub enum Command {
     /// Load a SNAP-style follower graph and Twitter v1.1 JSON-lines tweets, and/or SNAP
     /// ego-Twitter circles as lists (plain or .gz).
     Import(ImportArgs),
+    /// Post real tweets (Twitter v1.1 JSON lines, plain or .gz) live as imported accounts, at
+    /// a steady rate, through the same code path as POST /api/tweets/ (drives the streams).
+    Replay(ReplayArgs),
+}
+
+/// Arguments of `chirp replay` (see `chirp::import::replay`).
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// Tweets as Twitter API v1.1 JSON, one object per line; repeat for several files.
+    #[arg(long = "tweets", required = true)]
+    pub tweets: Vec<std::path::PathBuf>,
+    /// Tweets per second.
+    #[arg(long, default_value_t = 10.0)]
+    pub rate: f64,
+    /// Stop after this many tweets (0: the whole file).
+    #[arg(long, default_value_t = 0)]
+    pub limit: usize,
 }
 
 /// Arguments of `chirp import` (see `chirp::import`).
@@ -171,6 +188,23 @@ pub struct Config {
     #[arg(long, global = true, env = "CHIRP_CHAT_IDLE_SECS", default_value_t = 3600,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub chat_idle_secs: u64,
+
+    /// Most concurrent streams (`/api/streaming/...`) of one user, across processes; one more
+    /// is a 429.
+    #[arg(long, global = true, env = "CHIRP_STREAMS_PER_USER", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub streams_per_user: u32,
+
+    /// Events a stream may have queued for its client; a client that lets more pile up is
+    /// sent FALLING_BEHIND and disconnected. Bounds a stream's memory.
+    #[arg(long, global = true, env = "CHIRP_STREAM_BUFFER", default_value_t = 1000,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub stream_buffer: u32,
+
+    /// Seconds between a stream's heartbeat comments (at most 15).
+    #[arg(long, global = true, env = "CHIRP_STREAM_HEARTBEAT_SECS", default_value_t = 15,
+          value_parser = clap::value_parser!(u64).range(1..=15))]
+    pub stream_heartbeat_secs: u64,
 
     /// Maximum Postgres connections of this process.
     #[arg(

@@ -23,6 +23,7 @@ pub mod notifications;
 pub mod pagination;
 pub mod startup;
 pub mod state;
+pub mod streams;
 pub mod time;
 pub mod timeline;
 pub mod tweets;

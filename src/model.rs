@@ -22,6 +22,22 @@ pub struct TweetRecord {
     #[sqlx(default)]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub photo_urls: Vec<String>,
+    /// Exact location `[lon, lat]` in degrees (WGS 84), if the tweet has one.
+    #[sqlx(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinates: Option<Vec<f64>>,
+    /// The place the tweet was posted from, if any.
+    #[sqlx(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub place: Option<sqlx::types::Json<Place>>,
+}
+
+/// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon
+/// reduced to the box): `bbox` is `[sw_lon, sw_lat, ne_lon, ne_lat]` in degrees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Place {
+    pub full_name: String,
+    pub bbox: [f64; 4],
 }
 
 /// A user as stored and cached: the public fields plus `version`, bumped by every profile edit,

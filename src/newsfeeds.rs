@@ -17,8 +17,11 @@ use sqlx::{PgConnection, PgPool};
 use crate::cache::{ListKey, Update};
 use crate::fanout::{self, Pair};
 use crate::jobs::{self, Worker};
+use crate::model::TweetRecord;
+use crate::streams;
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
+use crate::tweets::{self, Tweet};
 
 /// `select … from newsfeeds n join tweets t join users u` with the columns of a [`FeedRow`].
 macro_rules! newsfeed_rows {
@@ -88,6 +91,20 @@ pub async fn late_arrivals(
     .await
 }
 
+/// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any
+/// order; rows of deleted tweets are absent): the Postgres side of a stream's catch-up while
+/// Redis does not answer.
+pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Result<Vec<FeedRow>> {
+    sqlx::query_as(concat!(
+        newsfeed_rows!(),
+        "where n.user_id = $1 and n.created_at = any($2)"
+    ))
+    .bind(user_id)
+    .bind(at)
+    .fetch_all(db)
+    .await
+}
+
 /// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction); returns
 /// its id.
 pub async fn insert_own(
@@ -137,6 +154,20 @@ pub async fn fanout(
     tweet_id: i64,
     mut progress: Option<Timestamp>,
 ) -> anyhow::Result<()> {
+    // The tweet object the streams send with each batch (cache-aside; `None`: deleted, or the
+    // cache is off and there are no streams).
+    let object: Option<Option<(Tweet, TweetRecord)>> = if worker.cache.enabled() {
+        Some(
+            tweets::load(&worker.db, &worker.cache, tweet_id)
+                .await?
+                .map(|(record, counts, author)| {
+                    let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+                    (tweet, record)
+                }),
+        )
+    } else {
+        None
+    };
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
@@ -170,6 +201,7 @@ pub async fn fanout(
             .map(|f| Timeline::Newsfeed(*f).key())
             .collect();
         let guards = worker.cache.removal_generations(&lists).await.ok();
+        let arrived_at = chrono::Utc::now();
         let rows: Vec<(i64, i64)> = sqlx::query_as(
             "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
              select f, $2, $3, $4 from unnest($1::bigint[]) as f
@@ -179,10 +211,12 @@ pub async fn fanout(
         .bind(&followers)
         .bind(tweet_id)
         .bind(created_at)
-        .bind(chrono::Utc::now())
+        .bind(arrived_at)
         .fetch_all(&mut *tx)
         .await
         .context("inserting a batch of newsfeed rows")?;
+        let arrivals: Vec<(i64, i64, Timestamp)> =
+            rows.iter().map(|(f, id)| (*f, *id, arrived_at)).collect();
         let row_of: HashMap<i64, i64> = rows.into_iter().collect();
         let updates: Vec<Update> = followers
             .iter()
@@ -201,6 +235,10 @@ pub async fn fanout(
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;
         tx.commit().await.context("committing a fan-out batch")?;
+        // The streams first (they only need the commit), then the cached newsfeeds.
+        if let Some(Some((tweet, record))) = &object {
+            streams::publish_arrivals(&worker.cache, tweet, record, &arrivals).await;
+        }
         worker.cache.finish(&worker.db, staged).await;
         jobs::save_progress(&worker.db, job_id, jobs::Part::Followers, last).await?;
         progress = Some(last);
@@ -219,9 +257,12 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         source: followee,
         lock: "newsfeed-pair",
         exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
+        // waited for, and its tweet skipped.
         copy: "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-               select $1, t.id, t.created_at, $4 from tweets t
-               where t.user_id = $2 order by t.created_at desc limit $3
+               select $1, t.id, t.created_at, $4 from (
+                   select id, created_at from tweets where user_id = $2
+                   order by created_at desc limit $3 for key share) t
                on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
                returning id, tweet_id, $2::bigint as author_id, created_at",
         remove: "delete from newsfeeds n using tweets t

@@ -16,6 +16,10 @@ use crate::http;
 use crate::state::AppState;
 use crate::{chat, db};
 
+/// How long a shutdown waits for open connections (a stream whose client stopped reading)
+/// before it closes them.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The API server: a bound listener and its state.
 pub struct Application {
     listener: TcpListener,
@@ -66,15 +70,29 @@ impl Application {
         // The peer address is the subject of anonymous callers' rate limits.
         let service =
             ServiceExt::<Request>::into_make_service_with_connect_info::<std::net::SocketAddr>(app);
-        axum::serve(self.listener, service)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: finishing requests and jobs");
-                let _ = stop.send(true);
-                let _ = shutdown_chat.send(true);
-            })
-            .await
-            .context("serving HTTP")?;
+        let (signaled, mut on_signal) = watch::channel(false);
+        let serve = axum::serve(self.listener, service).with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing requests and jobs");
+            let _ = stop.send(true);
+            let _ = shutdown_chat.send(true);
+            let _ = signaled.send(true);
+        });
+        // Streams end at the signal, but a client that stopped reading keeps its connection
+        // (and graceful shutdown) open: past the grace period, the rest are closed.
+        let grace = async move {
+            if on_signal.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            served = serve => served.context("serving HTTP")?,
+            () = grace => tracing::warn!(
+                ?SHUTDOWN_GRACE,
+                "connections still open after the grace period; closing them"
+            ),
+        }
         let _ = worker.await;
         let _ = monitor.await;
         let _ = cleanup.await;
@@ -164,6 +182,19 @@ pub async fn main() -> anyhow::Result<()> {
                 .await
         }
         Command::Worker => run_worker(cli.config, shutdown_signal()).await,
+        Command::Replay(args) => {
+            if !(args.rate > 0.0 && args.rate.is_finite()) {
+                anyhow::bail!("--rate must be a positive number of tweets per second");
+            }
+            let db = db::migrate(&cli.config).await?;
+            let cache = crate::cache::Cache::new(&cli.config)?;
+            if cache.enabled() {
+                crate::cache::outbox::recover(&cache, &db).await;
+            }
+            let done = crate::import::replay::run(&db, &cache, &args).await?;
+            println!("{done}");
+            Ok(())
+        }
         Command::Import(args) => {
             let db = db::migrate(&cli.config).await?;
             let summary = crate::import::run(&db, &args).await?;

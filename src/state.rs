@@ -11,6 +11,7 @@ use crate::chat::{ChatState, Hub, SendQueue};
 use crate::config::Config;
 use crate::jobs::Worker;
 use crate::media::Media;
+use crate::streams;
 
 /// Postgres, the cache, the job worker handle and the configuration, shared by every handler
 /// and middleware. One `Arc`: a clone (each layer clones it per request) is one atomic
@@ -40,6 +41,8 @@ pub struct Shared {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
+    /// This process's stream clients and its subscription.
+    pub streams: Arc<streams::Hub>,
 }
 
 impl AppState {
@@ -75,6 +78,7 @@ impl AppState {
             media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
+            streams: Arc::new(streams::Hub::default()),
         })))
     }
 }

@@ -23,7 +23,7 @@ use sqlx::PgPool;
 
 use crate::cache::objects::Cached;
 use crate::cache::{Cache, CacheUnavailable, Guard, ListKey, Owner, Scored, Update, Window};
-use crate::model::{TweetCounts, TweetRecord, UserRecord};
+use crate::model::{Place, TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
 use crate::{circles, likes, lists, newsfeeds, tweets, users};
@@ -200,8 +200,8 @@ pub struct Item {
 #[macro_export]
 macro_rules! feed_row_columns {
     () => {
-        " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.likes_count, t.comments_count,
-          t.counts_version,
+        " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
+          t.likes_count, t.comments_count, t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at "
     };
@@ -216,6 +216,8 @@ pub struct FeedRow {
     pub content: String,
     pub circle_id: Option<i64>,
     pub photo_urls: Vec<String>,
+    pub coordinates: Option<Vec<f64>>,
+    pub place: Option<sqlx::types::Json<Place>>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -238,6 +240,8 @@ impl From<FeedRow> for Item {
                 created_at: r.created_at,
                 circle_id: r.circle_id,
                 photo_urls: r.photo_urls,
+                coordinates: r.coordinates,
+                place: r.place,
             },
             author: UserRecord {
                 id: r.author_id,

@@ -10,11 +10,11 @@ use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::{self, Job};
-use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
+use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 use crate::timeline::{FeedRow, Item, ListEntry, Timeline};
 use crate::users::{self, User};
-use crate::{circles, lists, newsfeeds, notifications};
+use crate::{circles, lists, newsfeeds, notifications, streams};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -38,6 +38,21 @@ pub struct Tweet {
     pub circle_id: Option<i64>,
     /// URLs of its photos, in upload order.
     pub photo_urls: Vec<String>,
+    /// `[lon, lat]` in degrees, or null.
+    pub coordinates: Option<Vec<f64>>,
+    /// `{"full_name", "bbox": [sw_lon, sw_lat, ne_lon, ne_lat]}`, or null.
+    pub place: Option<Place>,
+}
+
+/// What a new tweet says besides its author: text (validated), circle, photos and location.
+#[derive(Debug, Clone, Default)]
+pub struct NewTweet {
+    pub content: String,
+    pub circle_id: Option<i64>,
+    pub photo_urls: Vec<String>,
+    /// `[lon, lat]` in degrees.
+    pub coordinates: Option<[f64; 2]>,
+    pub place: Option<Place>,
 }
 
 impl Tweet {
@@ -53,6 +68,8 @@ impl Tweet {
             has_liked,
             circle_id: record.circle_id,
             photo_urls: record.photo_urls,
+            coordinates: record.coordinates,
+            place: record.place.map(|p| p.0),
         }
     }
 
@@ -66,8 +83,8 @@ impl Tweet {
 #[macro_export]
 macro_rules! returning_tweet_row {
     () => {
-        " returning id, user_id, content, created_at, circle_id, photo_urls, likes_count,
-                    comments_count, counts_version"
+        " returning id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
+                    likes_count, comments_count, counts_version"
     };
 }
 
@@ -115,28 +132,31 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 ///
 /// # Errors
 /// Postgres failed.
-#[tracing::instrument(name = "tweets::create", skip(db, cache, content))]
+#[tracing::instrument(name = "tweets::create", skip(db, cache, new), fields(circle = new.circle_id))]
 pub async fn create(
     db: &PgPool,
     cache: &Cache,
     author: i64,
-    content: &str,
-    circle: Option<i64>,
-    photo_urls: &[String],
+    new: &NewTweet,
 ) -> anyhow::Result<TweetRecord> {
+    let circle = new.circle_id;
     let (tweet, staged) =
         db::with_unique_timestamp(&["tweets_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
             let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at, circle_id, photo_urls)
-                 values ($1, $2, $3, $4, $5)
-                 returning id, user_id, content, created_at, circle_id, photo_urls",
+                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
+                                     coordinates, place)
+                 values ($1, $2, $3, $4, $5, $6, $7)
+                 returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
+                           place",
             )
             .bind(author)
-            .bind(content)
+            .bind(&new.content)
             .bind(created_at)
             .bind(circle)
-            .bind(photo_urls)
+            .bind(&new.photo_urls)
+            .bind(new.coordinates.map(Vec::from))
+            .bind(new.place.clone().map(sqlx::types::Json))
             .fetch_one(&mut *tx)
             .await?;
             let newsfeed_id = newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
@@ -177,11 +197,25 @@ pub async fn create(
                 .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             tx.commit().await?;
-            Ok((tweet, staged))
+            Ok((tweet, (staged, newsfeed_id)))
         })
         .await
         .context("inserting the tweet")?;
+    let (staged, own_row) = staged;
     cache.finish(db, staged).await;
+    if cache.enabled() {
+        // To the streams: the author comes from the user object cache.
+        match users::load_many(db, cache, &[author]).await {
+            Ok(mut authors) => {
+                if let Some(user) = authors.remove(&author) {
+                    let object =
+                        Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false);
+                    streams::publish_created(cache, &object, &tweet, own_row).await;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "loading the author for the streams"),
+        }
+    }
     Ok(tweet)
 }
 
@@ -217,8 +251,8 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id, photo_urls from tweets
-         where id = $1 for update",
+        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place
+         from tweets where id = $1 for update",
     )
     .bind(id)
     .fetch_optional(&mut *tx)
@@ -231,6 +265,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     let readers = newsfeeds::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's newsfeed rows")?;
+    let reader_ids: Vec<i64> = readers.iter().map(|(_, reader)| *reader).collect();
     let lists = lists::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's list timeline rows")?;
@@ -273,6 +308,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the delete")?;
     cache.finish(db, staged).await;
+    streams::publish_deleted(cache, &tweet, &reader_ids).await;
     Ok(tweet)
 }
 
@@ -288,8 +324,8 @@ fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
 /// Tweets with their counts by id (any order; unknown ids are absent).
 pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
     sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id, photo_urls, likes_count,
-                comments_count, counts_version
+        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
+                likes_count, comments_count, counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)

@@ -24,6 +24,7 @@ pub mod outbox;
 pub mod pubsub;
 pub mod rank;
 pub mod scripts;
+pub mod streams;
 pub mod update;
 
 use std::collections::HashMap;

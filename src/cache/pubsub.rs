@@ -29,14 +29,17 @@ impl Cache {
     }
 
     /// Starts this process's subscriber of `topic`: every message goes to `on_message`;
-    /// `subscribed` is true while the subscription stands. It reconnects every second while
-    /// Redis is down, and ends when `stop` turns true. `None` with the cache off.
+    /// `subscribed` is true while the subscription stands, and `on_lost` runs each time a
+    /// standing subscription breaks (messages published until it stands again are lost). It
+    /// reconnects every second while Redis is down, and ends when `stop` turns true. `None`
+    /// with the cache off.
     pub fn spawn_subscriber(
         &self,
         topic: &str,
         subscribed: Arc<AtomicBool>,
         mut stop: tokio::sync::watch::Receiver<bool>,
         on_message: impl Fn(&str) + Send + Sync + 'static,
+        on_lost: impl Fn() + Send + Sync + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let client = self.inner.as_ref()?.client.clone();
         let channel = self.topic(topic)?;
@@ -64,6 +67,7 @@ impl Cache {
                         }
                     }
                     subscribed.store(false, Ordering::Release);
+                    on_lost();
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}

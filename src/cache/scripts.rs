@@ -353,7 +353,7 @@ return {ok and 1 or 0, best, best_rem, best_reset, retry}
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 13] {
+pub fn all() -> [&'static Script; 14] {
     [
         &RANGE,
         &BEGIN_LOAD,
@@ -368,5 +368,28 @@ pub fn all() -> [&'static Script; 13] {
         &RANK_SET,
         &RANK_FILL,
         &GCRA,
+        &STREAM_LEASE,
     ]
 }
+
+/// `STREAM_LEASE streams | stream_id limit lease_ms renew` → 1 if the stream holds a lease, 0 if
+/// the owner has `limit` live leases already. The sorted set holds stream ids scored by lease
+/// expiry (ms, Redis's clock); expired ones are dropped first. `renew` = 1 extends a lease
+/// whatever the count (a stream that holds one keeps it).
+pub static STREAM_LEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lease = tonumber(ARGV[3])
+if ARGV[4] ~= '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1])
+   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+redis.call('PEXPIRE', KEYS[1], lease)
+return 1
+"#,
+    )
+});

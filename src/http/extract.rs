@@ -226,6 +226,33 @@ impl Fields {
         }
         parsed
     }
+
+    /// An optional finite number in `min..=max`: a JSON number or a decimal string; `None` if
+    /// absent, null or empty.
+    pub fn optional_number(
+        &self,
+        name: &str,
+        (min, max): (f64, f64),
+        errors: &mut FieldErrors,
+    ) -> Option<f64> {
+        let parsed = match self.0.get(name) {
+            None | Some(Value::Null) => return None,
+            Some(Value::String(s)) if s.trim().is_empty() => return None,
+            Some(Value::Number(n)) => n.as_f64(),
+            Some(Value::String(s)) => s.trim().parse::<f64>().ok(),
+            Some(_) => None,
+        };
+        match parsed {
+            Some(x) if x.is_finite() && (min..=max).contains(&x) => Some(x),
+            _ => {
+                errors
+                    .entry(name.into())
+                    .or_default()
+                    .push(format!("A number from {min} to {max} is required."));
+                None
+            }
+        }
+    }
 }
 
 /// The query string as a map. Rejection: 400 for a malformed query string.

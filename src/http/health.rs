@@ -19,7 +19,10 @@ pub fn router() -> Router<AppState> {
 
 /// 200 if Postgres answers (503 if not); `redis` is `ok`, `down`, or `off` with
 /// `CHIRP_CACHE=off`. Also reports the cache's counters since start, and this process's chat
-/// send transactions and the messages they stored (their ratio: the group commit's batch size).
+/// send transactions and the messages they stored (their ratio: the group commit's batch size),
+/// and its streams: open `streaming/user` and `statuses/*` streams, whether the pub/sub
+/// subscription stands, messages received, events queued, and clients cut off as
+/// FALLING_BEHIND.
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let pg = tokio::time::timeout(
         Duration::from_secs(2),
@@ -49,6 +52,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let (user_streams, public_streams) = state.streams.counts();
     let body = json!({
         "status": if pg_ok { "ok" } else { "error" },
         "postgres": if pg_ok { "ok" } else { "down" },
@@ -57,6 +61,14 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         "chat": {
             "send_batches": state.chat.sends.batches.load(Ordering::Relaxed),
             "messages_sent": state.chat.sends.messages.load(Ordering::Relaxed),
+        },
+        "streams": {
+            "user": user_streams,
+            "public": public_streams,
+            "subscribed": state.streams.subscribed(),
+            "messages": state.streams.stats.messages.load(Ordering::Relaxed),
+            "events_queued": state.streams.stats.queued.load(Ordering::Relaxed),
+            "fell_behind": state.streams.stats.fell_behind.load(Ordering::Relaxed),
         },
     });
     (status, Json(body))

@@ -13,6 +13,7 @@ pub mod lists;
 pub mod media;
 pub mod newsfeeds;
 pub mod notifications;
+pub mod streams;
 pub mod tweets;
 pub mod users;
 
@@ -64,6 +65,7 @@ pub fn router(state: AppState) -> Router {
         .merge(media::router())
         .merge(health::router())
         .merge(chat::router())
+        .merge(streams::router())
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
         .layer(middleware::from_fn_with_state(

@@ -20,7 +20,7 @@ use crate::pagination::PageRequest;
 use crate::state::AppState;
 use crate::time::Timestamp;
 use crate::timeline::{self, Item, Timeline};
-use crate::tweets::{self, Tweet};
+use crate::tweets::{self, NewTweet, Tweet};
 use crate::users;
 
 pub fn router() -> Router<AppState> {
@@ -67,6 +67,15 @@ async fn create(
     let mut errors = FieldErrors::new();
     let raw = fields.required_text("content", &mut errors);
     let circle = fields.optional_id("circle_id", &mut errors);
+    let lon = fields.optional_number("lon", (-180.0, 180.0), &mut errors);
+    let lat = fields.optional_number("lat", (-90.0, 90.0), &mut errors);
+    let coordinates = match (lon, lat) {
+        (Some(lon), Some(lat)) => Some([lon, lat]),
+        (None, None) => None,
+        _ if !errors.is_empty() => None,
+        (None, _) => return Err(ApiError::field("lon", "Give lon and lat together.")),
+        (_, None) => return Err(ApiError::field("lat", "Give lon and lat together.")),
+    };
     let content = match raw.map(|c| tweets::validate_content(&c)) {
         Some(Ok(c)) if errors.is_empty() => c,
         Some(Err(msg)) => return Err(ApiError::field("content", msg)),
@@ -79,19 +88,18 @@ async fn create(
     }
     // Files first, under fresh keys; if the tweet then fails, they go again.
     let photo_urls = state.media.put_all("photos", photos).await?;
-    let created = tweets::create(
-        &state.db,
-        &state.cache,
-        auth.user_id,
-        &content,
-        circle,
-        &photo_urls,
-    )
-    .await;
+    let new = NewTweet {
+        content,
+        circle_id: circle,
+        photo_urls,
+        coordinates,
+        place: None,
+    };
+    let created = tweets::create(&state.db, &state.cache, auth.user_id, &new).await;
     let tweet = match created {
         Ok(tweet) => tweet,
         Err(e) => {
-            state.media.delete_urls(&photo_urls).await;
+            state.media.delete_urls(&new.photo_urls).await;
             return Err(e.into());
         }
     };

@@ -36,8 +36,8 @@ fn copy_time(t: &Timestamp) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
 }
 
-/// A tweet (`id, user_id, content, created_at`) or comment (`id, tweet_id, user_id, content,
-/// created_at`) as a `COPY` text-format line.
+/// A tweet (`id, user_id, content, created_at, coordinates, place`) or comment (`id, tweet_id,
+/// user_id, content, created_at`) as a `COPY` text-format line (`\N` for a missing location).
 fn post_line(p: &Post<'_>) -> String {
     let mut line = String::with_capacity(p.content.len() + 64);
     let _ = write!(line, "{}\t", p.id);
@@ -47,6 +47,21 @@ fn post_line(p: &Post<'_>) -> String {
     let _ = write!(line, "{}\t", p.user_id);
     copy_text(p.content, &mut line);
     let _ = write!(line, "\t{}", copy_time(&p.created_at));
+    if let Some((coordinates, place)) = p.location {
+        match coordinates {
+            Some([lon, lat]) => {
+                let _ = write!(line, "\t{{{lon},{lat}}}");
+            }
+            None => line.push_str("\t\\N"),
+        }
+        match place.and_then(|p| serde_json::to_string(p).ok()) {
+            Some(json) => {
+                line.push('\t');
+                copy_text(&json, &mut line);
+            }
+            None => line.push_str("\t\\N"),
+        }
+    }
     line
 }
 
@@ -89,7 +104,7 @@ pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()
     sqlx::raw_sql(
         "create temp table import_users (id bigint) on commit drop;
          create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
-         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;
+         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb) on commit drop;
          create temp table import_comments (id bigint, tweet_id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;",
     )
     .execute(&mut *conn)
@@ -145,7 +160,7 @@ pub(super) async fn tweets_and_comments(
 ) -> anyhow::Result<()> {
     copy_rows(
         conn,
-        "copy import_tweets (id, user_id, content, created_at) from stdin",
+        "copy import_tweets (id, user_id, content, created_at, coordinates, place) from stdin",
         mapped.tweets().map(|p| post_line(&p)),
     )
     .await?;
@@ -156,8 +171,9 @@ pub(super) async fn tweets_and_comments(
     )
     .await?;
     sqlx::query(
-        "insert into tweets (id, user_id, content, created_at)
-         select id, user_id, content, created_at from import_tweets on conflict do nothing",
+        "insert into tweets (id, user_id, content, created_at, coordinates, place)
+         select id, user_id, content, created_at, coordinates, place from import_tweets
+         on conflict do nothing",
     )
     .execute(&mut *conn)
     .await?;

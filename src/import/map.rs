@@ -7,6 +7,7 @@ use anyhow::{Context, bail};
 use chrono::{TimeZone, Utc};
 
 use super::read::InTweet;
+use crate::model::Place;
 use crate::time::Timestamp;
 
 /// Author → account: authors by tweets desc, accounts by followers desc; rank i → rank i.
@@ -57,6 +58,8 @@ pub(super) struct Post<'a> {
     pub(super) user_id: i64,
     pub(super) content: &'a str,
     pub(super) created_at: Timestamp,
+    /// For a tweet, where it was posted (`None` for a comment).
+    pub(super) location: Option<(Option<[f64; 2]>, Option<&'a Place>)>,
 }
 
 /// What the import writes, derived from what was read. The rows are made as they are
@@ -154,6 +157,7 @@ impl<'a> Mapped<'a> {
             user_id,
             content: &t.text,
             created_at,
+            location: (!comment).then_some((t.coordinates, t.place.as_ref())),
         })
     }
 

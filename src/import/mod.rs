@@ -33,6 +33,7 @@
 mod load;
 mod map;
 mod read;
+pub mod replay;
 mod report;
 
 use sqlx::PgPool;

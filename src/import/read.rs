@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Deserialize;
 
 use super::report::Skipped;
+use crate::model::Place;
 use crate::time::Timestamp;
 
 /// One tweet as read from the input.
@@ -23,6 +24,10 @@ pub(super) struct InTweet {
     pub(super) created_at: Timestamp,
     pub(super) text: String,
     pub(super) reply_to: Option<i64>,
+    /// `[lon, lat]` (v1.1 `coordinates.coordinates`).
+    pub(super) coordinates: Option<[f64; 2]>,
+    /// `place.full_name` with `place.bounding_box` reduced to `[sw_lon, sw_lat, ne_lon, ne_lat]`.
+    pub(super) place: Option<Place>,
 }
 
 #[derive(Deserialize)]
@@ -34,6 +39,57 @@ struct RawTweet {
     full_text: Option<String>,
     extended_tweet: Option<RawExtended>,
     in_reply_to_status_id_str: Option<String>,
+    coordinates: Option<RawPoint>,
+    place: Option<RawPlace>,
+}
+
+/// v1.1 `coordinates`: a GeoJSON point, `[lon, lat]`.
+#[derive(Deserialize)]
+struct RawPoint {
+    coordinates: Option<Vec<f64>>,
+}
+
+/// v1.1 `place`: its name and a GeoJSON polygon (one ring of `[lon, lat]` corners).
+#[derive(Deserialize)]
+struct RawPlace {
+    full_name: Option<String>,
+    bounding_box: Option<RawPolygon>,
+}
+
+#[derive(Deserialize)]
+struct RawPolygon {
+    coordinates: Option<Vec<Vec<Vec<f64>>>>,
+}
+
+/// `[lon, lat]` if both are finite and in range.
+fn point(c: &[f64]) -> Option<[f64; 2]> {
+    match *c {
+        [lon, lat] if (-180.0..=180.0).contains(&lon) && (-90.0..=90.0).contains(&lat) => {
+            Some([lon, lat])
+        }
+        _ => None,
+    }
+}
+
+/// A place from its v1.1 object: the bounding box of the polygon's corners.
+fn place(raw: RawPlace) -> Option<Place> {
+    let name = raw.full_name.filter(|n| !n.trim().is_empty())?;
+    let rings = raw.bounding_box?.coordinates?;
+    let corners: Vec<[f64; 2]> = rings.iter().flatten().filter_map(|c| point(c)).collect();
+    let first = corners.first()?;
+    let mut bbox = [first[0], first[1], first[0], first[1]];
+    for [lon, lat] in &corners {
+        bbox = [
+            bbox[0].min(*lon),
+            bbox[1].min(*lat),
+            bbox[2].max(*lon),
+            bbox[3].max(*lat),
+        ];
+    }
+    Some(Place {
+        full_name: name.replace('\0', ""),
+        bbox,
+    })
 }
 
 #[derive(Deserialize)]
@@ -192,6 +248,8 @@ fn parse_tweet(line: &str) -> Result<InTweet, &'static str> {
         created_at,
         text,
         reply_to,
+        coordinates: raw.coordinates.and_then(|c| point(&c.coordinates?)),
+        place: raw.place.and_then(place),
     })
 }
 

@@ -295,3 +295,65 @@ async fn a_reset_import_also_empties_notifications_and_chat(db: PgPool) {
     .unwrap();
     assert_eq!(left, (2, 0, 0, 0), "only the imported graph is left");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_import_keeps_coordinates_and_the_place_box(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let files = Files::new();
+    let follows = files.write("graph.txt", "10 20\n");
+    let at = "Wed Nov 09 06:57:54 +0000 2016";
+    let mut placed: serde_json::Value =
+        serde_json::from_str(&tweet(2001, 500, at, "from Anchorage", None)).unwrap();
+    placed["coordinates"] = json!({"type": "Point", "coordinates": [-149.9, 61.2]});
+    placed["place"] = json!({
+        "full_name": "Anchorage, AK",
+        "bounding_box": {"type": "Polygon", "coordinates": [[
+            [-150.035259, 61.043884], [-150.035259, 61.426201],
+            [-149.48233, 61.426201], [-149.48233, 61.043884]
+        ]]}
+    });
+    let mut odd: serde_json::Value = serde_json::from_str(&tweet(
+        2002,
+        500,
+        at,
+        "a place without a box, bad point",
+        None,
+    ))
+    .unwrap();
+    odd["coordinates"] = json!({"type": "Point", "coordinates": [200.0, 1.0]});
+    odd["place"] = json!({"full_name": "Back\\slash \"quoted\"\ttab\nline",
+        "bounding_box": {"coordinates": [[[1.0, 2.0], [3.0, 4.0]]]}});
+    let tweets = files.write(
+        "tweets.jsonl",
+        &format!("{placed}\n{odd}\n{}\n", tweet(2003, 500, at, "plain", None)),
+    );
+    let args = ImportArgs {
+        follows: Some(follows),
+        tweets: vec![tweets],
+        reset: false,
+        tokens_out: None,
+        tokens: 0,
+        circles: None,
+    };
+    chirp::import::run(app.db(), &args).await.unwrap();
+    let detail = app.get("/api/tweets/2001/", None).await;
+    assert_eq!(detail.status, StatusCode::OK, "{}", detail.body);
+    assert_eq!(detail.body["coordinates"], json!([-149.9, 61.2]));
+    assert_eq!(
+        detail.body["place"],
+        json!({"full_name": "Anchorage, AK", "bbox": [-150.035259, 61.043884, -149.48233, 61.426201]})
+    );
+    // A bad point is dropped; a name with COPY's special characters arrives intact.
+    let odd = app.get("/api/tweets/2002/", None).await;
+    assert_eq!(odd.body["coordinates"], json!(null));
+    assert_eq!(
+        odd.body["place"],
+        json!({"full_name": "Back\\slash \"quoted\"\ttab\nline", "bbox": [1.0, 2.0, 3.0, 4.0]})
+    );
+    let plain = app.get("/api/tweets/2003/", None).await;
+    assert_eq!(plain.status, StatusCode::OK, "{}", plain.body);
+    assert_eq!(
+        (&plain.body["coordinates"], &plain.body["place"]),
+        (&json!(null), &json!(null))
+    );
+}

@@ -19,5 +19,6 @@ mod outbox;
 mod pagination;
 mod races;
 mod resilience;
+mod streams;
 mod tweets;
 mod users;

@@ -173,3 +173,50 @@ async fn healthz_reports_both_stores(db: PgPool) {
     assert_eq!(res.body["postgres"], "ok");
     assert_eq!(res.body["redis"], "ok");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_keeps_its_coordinates_and_bad_ones_are_a_400(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let res = app
+        .post(
+            "/api/tweets/",
+            Some(&ta),
+            json!({"content": "here", "lon": "-149.9", "lat": 61.2}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    assert_eq!(res.body["coordinates"], json!([-149.9, 61.2]));
+    assert_eq!(res.body["place"], json!(null));
+    let id = res.body["id"].as_i64().unwrap();
+    // From the cache, then from Postgres alone.
+    for _ in 0..2 {
+        let detail = app.get(&format!("/api/tweets/{id}/"), None).await;
+        assert_eq!(detail.body["coordinates"], json!([-149.9, 61.2]));
+        let listed = app
+            .get(&format!("/api/tweets/?user_id={alice}"), None)
+            .await;
+        assert_eq!(
+            listed.body["results"][0]["coordinates"],
+            json!([-149.9, 61.2])
+        );
+        app.flush_cache().await;
+    }
+    for (body, field) in [
+        // The missing half is named.
+        (json!({"content": "x", "lat": 1}), "lon"),
+        (json!({"content": "x", "lon": 1}), "lat"),
+        (json!({"content": "x", "lon": 181, "lat": 1}), "lon"),
+        (json!({"content": "x", "lon": 1, "lat": "north"}), "lat"),
+        (json!({"content": "x", "lon": 1, "lat": -90.5}), "lat"),
+    ] {
+        let res = app.post("/api/tweets/", Some(&ta), body.clone()).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}");
+        assert!(res.body["errors"][field].is_array(), "{body}: {}", res.body);
+    }
+    let count: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(count, 1);
+}

@@ -1,0 +1,665 @@
+//! `/api/streaming/`: server-sent events (or NDJSON with `?format=ndjson`) of new tweets:
+//! `statuses/sample`, `statuses/filter` and the caller's live newsfeed `user`. The delivery
+//! and resume logic is in [`crate::streams`]; this module parses parameters (400 before a
+//! stream starts), takes the per-user lease (429), and writes the stream.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderMap, HeaderValue};
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::cache::Cache;
+use crate::error::{ApiError, ApiResult};
+use crate::http::extract::{Auth, Fields, QueryMap};
+use crate::state::AppState;
+use crate::streams::{self, Cursor, Ended, Event, Filter, Predicates, Registration};
+use crate::time;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/streaming/statuses/sample", get(sample))
+        .route(
+            "/api/streaming/statuses/filter",
+            get(filter_get).post(filter_post),
+        )
+        .route("/api/streaming/user", get(user))
+        .route("/demo", get(demo))
+}
+
+/// `/demo/`: a page that shows the caller's live timeline (`streaming/user`) in a browser.
+async fn demo() -> impl IntoResponse {
+    (
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        )],
+        include_str!("demo.html"),
+    )
+}
+
+/// Most `track` phrases, `follow` ids and `locations` boxes of one filter (Twitter v1.1's).
+pub const MAX_TRACK: usize = 400;
+pub const MAX_FOLLOW: usize = 5000;
+pub const MAX_BOXES: usize = 25;
+/// Most characters of one `track` phrase.
+pub const MAX_PHRASE_CHARS: usize = 60;
+
+/// How long a new stream waits for this process's subscription to stand before a 503.
+const SUBSCRIBE_WAIT: Duration = Duration::from_secs(3);
+
+/// Chunks a stream's body holds for a client that is not reading.
+const BODY_CHUNKS: usize = 16;
+
+/// Deletes a stream remembers, to drop a tweet event that arrives after its delete (the two
+/// are published by different writers).
+const DELETES_KEPT: usize = 256;
+
+/// How far back a resume token or `since` may reach.
+const MAX_RESUME_AGE: chrono::TimeDelta = chrono::TimeDelta::days(30);
+
+/// How the events are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Sse,
+    Ndjson,
+}
+
+fn format(params: &HashMap<String, String>) -> ApiResult<Format> {
+    match params.get("format").map(|f| f.trim()) {
+        None | Some("" | "sse") => Ok(Format::Sse),
+        Some("ndjson") => Ok(Format::Ndjson),
+        Some(_) => Err(ApiError::field("format", "Use sse or ndjson.")),
+    }
+}
+
+async fn sample(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<Response> {
+    let format = format(&query.0)?;
+    let percent = match query.0.get("percent").map(|p| p.trim()) {
+        None | Some("") => 1,
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|p| (1..=100).contains(p))
+            .ok_or_else(|| ApiError::field("percent", "An integer from 1 to 100 is required."))?,
+    };
+    open(
+        &state,
+        &auth,
+        Some(Filter::sample(auth.user_id, percent)),
+        format,
+        None,
+    )
+    .await
+}
+
+async fn filter_get(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryMap,
+) -> ApiResult<Response> {
+    let format = format(&query.0)?;
+    let filter = predicates(&query.0)?;
+    open(&state, &auth, Some(Filter::Match(filter)), format, None).await
+}
+
+async fn filter_post(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryMap,
+    fields: Fields,
+) -> ApiResult<Response> {
+    let mut params = query.0;
+    for (name, value) in fields.0 {
+        let text = match value {
+            Value::String(s) => s,
+            Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            Value::Null => continue,
+            other => other.to_string(),
+        };
+        params.insert(name, text);
+    }
+    let format = format(&params)?;
+    let filter = predicates(&params)?;
+    open(&state, &auth, Some(Filter::Match(filter)), format, None).await
+}
+
+/// `track`, `follow` and `locations`, validated; at least one is required.
+fn predicates(params: &HashMap<String, String>) -> ApiResult<Predicates> {
+    let list = |name: &str| -> Vec<String> {
+        params
+            .get(name)
+            .map(|v| {
+                v.split(',')
+                    .map(|p| p.trim().to_owned())
+                    .filter(|p| !p.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut p = Predicates::default();
+    let track = list("track");
+    if track.len() > MAX_TRACK {
+        return Err(ApiError::field(
+            "track",
+            format!("At most {MAX_TRACK} phrases."),
+        ));
+    }
+    for phrase in track {
+        if phrase.chars().count() > MAX_PHRASE_CHARS {
+            return Err(ApiError::field(
+                "track",
+                format!("A phrase has at most {MAX_PHRASE_CHARS} characters."),
+            ));
+        }
+        let words: Vec<String> = streams::words(&phrase).collect();
+        if words.is_empty() {
+            return Err(ApiError::field(
+                "track",
+                format!("The phrase {phrase:?} has no words."),
+            ));
+        }
+        p.track.push(words);
+    }
+    let follow = list("follow");
+    if follow.len() > MAX_FOLLOW {
+        return Err(ApiError::field(
+            "follow",
+            format!("At most {MAX_FOLLOW} user ids."),
+        ));
+    }
+    let ids: Option<HashSet<i64>> = follow
+        .iter()
+        .map(|id| id.parse::<i64>().ok().filter(|id| *id > 0))
+        .collect();
+    p.follow = ids.ok_or_else(|| ApiError::field("follow", "User ids are positive integers."))?;
+    let numbers: Option<Vec<f64>> = list("locations")
+        .iter()
+        .map(|n| n.parse::<f64>().ok().filter(|n| n.is_finite()))
+        .collect();
+    let numbers =
+        numbers.ok_or_else(|| ApiError::field("locations", "Boxes are lists of numbers."))?;
+    if numbers.len() % 4 != 0 {
+        return Err(ApiError::field(
+            "locations",
+            "Each box is sw_lon,sw_lat,ne_lon,ne_lat.",
+        ));
+    }
+    if numbers.len() / 4 > MAX_BOXES {
+        return Err(ApiError::field(
+            "locations",
+            format!("At most {MAX_BOXES} boxes."),
+        ));
+    }
+    for b in numbers.chunks_exact(4) {
+        let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
+        let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
+        if !(lon_ok(b[0]) && lon_ok(b[2]) && lat_ok(b[1]) && lat_ok(b[3]))
+            || b[0] > b[2]
+            || b[1] > b[3]
+        {
+            return Err(ApiError::field(
+                "locations",
+                "A box is sw_lon,sw_lat,ne_lon,ne_lat with lon in -180..180, lat in -90..90 and sw not north or east of ne.",
+            ));
+        }
+        p.locations.push([b[0], b[1], b[2], b[3]]);
+    }
+    if p.track.is_empty() && p.follow.is_empty() && p.locations.is_empty() {
+        return Err(ApiError::field(
+            "track",
+            "Give at least one of track, follow or locations.",
+        ));
+    }
+    Ok(p)
+}
+
+async fn user(
+    State(state): State<AppState>,
+    auth: Auth,
+    query: QueryMap,
+    headers: HeaderMap,
+) -> ApiResult<Response> {
+    let format = format(&query.0)?;
+    let resume =
+        match headers.get("last-event-id") {
+            Some(token) => {
+                Some(token.to_str().ok().and_then(Cursor::parse).ok_or_else(|| {
+                    ApiError::field("Last-Event-ID", "Not a token of this stream.")
+                })?)
+            }
+            None => None,
+        };
+    let resume = match (resume, query.0.get("since")) {
+        (Some(cursor), _) => Some(cursor),
+        (None, Some(since)) => Some(Cursor::since(
+            time::parse_cursor(since)
+                .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?,
+        )),
+        (None, None) => None,
+    };
+    open(&state, &auth, None, format, Some(resume)).await
+}
+
+/// Opens a stream for `auth`: `filter` for `statuses/*`, or `None` with `user` =
+/// `Some(resume)` for `streaming/user`.
+async fn open(
+    state: &AppState,
+    auth: &Auth,
+    filter: Option<Filter>,
+    format: Format,
+    user: Option<Option<Cursor>>,
+) -> ApiResult<Response> {
+    let stop = state.shutdown.subscribe();
+    let unavailable = || {
+        ApiError::Detail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Streaming is unavailable right now (Redis is down or the server is stopping); retry shortly.".into(),
+        )
+    };
+    if *stop.borrow() {
+        return Err(unavailable());
+    }
+    let hub = state.streams.clone();
+    if !hub
+        .ensure_subscribed(&state.cache, &stop, SUBSCRIBE_WAIT)
+        .await
+    {
+        return Err(unavailable());
+    }
+    let generation = hub.generation();
+    let lease = Lease {
+        cache: state.cache.clone(),
+        user_id: auth.user_id,
+        id: format!("{:016x}", rand::random::<u64>()),
+        duration: Duration::from_secs(state.config.stream_heartbeat_secs * 3),
+    };
+    let limit = state.config.streams_per_user as usize;
+    match state
+        .cache
+        .stream_lease(lease.user_id, &lease.id, limit, lease.duration, false)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(ApiError::Detail(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("At most {limit} concurrent streams per user; close one first."),
+            ));
+        }
+        Err(_) => return Err(unavailable()),
+    }
+    let (registration, rx) =
+        hub.register(auth.user_id, filter, state.config.stream_buffer as usize);
+    let is_user = user.is_some();
+    let (cursor, catch_up) = match user {
+        None => (None, None),
+        Some(None) => (Some(Cursor::starting_at(chrono::Utc::now())), None),
+        Some(Some(cursor)) => {
+            let (floor_us, base, skip) = cursor.resume_point();
+            let now = chrono::Utc::now();
+            let floor = time::from_micros(floor_us);
+            if floor < now - MAX_RESUME_AGE || floor > now + chrono::TimeDelta::minutes(1) {
+                return Err(ApiError::field(
+                    "since",
+                    "A stream resumes from at most 30 days back (and not from the future).",
+                ));
+            }
+            let catch_up = CatchUp {
+                floor_us,
+                base,
+                after: None,
+                skip,
+            };
+            (Some(cursor), Some(catch_up))
+        }
+    };
+    // The subscription broke between the check above and the registration: `on_lost` did
+    // not see this client, so end it here.
+    if hub.generation() != generation || !hub.subscribed() {
+        registration.client.end(Ended::Unavailable);
+    }
+    let every = Duration::from_secs(state.config.stream_heartbeat_secs);
+    let mut heartbeat = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut session = Session {
+        state: state.clone(),
+        user_id: auth.user_id,
+        registration,
+        rx,
+        format,
+        heartbeat,
+        every,
+        stop,
+        cursor,
+        catch_up,
+        pending: VecDeque::new(),
+        deleted: VecDeque::new(),
+        lease,
+        done: false,
+    };
+    session.pending.push_back(Bytes::from_static(match format {
+        Format::Sse => b":ok\nretry: 2000\n\n",
+        Format::Ndjson => b"\n",
+    }));
+    tracing::debug!(user_id = auth.user_id, is_user, "stream opened");
+    // The session runs in its own task and hands chunks to the body through a short queue, so
+    // it notices a client that stopped reading (hyper polls the body only when the socket
+    // takes bytes) and ends it, leaving only what is queued here and in the kernel.
+    let (chunks, chunks_rx) = mpsc::channel::<Bytes>(BODY_CHUNKS);
+    let (trailer, trailer_rx) = oneshot::channel::<Bytes>();
+    tokio::spawn(session.pump(chunks, trailer));
+    let body = Body::from_stream(futures_util::stream::unfold(
+        (chunks_rx, Some(trailer_rx)),
+        |(mut chunks, trailer)| async move {
+            if let Some(chunk) = chunks.recv().await {
+                return Some((Ok::<_, Infallible>(chunk), (chunks, trailer)));
+            }
+            let last = trailer?.await.ok()?;
+            Some((Ok(last), (chunks, None)))
+        },
+    ));
+    let content_type = match format {
+        Format::Sse => "text/event-stream",
+        Format::Ndjson => "application/x-ndjson",
+    };
+    Ok((
+        [
+            (CONTENT_TYPE, HeaderValue::from_static(content_type)),
+            (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (
+                HeaderName::from_static("x-accel-buffering"),
+                HeaderValue::from_static("no"),
+            ),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// A stream's lease on one of its user's [`crate::config::Config::streams_per_user`] slots;
+/// released (in the background) when the stream ends.
+struct Lease {
+    cache: Cache,
+    user_id: i64,
+    id: String,
+    duration: Duration,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let cache = self.cache.clone();
+        let (user_id, id) = (self.user_id, std::mem::take(&mut self.id));
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = cache.release_stream(user_id, &id).await;
+            });
+        }
+    }
+}
+
+/// Where a resuming `streaming/user` stream's catch-up stands.
+struct CatchUp {
+    floor_us: i64,
+    base: i64,
+    /// Where the next page starts: `(arrived_at µs, id)` of the last row read.
+    after: Option<(i64, i64)>,
+    skip: Vec<i64>,
+}
+
+/// One open stream: what it sends next.
+struct Session {
+    state: AppState,
+    user_id: i64,
+    registration: Registration,
+    rx: mpsc::Receiver<Event>,
+    format: Format,
+    heartbeat: tokio::time::Interval,
+    /// The heartbeat period; a client that takes no chunk for two of them is cut off.
+    every: Duration,
+    stop: watch::Receiver<bool>,
+    /// `streaming/user` only.
+    cursor: Option<Cursor>,
+    catch_up: Option<CatchUp>,
+    pending: VecDeque<Bytes>,
+    /// The newest deleted tweet ids (at most [`DELETES_KEPT`]).
+    deleted: VecDeque<i64>,
+    lease: Lease,
+    done: bool,
+}
+
+impl Session {
+    /// Runs the stream: each chunk goes to the body queue `chunks`. When the client takes no
+    /// chunk while the hub ends the stream, the server stops, or two heartbeat periods pass,
+    /// the last word (warning or disconnect) goes to `trailer`, which the body sends after
+    /// what is queued, and the session ends: its hub registration and lease go with it.
+    async fn pump(mut self, chunks: mpsc::Sender<Bytes>, trailer: oneshot::Sender<Bytes>) {
+        loop {
+            let next = tokio::select! {
+                next = self.next() => next,
+                // The client went away while nothing was to be sent.
+                () = chunks.closed() => return,
+            };
+            let Some(chunk) = next else { return };
+            let client = self.registration.client.clone();
+            let stalled = tokio::time::sleep(self.every * 2);
+            tokio::select! {
+                biased;
+                sent = chunks.send(chunk) => {
+                    if sent.is_err() {
+                        return; // the client went away
+                    }
+                    continue;
+                }
+                () = client.wake.notified() => {
+                    let why = client.ended().unwrap_or(Ended::FallingBehind);
+                    self.end(why);
+                }
+                _ = self.stop.changed() => self.disconnect(
+                    "SHUTDOWN",
+                    "The server is shutting down; reconnect shortly.",
+                ),
+                () = stalled => self.end(Ended::FallingBehind),
+            }
+            // The client is not reading: only the last word is kept for it.
+            if let Some(last) = self.pending.pop_back() {
+                let _ = trailer.send(last);
+            }
+            return;
+        }
+    }
+
+    /// The next chunk to write; `None` ends the stream.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(chunk) = self.pending.pop_front() {
+                return Some(chunk);
+            }
+            if self.done {
+                return None;
+            }
+            if let Some(why) = self.registration.client.ended() {
+                self.end(why);
+                continue;
+            }
+            if *self.stop.borrow() {
+                self.disconnect(
+                    "SHUTDOWN",
+                    "The server is shutting down; reconnect shortly.",
+                );
+                continue;
+            }
+            if self.catch_up.is_some() {
+                self.catch_up_page().await;
+                continue;
+            }
+            let client = self.registration.client.clone();
+            tokio::select! {
+                biased;
+                _ = self.stop.changed() => {}
+                () = client.wake.notified() => {}
+                // Before the events: ready once a period, so it is never starved by them.
+                _ = self.heartbeat.tick() => self.heartbeat().await,
+                event = self.rx.recv() => match event {
+                    Some(event) => self.event(event),
+                    None => self.done = true,
+                },
+            }
+        }
+    }
+
+    async fn catch_up_page(&mut self) {
+        let Some(c) = &self.catch_up else { return };
+        let page = streams::catch_up_page(
+            &self.state.db,
+            &self.state.cache,
+            self.user_id,
+            c.floor_us,
+            c.base,
+            c.after,
+            &c.skip,
+        )
+        .await;
+        match page {
+            Ok((items, next)) => {
+                for (tweet, id, at) in items {
+                    let Ok(json) = serde_json::to_string(&serde_json::json!({
+                        "event": "tweet",
+                        "tweet": tweet,
+                    })) else {
+                        continue;
+                    };
+                    self.tweet(0, &json, Some((id, at)));
+                }
+                match (next, &mut self.catch_up) {
+                    (Some(last), Some(c)) => c.after = Some(last),
+                    _ => self.catch_up = None,
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "stream catch-up failed");
+                self.disconnect(
+                    "UNAVAILABLE",
+                    "Reading the newsfeed failed; reconnect with Last-Event-ID.",
+                );
+            }
+        }
+    }
+
+    fn event(&mut self, event: Event) {
+        match event {
+            Event::Tweet {
+                tweet_id,
+                data,
+                row,
+            } => self.tweet(tweet_id, &data, row),
+            Event::Delete { tweet_id, data } => {
+                if self.deleted.len() == DELETES_KEPT {
+                    self.deleted.pop_front();
+                }
+                self.deleted.push_back(tweet_id);
+                self.frame("delete", None, &data);
+            }
+        }
+    }
+
+    /// A tweet event. On `streaming/user` it carries `row` = (newsfeed row id, arrived_at µs),
+    /// is skipped if delivered already, and its `id:` is the resume token; elsewhere `id:` is
+    /// the tweet id.
+    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>) {
+        if tweet_id != 0 && self.deleted.contains(&tweet_id) {
+            return; // its delete came first
+        }
+        let id = match (&mut self.cursor, row) {
+            (Some(cursor), Some((id, at))) => {
+                if cursor.seen(id) {
+                    return;
+                }
+                cursor.advance(id, at);
+                cursor.token()
+            }
+            _ => tweet_id.to_string(),
+        };
+        self.frame("tweet", Some(&id), data);
+    }
+
+    fn frame(&mut self, kind: &str, id: Option<&str>, data: &str) {
+        let chunk = match self.format {
+            // A user stream's NDJSON line carries its resume token as "id".
+            Format::Ndjson => match (id, &self.cursor) {
+                (Some(id), Some(_)) if data.ends_with('}') => {
+                    format!("{},\"id\":\"{id}\"}}\n", &data[..data.len() - 1])
+                }
+                _ => format!("{data}\n"),
+            },
+            Format::Sse => match id {
+                Some(id) => format!("event: {kind}\nid: {id}\ndata: {data}\n\n"),
+                None => format!("event: {kind}\ndata: {data}\n\n"),
+            },
+        };
+        self.pending.push_back(Bytes::from(chunk));
+    }
+
+    fn end(&mut self, why: Ended) {
+        match why {
+            Ended::FallingBehind => {
+                let data = r#"{"event":"warning","code":"FALLING_BEHIND","message":"The stream's queue is full: this client reads too slowly. Disconnecting."}"#;
+                self.frame("warning", None, data);
+                self.done = true;
+            }
+            Ended::Unavailable => self.disconnect(
+                "UNAVAILABLE",
+                "Redis pub/sub went away; reconnect (with Last-Event-ID on streaming/user).",
+            ),
+        }
+    }
+
+    fn disconnect(&mut self, code: &str, message: &str) {
+        let data = serde_json::json!({"event": "disconnect", "code": code, "message": message});
+        self.frame("disconnect", None, &data.to_string());
+        self.done = true;
+    }
+
+    async fn heartbeat(&mut self) {
+        let renewed = self
+            .state
+            .cache
+            .stream_lease(
+                self.lease.user_id,
+                &self.lease.id,
+                usize::MAX,
+                self.lease.duration,
+                true,
+            )
+            .await;
+        if renewed.is_err() {
+            tracing::debug!("renewing a stream lease failed");
+        }
+        self.pending
+            .push_back(Bytes::from_static(match self.format {
+                Format::Sse => b":\n\n",
+                Format::Ndjson => b"\n",
+            }));
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        tracing::debug!(user_id = self.user_id, "stream closed");
+    }
+}

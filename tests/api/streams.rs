@@ -1,0 +1,735 @@
+//! Streaming: `statuses/filter`, `statuses/sample` and `streaming/user` over SSE and NDJSON,
+//! through real Redis pub/sub.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tower::ServiceExt;
+
+use crate::helpers::{Proxy, TestApp, eventually};
+
+/// One event as a client parses it.
+#[derive(Debug, Clone)]
+struct Ev {
+    kind: String,
+    id: Option<String>,
+    data: Value,
+}
+
+/// A client of one stream, reading the response body frame by frame.
+struct Stream {
+    body: Body,
+    buf: String,
+    /// Comment lines seen (`:ok`, heartbeats).
+    comments: usize,
+    ended: bool,
+}
+
+impl Stream {
+    /// Opens `uri` for `token` (with `Last-Event-ID` if given); panics unless it is a 200 whose
+    /// first frame is the `:ok` comment.
+    async fn open(app: &TestApp, uri: &str, token: &str, last_event_id: Option<&str>) -> Stream {
+        match Self::try_open(app, uri, token, last_event_id).await {
+            Ok(s) => s,
+            Err((status, body)) => panic!("{uri}: {status} {body}"),
+        }
+    }
+
+    async fn try_open(
+        app: &TestApp,
+        uri: &str,
+        token: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Stream, (StatusCode, Value)> {
+        let mut req = Request::get(uri).header("authorization", format!("Bearer {token}"));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let res = app
+            .app
+            .clone()
+            .oneshot(req.body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let status = res.status();
+        if status != StatusCode::OK {
+            let bytes = res.into_body().collect().await.expect("body").to_bytes();
+            return Err((
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            ));
+        }
+        let mut s = Stream {
+            body: res.into_body(),
+            buf: String::new(),
+            comments: 0,
+            ended: false,
+        };
+        // The first frame is the `:ok` comment (or, NDJSON, an empty line); it is consumed
+        // here.
+        s.fill(Duration::from_secs(5)).await;
+        if let Some(rest) = s.buf.strip_prefix(":ok\nretry: 2000\n\n") {
+            s.buf = rest.to_owned();
+        } else if let Some(rest) = s.buf.strip_prefix('\n') {
+            s.buf = rest.to_owned();
+        } else {
+            panic!("no :ok first: {:?}", s.buf);
+        }
+        Ok(s)
+    }
+
+    /// Reads one more chunk into the buffer; false on timeout or at the end.
+    async fn fill(&mut self, within: Duration) -> bool {
+        if self.ended {
+            return false;
+        }
+        match tokio::time::timeout(within, self.body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    self.buf.push_str(&String::from_utf8_lossy(&data));
+                }
+                true
+            }
+            Ok(_) => {
+                self.ended = true;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The next event within `within`, skipping comments; `None` on timeout or at the end.
+    async fn next(&mut self, within: Duration) -> Option<Ev> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let frame: String = self.buf.drain(..end + 2).collect();
+                let mut ev = Ev {
+                    kind: String::new(),
+                    id: None,
+                    data: Value::Null,
+                };
+                for line in frame.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        ev.kind = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        ev.id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        ev.data = serde_json::from_str(v).expect("data is JSON");
+                    } else if line.starts_with(':') {
+                        self.comments += 1;
+                    }
+                }
+                if !ev.kind.is_empty() {
+                    assert_eq!(ev.data["event"], ev.kind.as_str(), "{frame}");
+                    return Some(ev);
+                }
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() || !self.fill(left).await {
+                return None;
+            }
+        }
+    }
+
+    /// Tweet events until `last` (a tweet id) arrives; panics if it does not within 5 s.
+    async fn tweets_until(&mut self, last: i64) -> Vec<Ev> {
+        let mut out = Vec::new();
+        loop {
+            let ev = self
+                .next(Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("tweet {last} did not arrive; got {out:?}"));
+            let done = ev.kind == "tweet" && ev.data["tweet"]["id"] == last;
+            out.push(ev);
+            if done {
+                return out;
+            }
+        }
+    }
+
+    /// Whether the stream ends (the body finishes) within `within`, after any events.
+    async fn ends_within(&mut self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.ended {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.fill(left).await;
+        }
+        true
+    }
+}
+
+/// Percent-encodes everything but ASCII letters and digits.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn tweet_ids(events: &[Ev]) -> Vec<i64> {
+    events
+        .iter()
+        .filter(|e| e.kind == "tweet")
+        .map(|e| e.data["tweet"]["id"].as_i64().expect("id"))
+        .collect()
+}
+
+async fn post(app: &TestApp, token: &str, body: Value) -> i64 {
+    let res = app.post("/api/tweets/", Some(token), body).await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    res.body["id"].as_i64().expect("id")
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice_id, alice) = app.signup("alice").await;
+    let (bob_id, bob) = app.signup("bob").await;
+    let (_, carol) = app.signup("carol").await;
+    let uri = format!(
+        "/api/streaming/statuses/filter/?track={}&follow={bob_id}&locations=-10,-10,10,10",
+        urlencode("hello world,#rust")
+    );
+    let mut s = Stream::open(&app, &uri, &carol, None).await;
+    let mut expected = Vec::new();
+    expected.push(post(&app, &alice, json!({"content": "World, HELLO there"})).await);
+    post(
+        &app,
+        &alice,
+        json!({"content": "hello worlds (not a whole word)"}),
+    )
+    .await;
+    post(&app, &alice, json!({"content": "hello"})).await;
+    expected.push(post(&app, &alice, json!({"content": "learning #Rust today"})).await);
+    post(
+        &app,
+        &alice,
+        json!({"content": "learning rust without the tag"}),
+    )
+    .await;
+    expected.push(post(&app, &bob, json!({"content": "anything at all"})).await);
+    // On the box's corner: inside (edges included).
+    expected.push(
+        post(
+            &app,
+            &alice,
+            json!({"content": "at the corner", "lon": 10, "lat": -10}),
+        )
+        .await,
+    );
+    post(
+        &app,
+        &alice,
+        json!({"content": "just outside", "lon": 10.0001, "lat": 0}),
+    )
+    .await;
+    // A place whose bbox only touches the box's edge overlaps it; one beside it does not.
+    let place = |bbox: [f64; 4]| chirp::model::Place {
+        full_name: "Somewhere".into(),
+        bbox,
+    };
+    for (bbox, matches) in [
+        ([10.0, 10.0, 20.0, 20.0], true),
+        ([10.5, -5.0, 20.0, 5.0], false),
+    ] {
+        let new = chirp::tweets::NewTweet {
+            content: "from a place".into(),
+            place: Some(place(bbox)),
+            ..Default::default()
+        };
+        let t = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new)
+            .await
+            .expect("create");
+        if matches {
+            expected.push(t.id);
+        }
+    }
+    let last = post(&app, &bob, json!({"content": "the end"})).await;
+    expected.push(last);
+    let got = s.tweets_until(last).await;
+    assert_eq!(tweet_ids(&got), expected);
+    // The tweet objects carry their location.
+    assert_eq!(got[3].data["tweet"]["coordinates"], json!([10.0, -10.0]));
+    assert_eq!(
+        got[4].data["tweet"]["place"]["bbox"],
+        json!([10.0, 10.0, 20.0, 20.0])
+    );
+    assert!(got.iter().all(|e| e.id.is_some()));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_sample_keeps_the_callers_residues_and_everything_at_100_percent(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice_id, alice) = app.signup("alice").await;
+    let mut all = Stream::open(
+        &app,
+        "/api/streaming/statuses/sample/?percent=100",
+        &alice,
+        None,
+    )
+    .await;
+    let mut tenth = Stream::open(
+        &app,
+        "/api/streaming/statuses/sample/?percent=10",
+        &alice,
+        None,
+    )
+    .await;
+    // 120 consecutive tweet ids cover every residue mod 100.
+    let mut ids = Vec::new();
+    for i in 0..120 {
+        ids.push(post(&app, &alice, json!({"content": format!("tweet {i}")})).await);
+    }
+    let last = *ids.last().expect("ids");
+    assert_eq!(tweet_ids(&all.tweets_until(last).await), ids);
+    // The documented sample: residues offset..offset+10 (mod 100), offset = id × 37 mod 100.
+    let offset = (alice_id * 37).rem_euclid(100);
+    let expected: Vec<i64> = ids
+        .iter()
+        .copied()
+        .filter(|id| (id.rem_euclid(100) - offset).rem_euclid(100) < 10)
+        .collect();
+    assert!(expected.len() >= 10, "{expected:?}");
+    let last_kept = *expected.last().expect("kept");
+    assert_eq!(tweet_ids(&tenth.tweets_until(last_kept).await), expected);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn bad_stream_parameters_are_a_400_before_the_stream_starts(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, alice) = app.signup("alice").await;
+    let too_many = vec!["w"; 401].join(",");
+    for uri in [
+        "/api/streaming/statuses/filter/".to_owned(),
+        format!("/api/streaming/statuses/filter/?track={too_many}"),
+        "/api/streaming/statuses/filter/?track=%2C%2C!!".to_owned(),
+        "/api/streaming/statuses/filter/?follow=1,x".to_owned(),
+        "/api/streaming/statuses/filter/?locations=1,2,3".to_owned(),
+        "/api/streaming/statuses/filter/?locations=10,0,-10,5".to_owned(),
+        "/api/streaming/statuses/filter/?locations=0,0,181,5".to_owned(),
+        "/api/streaming/statuses/filter/?track=a&format=xml".to_owned(),
+        "/api/streaming/statuses/sample/?percent=0".to_owned(),
+        "/api/streaming/user/?since=yesterday".to_owned(),
+    ] {
+        let res = app.get(&uri, Some(&alice)).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{uri}: {}", res.body);
+        assert_eq!(res.body["success"], false, "{uri}");
+    }
+    for token in ["12.x.0", "12.1", "0.1.0"] {
+        // Malformed, or from 1970 (more than 30 days back).
+        let res = Stream::try_open(&app, "/api/streaming/user/", &alice, Some(token)).await;
+        assert_eq!(
+            res.err().map(|e| e.0),
+            Some(StatusCode::BAD_REQUEST),
+            "{token}"
+        );
+    }
+    let res = app.get("/api/streaming/user/", None).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED);
+    // POST takes the same parameters from a form.
+    let req = Request::post("/api/streaming/statuses/filter/")
+        .header("authorization", format!("Bearer {alice}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("locations=1,2"))
+        .expect("request");
+    assert_eq!(app.send(req).await.status, StatusCode::BAD_REQUEST);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn deletes_reach_the_filter_streams_that_matched_and_the_readers_user_streams(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice_id, alice) = app.signup("alice").await;
+    let (_, bob) = app.signup("bob").await;
+    app.follow(&bob, alice_id).await;
+    let mut filter = Stream::open(
+        &app,
+        "/api/streaming/statuses/filter/?track=doomed",
+        &bob,
+        None,
+    )
+    .await;
+    let mut feed = Stream::open(&app, "/api/streaming/user/", &bob, None).await;
+    let doomed = post(&app, &alice, json!({"content": "a doomed tweet"})).await;
+    let other = post(&app, &alice, json!({"content": "another one"})).await;
+    app.drain().await;
+    assert_eq!(
+        tweet_ids(&feed.tweets_until(other).await),
+        vec![doomed, other]
+    );
+    assert_eq!(tweet_ids(&filter.tweets_until(doomed).await), vec![doomed]);
+    for id in [other, doomed] {
+        let res = app
+            .request(
+                axum::http::Method::DELETE,
+                &format!("/api/tweets/{id}/"),
+                Some(&alice),
+                None,
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    }
+    // The filter only hears of the tweet that matched it.
+    let ev = filter.next(Duration::from_secs(5)).await.expect("delete");
+    assert_eq!(ev.kind, "delete");
+    assert_eq!(
+        ev.data,
+        json!({"event": "delete", "tweet_id": doomed, "user_id": alice_id})
+    );
+    assert!(filter.next(Duration::from_millis(300)).await.is_none());
+    let mut deleted = Vec::new();
+    for _ in 0..2 {
+        let ev = feed.next(Duration::from_secs(5)).await.expect("delete");
+        assert_eq!(ev.kind, "delete");
+        assert!(ev.id.is_none());
+        deleted.push(ev.data["tweet_id"].as_i64().expect("id"));
+    }
+    assert_eq!(deleted, vec![other, doomed]);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_posted_on_one_server_reaches_a_stream_on_another(db: PgPool) {
+    let one = TestApp::new(db.clone()).await;
+    let prefix = one.prefix.clone();
+    let two = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let (alice_id, alice) = one.signup("alice").await;
+    let (_, bob) = one.signup("bob").await;
+    one.follow(&bob, alice_id).await;
+    let mut filter = Stream::open(
+        &two,
+        &format!("/api/streaming/statuses/filter/?follow={alice_id}"),
+        &bob,
+        None,
+    )
+    .await;
+    let mut feed = Stream::open(&two, "/api/streaming/user/", &bob, None).await;
+    let id = post(&one, &alice, json!({"content": "across processes"})).await;
+    // Process one runs the fan-out; process two streams it.
+    one.drain().await;
+    assert_eq!(tweet_ids(&filter.tweets_until(id).await), vec![id]);
+    let got = feed.tweets_until(id).await;
+    assert_eq!(got[0].data["tweet"]["content"], "across processes");
+    assert!(
+        got[0].id.is_some(),
+        "a user stream event carries its resume token"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_user_stream_resumes_in_arrival_order_with_nothing_lost_or_twice(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (x_id, x) = app.signup("xavier").await;
+    let (y_id, y) = app.signup("yvonne").await;
+    let (_, c) = app.signup("carol").await;
+    app.follow(&c, x_id).await;
+    app.follow(&c, y_id).await;
+    app.drain().await;
+    let mut s = Stream::open(&app, "/api/streaming/user/?format=sse", &c, None).await;
+    let own = post(&app, &c, json!({"content": "my own"})).await;
+    let first = post(&app, &x, json!({"content": "first"})).await;
+    app.drain().await;
+    let got = s.tweets_until(first).await;
+    assert_eq!(tweet_ids(&got), vec![own, first]);
+    // A fan-out that lands late: X tweets before Y, but Y's fan-out runs first.
+    let late = post(&app, &x, json!({"content": "older, lands late"})).await;
+    let early = post(&app, &y, json!({"content": "newer, lands first"})).await;
+    let jobs: Vec<(i64, i64)> =
+        sqlx::query_as("select id, tweet_id from jobs where kind = 'fanout' order by id")
+            .fetch_all(app.db())
+            .await
+            .expect("jobs");
+    let job_of = |tweet: i64| jobs.iter().find(|(_, t)| *t == tweet).expect("job").0;
+    chirp::newsfeeds::fanout(&app.state.worker, job_of(early), early, None)
+        .await
+        .expect("fanout");
+    let got = s.tweets_until(early).await;
+    assert_eq!(tweet_ids(&got), vec![early]);
+    let token = got[0].id.clone().expect("token");
+    drop(s);
+    // While away: the late fan-out lands (older tweet, newer arrival), and a new tweet.
+    chirp::newsfeeds::fanout(&app.state.worker, job_of(late), late, None)
+        .await
+        .expect("fanout");
+    let away = post(&app, &y, json!({"content": "posted while away"})).await;
+    app.drain().await; // also runs the jobs again: a second fan-out changes nothing
+    let mut s = Stream::open(&app, "/api/streaming/user/", &c, Some(&token)).await;
+    let live = post(&app, &x, json!({"content": "live again"})).await;
+    app.drain().await;
+    let got = s.tweets_until(live).await;
+    assert_eq!(tweet_ids(&got), vec![late, away, live]);
+    assert!(
+        s.next(Duration::from_millis(300)).await.is_none(),
+        "nothing twice"
+    );
+    // `since` replays by arrival too: everything that arrived after `late`'s tweet time.
+    let since = got[0].data["tweet"]["created_at"]
+        .as_str()
+        .expect("time")
+        .to_owned();
+    let mut s = Stream::open(
+        &app,
+        &format!("/api/streaming/user/?since={}", urlencode(&since)),
+        &c,
+        None,
+    )
+    .await;
+    let replayed = s.tweets_until(live).await;
+    assert_eq!(tweet_ids(&replayed), vec![early, late, away, live]);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn tweets_that_land_during_a_catch_up_are_sent_once_in_order(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (me, c) = app.signup("carol").await;
+    let mut s = Stream::open(&app, "/api/streaming/user/?format=ndjson", &c, None).await;
+    let first = post(&app, &c, json!({"content": "first"})).await;
+    // NDJSON: one object per line, with the resume token as "id".
+    while !s.buf.contains('\n') {
+        assert!(s.fill(Duration::from_secs(5)).await, "{}", s.buf);
+    }
+    let v: Value = serde_json::from_str(s.buf.trim()).expect("an NDJSON line");
+    assert_eq!(v["event"], "tweet");
+    assert_eq!(v["tweet"]["id"], first);
+    let token = v["id"].as_str().expect("a token").to_owned();
+    drop(s);
+    // Resume from `first` by SSE while a burst is posted concurrently with the catch-up.
+    let mut missed = Vec::new();
+    for i in 0..150 {
+        missed.push(post(&app, &c, json!({"content": format!("missed {i}")})).await);
+    }
+    let mut s = Stream::open(&app, "/api/streaming/user/", &c, Some(&token)).await;
+    let poster = {
+        let app_state = app.state.clone();
+        tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..40 {
+                let new = chirp::tweets::NewTweet {
+                    content: format!("during catch-up {i}"),
+                    ..Default::default()
+                };
+                let t = chirp::tweets::create(&app_state.db, &app_state.cache, me, &new)
+                    .await
+                    .expect("create");
+                ids.push(t.id);
+            }
+            ids
+        })
+    };
+    let during = poster.await.expect("poster");
+    let last = *during.last().expect("ids");
+    let got = tweet_ids(&s.tweets_until(last).await);
+    let mut expected = missed;
+    expected.extend(during);
+    assert_eq!(got, expected);
+    assert!(
+        s.next(Duration::from_millis(300)).await.is_none(),
+        "nothing twice"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_slow_reader_is_cut_off_while_others_keep_receiving(db: PgPool) {
+    let app = TestApp::with(db, |c| c.stream_buffer = 5).await;
+    let (_, alice) = app.signup("alice").await;
+    let mut slow = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let mut fast = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let mut ids = Vec::new();
+    for i in 0..40 {
+        ids.push(post(&app, &alice, json!({"content": format!("tweet {i}")})).await);
+        // The fast reader keeps up.
+        let ev = fast.next(Duration::from_secs(5)).await.expect("event");
+        assert_eq!(ev.data["tweet"]["id"], *ids.last().expect("id"));
+    }
+    // The slow one, which read nothing since `:ok`, finds what its body held (at most 16
+    // chunks), then the warning, then the end.
+    let mut got = Vec::new();
+    let warning = loop {
+        let ev = slow.next(Duration::from_secs(5)).await.expect("an event");
+        if ev.kind != "tweet" {
+            break ev;
+        }
+        got.push(ev);
+    };
+    assert_eq!(warning.kind, "warning");
+    assert_eq!(warning.data["code"], "FALLING_BEHIND");
+    assert!(slow.ends_within(Duration::from_secs(5)).await);
+    let got = tweet_ids(&got);
+    assert!(got.len() <= 16, "{got:?}");
+    assert_eq!(got, ids[..got.len()].to_vec(), "a prefix, in order");
+    assert!(
+        app.state
+            .streams
+            .stats
+            .fell_behind
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    assert_eq!(
+        app.state.streams.counts().0,
+        1,
+        "the slow client left the hub"
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_user_gets_a_429_beyond_the_stream_limit_and_a_slot_back_when_one_ends(db: PgPool) {
+    let app = TestApp::with(db, |c| c.streams_per_user = 2).await;
+    let (_, alice) = app.signup("alice").await;
+    let (_, bob) = app.signup("bob").await;
+    let first = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let _second = Stream::open(&app, "/api/streaming/statuses/sample/", &alice, None).await;
+    let third = Stream::try_open(&app, "/api/streaming/user/", &alice, None).await;
+    let (status, body) = third.err().expect("a 429");
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        body["detail"].as_str().is_some_and(|d| d.contains('2')),
+        "{body}"
+    );
+    // Others are not limited by alice's streams.
+    let _bob = Stream::open(&app, "/api/streaming/user/", &bob, None).await;
+    // A lease lasts three heartbeats (45 s): only the release at the end frees the slot.
+    drop(first);
+    eventually("the ended stream's slot is free", async || {
+        Stream::try_open(&app, "/api/streaming/user/", &alice, None)
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn streams_end_with_an_event_when_redis_goes_away_and_resume_from_postgres(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let url = proxy.url();
+    let app = TestApp::with(db, |c| c.redis_url = url).await;
+    let (_, alice) = app.signup("alice").await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let seen = post(&app, &alice, json!({"content": "before the outage"})).await;
+    let token = s.tweets_until(seen).await[0].id.clone().expect("token");
+    proxy.set_up(false);
+    let ev = s.next(Duration::from_secs(5)).await.expect("disconnect");
+    assert_eq!(ev.kind, "disconnect");
+    assert_eq!(ev.data["code"], "UNAVAILABLE");
+    assert!(s.ends_within(Duration::from_secs(5)).await);
+    // Writes go on in Postgres; new streams are refused until Redis is back.
+    let missed = [
+        post(&app, &alice, json!({"content": "during the outage 1"})).await,
+        post(&app, &alice, json!({"content": "during the outage 2"})).await,
+    ];
+    let refused = Stream::try_open(&app, "/api/streaming/user/", &alice, None).await;
+    assert_eq!(
+        refused.err().map(|e| e.0),
+        Some(StatusCode::SERVICE_UNAVAILABLE)
+    );
+    proxy.set_up(true);
+    eventually("redis is back", async || app.recover().await).await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, Some(&token)).await;
+    let after = post(&app, &alice, json!({"content": "after the outage"})).await;
+    let got = s.tweets_until(after).await;
+    assert_eq!(tweet_ids(&got), vec![missed[0], missed[1], after]);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn shutdown_ends_streams_with_a_disconnect_event(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, alice) = app.signup("alice").await;
+    let mut s = Stream::open(
+        &app,
+        "/api/streaming/statuses/sample/?percent=100",
+        &alice,
+        None,
+    )
+    .await;
+    let _ = app.state.shutdown.send(true);
+    let ev = s.next(Duration::from_secs(5)).await.expect("disconnect");
+    assert_eq!(ev.data["code"], "SHUTDOWN");
+    assert!(s.ends_within(Duration::from_secs(5)).await);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn chirp_replay_posts_real_tweets_that_reach_the_streams(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let dir = std::env::temp_dir().join(crate::helpers::unique_prefix());
+    std::fs::create_dir_all(&dir).expect("dir");
+    let follows = dir.join("graph.txt");
+    std::fs::write(&follows, "10 20\n11 20\n").expect("graph");
+    let line = |id: u64, author: u64, text: &str, place: bool| {
+        let mut t = json!({
+            "id_str": id.to_string(), "created_at": "Wed Nov 09 06:57:54 +0000 2016",
+            "text": text, "user": {"id_str": author.to_string()},
+        });
+        if place {
+            t["place"] = json!({"full_name": "Anchorage, AK", "bounding_box": {"type": "Polygon",
+                "coordinates": [[[-150.0, 61.0], [-150.0, 61.4], [-149.5, 61.4], [-149.5, 61.0]]]}});
+        }
+        t.to_string()
+    };
+    let seed = dir.join("seed.jsonl");
+    std::fs::write(&seed, line(1, 500, "seed", false)).expect("seed");
+    let args = chirp::config::ImportArgs {
+        follows: Some(follows),
+        tweets: vec![seed],
+        reset: false,
+        tokens_out: None,
+        tokens: 0,
+        circles: None,
+    };
+    chirp::import::run(app.db(), &args).await.expect("import");
+    let (_, watcher) = app.signup("watcher").await;
+    let mut s = Stream::open(
+        &app,
+        "/api/streaming/statuses/filter/?locations=-151,60,-149,62",
+        &watcher,
+        None,
+    )
+    .await;
+    let live = dir.join("live.jsonl");
+    let lines = [
+        line(2, 500, "in Anchorage", true),
+        line(3, 501, "no place", false),
+        line(4, 501, "Anchorage again", true),
+    ];
+    std::fs::write(&live, lines.join("\n")).expect("live");
+    let replay = chirp::config::ReplayArgs {
+        tweets: vec![live],
+        rate: 1000.0,
+        limit: 0,
+    };
+    let done = chirp::import::replay::run(app.db(), &app.state.cache, &replay)
+        .await
+        .expect("replay");
+    assert_eq!((done.posted, done.failed), (3, 0));
+    let mut got = Vec::new();
+    while let Some(ev) = s.next(Duration::from_secs(2)).await {
+        got.push(ev);
+        if got.len() == 2 {
+            break;
+        }
+    }
+    let texts: Vec<&str> = got
+        .iter()
+        .map(|e| e.data["tweet"]["content"].as_str().unwrap_or_default())
+        .collect();
+    // Posted concurrently: either order.
+    assert_eq!(texts.len(), 2, "{got:?}");
+    assert!(texts.contains(&"in Anchorage") && texts.contains(&"Anchorage again"));
+    assert_eq!(got[0].data["tweet"]["place"]["full_name"], "Anchorage, AK");
+    // As imported accounts: the most active author got the most-followed account (20).
+    assert!(
+        got.iter().any(|e| e.data["tweet"]["user"]["id"] == 20),
+        "{got:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
