@@ -1,7 +1,9 @@
-//! Redis pub/sub for wake-ups across processes (chat long-polls): publish after a commit, and
-//! one subscriber connection per process that hands each message to an in-process callback.
-//! Messages are hints only ("something changed, look in Postgres"): a lost one costs latency,
-//! never correctness, because waiters also poll Postgres while the subscriber is down.
+//! Redis pub/sub across processes: publish after a commit, and one subscriber connection per
+//! process and topic that hands each message to an in-process callback. Chat's messages are
+//! wake-up hints ("something changed, look in Postgres"): a lost one costs latency, never
+//! correctness, because waiters also poll Postgres while the subscriber is down. The streams'
+//! messages carry the events ([`crate::streams`]): a broken subscription ends every stream, and
+//! clients resume from Postgres.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

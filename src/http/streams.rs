@@ -253,6 +253,21 @@ async fn user(
         )),
         (None, None) => None,
     };
+    if let Some(cursor) = &resume {
+        let floor = time::from_micros(cursor.resume_point().0);
+        let now = chrono::Utc::now();
+        if floor < now - MAX_RESUME_AGE || floor > now + chrono::TimeDelta::minutes(1) {
+            let field = if headers.contains_key("last-event-id") {
+                "Last-Event-ID"
+            } else {
+                "since"
+            };
+            return Err(ApiError::field(
+                field,
+                "A stream resumes from at most 30 days back (and not from the future).",
+            ));
+        }
+    }
     open(&state, &auth, None, format, Some(resume)).await
 }
 
@@ -312,14 +327,6 @@ async fn open(
         Some(None) => (Some(Cursor::starting_at(chrono::Utc::now())), None),
         Some(Some(cursor)) => {
             let (floor_us, base, skip) = cursor.resume_point();
-            let now = chrono::Utc::now();
-            let floor = time::from_micros(floor_us);
-            if floor < now - MAX_RESUME_AGE || floor > now + chrono::TimeDelta::minutes(1) {
-                return Err(ApiError::field(
-                    "since",
-                    "A stream resumes from at most 30 days back (and not from the future).",
-                ));
-            }
             let catch_up = CatchUp {
                 floor_us,
                 base,
