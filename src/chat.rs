@@ -31,7 +31,7 @@
 //!   [`POLL_WHILE_DOWN`].
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -40,6 +40,7 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, Semaphore, oneshot};
 
 use crate::cache::backlog::backlog_key;
+use crate::cache::pubsub::Subscriber;
 use crate::cache::{Cache, Guard, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::pagination::{Page, PageRequest};
@@ -111,11 +112,29 @@ struct ChannelRow {
 #[derive(Default)]
 pub struct Hub {
     waiters: Mutex<HashMap<i64, Weak<Notify>>>,
-    subscribed: Arc<AtomicBool>,
-    started: AtomicBool,
 }
 
 impl Hub {
+    /// A hub whose waiters the process's `subscriber` wakes ([`TOPIC`]: comma-separated
+    /// channel ids).
+    pub fn new(subscriber: &Subscriber) -> Arc<Self> {
+        let hub = Arc::new(Hub::default());
+        let weak = Arc::downgrade(&hub);
+        // Waiters poll Postgres while the subscription is down: nothing to do when it breaks.
+        subscriber.route(
+            TOPIC,
+            move |msg| {
+                if let Some(hub) = weak.upgrade() {
+                    for channel in msg.split(',').filter_map(|c| c.parse::<i64>().ok()) {
+                        hub.wake(channel);
+                    }
+                }
+            },
+            || {},
+        );
+        hub
+    }
+
     fn waiter(&self, channel: i64) -> Arc<Notify> {
         let mut waiters = match self.waiters.lock() {
             Ok(w) => w,
@@ -140,34 +159,6 @@ impl Hub {
             n.notify_waiters();
         }
     }
-
-    /// Starts this process's subscriber the first time a poll waits (it lives as long as the
-    /// process, or until `stop`).
-    fn ensure_subscribed(
-        self: &Arc<Self>,
-        cache: &Cache,
-        stop: &tokio::sync::watch::Receiver<bool>,
-    ) {
-        if self.started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let hub = Arc::downgrade(self);
-        let on_message = move |msg: &str| {
-            if let Some(hub) = hub.upgrade() {
-                for channel in msg.split(',').filter_map(|c| c.parse::<i64>().ok()) {
-                    hub.wake(channel);
-                }
-            }
-        };
-        // Waiters poll Postgres while the subscription is down: nothing to do when it breaks.
-        cache.spawn_subscriber(
-            TOPIC,
-            self.subscribed.clone(),
-            stop.clone(),
-            on_message,
-            || {},
-        );
-    }
 }
 
 /// What chat needs besides Postgres: the cache (backlogs, pub/sub), the hub, the shutdown
@@ -177,6 +168,8 @@ pub struct ChatState {
     pub db: PgPool,
     pub cache: Cache,
     pub hub: Arc<Hub>,
+    /// The process's pub/sub subscription (started by the first long-poll).
+    pub subscriber: Arc<Subscriber>,
     /// This process's group commit of sends.
     pub sends: Arc<SendQueue>,
     pub stop: tokio::sync::watch::Receiver<bool>,
@@ -834,7 +827,7 @@ pub async fn poll(
     let deadline = tokio::time::Instant::now() + wait;
     let waiter = chat.hub.waiter(channel);
     if !wait.is_zero() {
-        chat.hub.ensure_subscribed(&chat.cache, &chat.stop);
+        chat.subscriber.start(&chat.cache, &chat.stop);
     }
     let rows = loop {
         // Registered before the read, so a send that commits after it still wakes us.
@@ -849,7 +842,7 @@ pub async fn poll(
         if !rows.is_empty() || now >= deadline || *chat.stop.borrow() {
             break rows;
         }
-        let nap = if chat.hub.subscribed.load(Ordering::Acquire) {
+        let nap = if chat.subscriber.subscribed() {
             deadline - now
         } else {
             POLL_WHILE_DOWN.min(deadline - now)

@@ -7,6 +7,7 @@ use tokio::sync::{Notify, watch};
 
 use crate::cache::Cache;
 use crate::cache::limits::LocalGcra;
+use crate::cache::pubsub::Subscriber;
 use crate::chat::{ChatState, Hub, SendQueue};
 use crate::config::Config;
 use crate::jobs::Worker;
@@ -41,8 +42,10 @@ pub struct Shared {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
-    /// This process's stream clients and its subscription.
+    /// This process's stream clients.
     pub streams: Arc<streams::Hub>,
+    /// This process's one pub/sub subscription (chat wake-ups, stream events).
+    pub subscriber: Arc<Subscriber>,
 }
 
 impl AppState {
@@ -60,10 +63,13 @@ impl AppState {
             wake: Arc::new(Notify::new()),
         };
         let (shutdown, stopped) = watch::channel(false);
+        let subscriber = Arc::new(Subscriber::default());
+        let streams = streams::Hub::new(&subscriber);
         let chat = ChatState {
             db: db.clone(),
             cache: cache.clone(),
-            hub: Arc::new(Hub::default()),
+            hub: Hub::new(&subscriber),
+            subscriber: subscriber.clone(),
             sends: Arc::new(SendQueue::default()),
             stop: stopped,
             backlog: config.chat_backlog as usize,
@@ -78,7 +84,8 @@ impl AppState {
             media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
-            streams: Arc::new(streams::Hub::default()),
+            streams,
+            subscriber,
         })))
     }
 }

@@ -23,7 +23,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -33,6 +33,7 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, mpsc};
 
 use crate::cache::Cache;
+use crate::cache::pubsub::Subscriber;
 use crate::model::TweetRecord;
 use crate::newsfeeds;
 use crate::time::{self, Timestamp};
@@ -358,12 +359,11 @@ struct Clients {
     public: HashMap<u64, Arc<Client>>,
 }
 
-/// This process's stream clients and its one subscription to [`TOPIC`].
+/// This process's stream clients, fed by its one subscription ([`TOPIC`] on the process's
+/// [`Subscriber`]).
 #[derive(Debug, Default)]
 pub struct Hub {
     clients: Mutex<Clients>,
-    subscribed: Arc<AtomicBool>,
-    started: AtomicBool,
     next_id: AtomicU64,
     /// Bumped each time the subscription breaks.
     generation: AtomicU64,
@@ -416,52 +416,40 @@ impl Hub {
         self.generation.load(Ordering::Acquire)
     }
 
-    /// Whether the subscription stands (events published now reach this process).
-    pub fn subscribed(&self) -> bool {
-        self.subscribed.load(Ordering::Acquire)
+    /// A hub that `subscriber` feeds; a break of the subscription ends every stream.
+    pub fn new(subscriber: &Subscriber) -> Arc<Self> {
+        let hub = Arc::new(Hub::default());
+        let (on_message, on_lost) = (Arc::downgrade(&hub), Arc::downgrade(&hub));
+        subscriber.route(
+            TOPIC,
+            move |msg| {
+                if let Some(hub) = on_message.upgrade() {
+                    hub.dispatch(msg);
+                }
+            },
+            move || {
+                if let Some(hub) = on_lost.upgrade() {
+                    hub.generation.fetch_add(1, Ordering::AcqRel);
+                    hub.end_all(Ended::Unavailable);
+                }
+            },
+        );
+        hub
     }
 
-    /// Starts the subscriber the first time a stream opens (it lives as long as the process,
-    /// or until `stop`), then waits up to `wait` for the subscription to stand. Returns
-    /// whether it stands.
+    /// Opens the process's subscription if it is not open yet, then waits up to `wait` for it
+    /// to stand. Returns whether it stands.
     pub async fn ensure_subscribed(
-        self: &Arc<Self>,
+        subscriber: &Arc<Subscriber>,
         cache: &Cache,
         stop: &tokio::sync::watch::Receiver<bool>,
         wait: Duration,
     ) -> bool {
-        if !self.started.swap(true, Ordering::AcqRel) {
-            let on_message = {
-                let hub = Arc::downgrade(self);
-                move |msg: &str| {
-                    if let Some(hub) = hub.upgrade() {
-                        hub.dispatch(msg);
-                    }
-                }
-            };
-            let on_lost = {
-                let hub = Arc::downgrade(self);
-                move || {
-                    if let Some(hub) = hub.upgrade() {
-                        hub.generation.fetch_add(1, Ordering::AcqRel);
-                        hub.end_all(Ended::Unavailable);
-                    }
-                }
-            };
-            let spawned = cache.spawn_subscriber(
-                TOPIC,
-                self.subscribed.clone(),
-                stop.clone(),
-                on_message,
-                on_lost,
-            );
-            if spawned.is_none() {
-                self.started.store(false, Ordering::Release);
-                return false;
-            }
+        if !subscriber.start(cache, stop) {
+            return false;
         }
         let deadline = tokio::time::Instant::now() + wait;
-        while !self.subscribed() {
+        while !subscriber.subscribed() {
             if tokio::time::Instant::now() >= deadline {
                 return false;
             }

@@ -30,46 +30,56 @@ impl Cache {
         self.run::<()>(&pipe).await
     }
 
-    /// Starts this process's subscriber of `topic`: every message goes to `on_message`;
-    /// `subscribed` is true while the subscription stands, and `on_lost` runs each time a
-    /// standing subscription breaks (messages published until it stands again are lost). It
-    /// reconnects every second while Redis is down, and ends when `stop` turns true. `None`
-    /// with the cache off.
-    pub fn spawn_subscriber(
+    /// Starts a subscriber of `topics` on one connection: every message goes to
+    /// `on_message(topic, payload)`; `subscribed` is true while the subscription stands, and
+    /// `on_lost` runs each time a standing subscription breaks (messages published until it
+    /// stands again are lost). It reconnects every second while Redis is down, and ends when
+    /// `stop` turns true. `None` with the cache off. Use [`Subscriber`] (one per process).
+    fn spawn_subscriber(
         &self,
-        topic: &str,
+        topics: &[&'static str],
         subscribed: Arc<AtomicBool>,
         mut stop: tokio::sync::watch::Receiver<bool>,
-        on_message: impl Fn(&str) + Send + Sync + 'static,
+        on_message: impl Fn(&str, &str) + Send + Sync + 'static,
         on_lost: impl Fn() + Send + Sync + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let client = self.inner.as_ref()?.client.clone();
-        let channel = self.topic(topic)?;
+        let channels: Vec<(String, &'static str)> = topics
+            .iter()
+            .map(|t| Some((self.topic(t)?, *t)))
+            .collect::<Option<_>>()?;
         Some(tokio::spawn(async move {
             loop {
                 if *stop.borrow() {
                     return;
                 }
-                if let Ok(mut pubsub) = client.get_async_pubsub().await
-                    && pubsub.subscribe(&channel).await.is_ok()
-                {
-                    subscribed.store(true, Ordering::Release);
-                    let mut messages = pubsub.on_message();
-                    loop {
-                        tokio::select! {
-                            msg = messages.next() => match msg {
-                                Some(msg) => {
-                                    if let Ok(text) = msg.get_payload::<String>() {
-                                        on_message(&text);
+                if let Ok(mut pubsub) = client.get_async_pubsub().await {
+                    let names: Vec<&str> = channels.iter().map(|(c, _)| c.as_str()).collect();
+                    if pubsub.subscribe(&names).await.is_ok() {
+                        subscribed.store(true, Ordering::Release);
+                        let mut messages = pubsub.on_message();
+                        loop {
+                            tokio::select! {
+                                msg = messages.next() => match msg {
+                                    Some(msg) => {
+                                        let topic = channels
+                                            .iter()
+                                            .find(|(c, _)| c == msg.get_channel_name())
+                                            .map(|(_, t)| *t);
+                                        if let (Some(topic), Ok(text)) =
+                                            (topic, msg.get_payload::<String>())
+                                        {
+                                            on_message(topic, &text);
+                                        }
                                     }
-                                }
-                                None => break,
-                            },
-                            _ = stop.changed() => return,
+                                    None => break,
+                                },
+                                _ = stop.changed() => return,
+                            }
                         }
+                        subscribed.store(false, Ordering::Release);
+                        on_lost();
                     }
-                    subscribed.store(false, Ordering::Release);
-                    on_lost();
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
@@ -77,5 +87,88 @@ impl Cache {
                 }
             }
         }))
+    }
+}
+
+/// What a topic's messages go to.
+struct Route {
+    topic: &'static str,
+    on_message: Box<dyn Fn(&str) + Send + Sync>,
+    on_lost: Box<dyn Fn() + Send + Sync>,
+}
+
+/// This process's one pub/sub subscription, shared by every feature that listens (chat's
+/// wake-ups, the streams' events): one connection, whatever the number of clients. Features
+/// add their topic with [`Subscriber::route`] when the state is built; the connection opens
+/// the first time one of them needs it ([`Subscriber::start`]).
+#[derive(Default)]
+pub struct Subscriber {
+    routes: std::sync::RwLock<Vec<Route>>,
+    started: AtomicBool,
+    subscribed: Arc<AtomicBool>,
+}
+
+impl Subscriber {
+    /// Sends the messages of `topic` to `on_message`, and calls `on_lost` each time the
+    /// subscription breaks. Routes added after [`Subscriber::start`] are not subscribed.
+    pub fn route(
+        &self,
+        topic: &'static str,
+        on_message: impl Fn(&str) + Send + Sync + 'static,
+        on_lost: impl Fn() + Send + Sync + 'static,
+    ) {
+        let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
+        routes.push(Route {
+            topic,
+            on_message: Box::new(on_message),
+            on_lost: Box::new(on_lost),
+        });
+    }
+
+    /// Whether the subscription stands (messages published now reach this process).
+    pub fn subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::Acquire)
+    }
+
+    /// Opens the subscription the first time it is called (it lives until `stop`); false
+    /// with the cache off.
+    pub fn start(
+        self: &Arc<Self>,
+        cache: &Cache,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return true;
+        }
+        let topics: Vec<&'static str> = {
+            let routes = self.routes.read().unwrap_or_else(|p| p.into_inner());
+            routes.iter().map(|r| r.topic).collect()
+        };
+        let (on_message, on_lost) = (Arc::downgrade(self), Arc::downgrade(self));
+        let spawned = cache.spawn_subscriber(
+            &topics,
+            self.subscribed.clone(),
+            stop.clone(),
+            move |topic, payload| {
+                if let Some(me) = on_message.upgrade() {
+                    let routes = me.routes.read().unwrap_or_else(|p| p.into_inner());
+                    for r in routes.iter().filter(|r| r.topic == topic) {
+                        (r.on_message)(payload);
+                    }
+                }
+            },
+            move || {
+                if let Some(me) = on_lost.upgrade() {
+                    let routes = me.routes.read().unwrap_or_else(|p| p.into_inner());
+                    for r in routes.iter() {
+                        (r.on_lost)();
+                    }
+                }
+            },
+        );
+        if spawned.is_none() {
+            self.started.store(false, Ordering::Release);
+        }
+        spawned.is_some()
     }
 }

@@ -65,7 +65,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         "streams": {
             "user": user_streams,
             "public": public_streams,
-            "subscribed": state.streams.subscribed(),
+            "subscribed": state.subscriber.subscribed(),
             "messages": state.streams.stats.messages.load(Ordering::Relaxed),
             "events_queued": state.streams.stats.queued.load(Ordering::Relaxed),
             "fell_behind": state.streams.stats.fell_behind.load(Ordering::Relaxed),

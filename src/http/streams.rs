@@ -291,8 +291,7 @@ async fn open(
         return Err(unavailable());
     }
     let hub = state.streams.clone();
-    if !hub
-        .ensure_subscribed(&state.cache, &stop, SUBSCRIBE_WAIT)
+    if !streams::Hub::ensure_subscribed(&state.subscriber, &state.cache, &stop, SUBSCRIBE_WAIT)
         .await
     {
         return Err(unavailable());
@@ -338,7 +337,7 @@ async fn open(
     };
     // The subscription broke between the check above and the registration: `on_lost` did
     // not see this client, so end it here.
-    if hub.generation() != generation || !hub.subscribed() {
+    if hub.generation() != generation || !state.subscriber.subscribed() {
         registration.client.end(Ended::Unavailable);
     }
     let every = Duration::from_secs(state.config.stream_heartbeat_secs);

@@ -415,6 +415,15 @@ async fn a_tweet_posted_on_one_server_reaches_a_stream_on_another(db: PgPool) {
     )
     .await;
     let mut feed = Stream::open(&two, "/api/streaming/user/", &bob, None).await;
+    // One subscription per process, not one per stream: only `two` listens, once.
+    let mut redis = one.redis().await;
+    let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(format!("{}:streams", one.prefix))
+        .query_async(&mut redis)
+        .await
+        .expect("numsub");
+    assert_eq!(listeners, 1);
     let id = post(&one, &alice, json!({"content": "across processes"})).await;
     // Process one runs the fan-out; process two streams it.
     one.drain().await;
