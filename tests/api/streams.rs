@@ -742,3 +742,24 @@ async fn chirp_replay_posts_real_tweets_that_reach_the_streams(db: PgPool) {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn the_demo_page_is_served_and_reads_the_user_stream(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app
+        .app
+        .clone()
+        .oneshot(Request::get("/demo/").body(Body::empty()).expect("request"))
+        .await
+        .expect("infallible");
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        res.headers()["content-type"],
+        "text/html; charset=utf-8",
+        "{:?}",
+        res.headers()
+    );
+    let bytes = res.into_body().collect().await.expect("body").to_bytes();
+    let html = String::from_utf8_lossy(&bytes);
+    assert!(html.contains("/api/streaming/user/") && html.contains("Last-Event-ID"));
+}
