@@ -128,17 +128,19 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 /// row, the author's (and circle's) count, the fan-out job (followers, then lists) and the
 /// outbox row of its cache updates; then the author's cached lists (and the circle's tweets and rank)
 /// get the entry at once (read your writes), the tweet object and its zero counts are cached,
-/// and the worker fans out to followers and lists.
+/// the streams get it ([`streams::publish_created`]), and the worker fans out to followers and
+/// lists. Returns the stored record and the public `Tweet` (`None` if its author could not be
+/// loaded after the commit: the tweet stands, and the caller builds the object itself).
 ///
 /// # Errors
-/// Postgres failed.
+/// Postgres failed before the commit.
 #[tracing::instrument(name = "tweets::create", skip(db, cache, new), fields(circle = new.circle_id))]
 pub async fn create(
     db: &PgPool,
     cache: &Cache,
     author: i64,
     new: &NewTweet,
-) -> anyhow::Result<TweetRecord> {
+) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let (tweet, staged) =
         db::with_unique_timestamp(&["tweets_created_at_key"], |created_at| async move {
@@ -203,20 +205,20 @@ pub async fn create(
         .context("inserting the tweet")?;
     let (staged, own_row) = staged;
     cache.finish(db, staged).await;
-    if cache.enabled() {
-        // To the streams: the author comes from the user object cache.
-        match users::load_many(db, cache, &[author]).await {
-            Ok(mut authors) => {
-                if let Some(user) = authors.remove(&author) {
-                    let object =
-                        Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false);
-                    streams::publish_created(cache, &object, &tweet, own_row).await;
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "loading the author for the streams"),
+    // The tweet object (for the streams and the caller): the author from the user object cache.
+    let object = match users::load_many(db, cache, &[author]).await {
+        Ok(mut authors) => authors
+            .remove(&author)
+            .map(|user| Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false)),
+        Err(e) => {
+            tracing::warn!(error = %e, "loading the author of a new tweet");
+            None
         }
+    };
+    if let Some(object) = &object {
+        streams::publish_created(cache, object, &tweet, own_row).await;
     }
-    Ok(tweet)
+    Ok((tweet, object))
 }
 
 /// Moves a user's `tweets_count` by `by`, returning the new counts for the cache.

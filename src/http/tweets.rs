@@ -96,24 +96,22 @@ async fn create(
         place: None,
     };
     let created = tweets::create(&state.db, &state.cache, auth.user_id, &new).await;
-    let tweet = match created {
-        Ok(tweet) => tweet,
+    let (record, object) = match created {
+        Ok(created) => created,
         Err(e) => {
             state.media.delete_urls(&new.photo_urls).await;
             return Err(e.into());
         }
     };
     state.worker.wake.notify_one();
-    let no_counts = TweetCounts::default();
-    Ok((
-        StatusCode::CREATED,
-        Json(Tweet::new(
-            tweet,
-            auth.user(&state).await?,
-            &no_counts,
-            false,
-        )),
-    ))
+    let tweet = match object {
+        Some(tweet) => tweet,
+        None => {
+            let author = auth.user(&state).await?;
+            Tweet::new(record, author, &TweetCounts::default(), false)
+        }
+    };
+    Ok((StatusCode::CREATED, Json(tweet)))
 }
 
 /// How many comments and likes a `TweetDetail` carries.

@@ -250,7 +250,7 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
             place: Some(place(bbox)),
             ..Default::default()
         };
-        let t = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new)
+        let (t, _) = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new)
             .await
             .expect("create");
         if matches {
@@ -528,7 +528,7 @@ async fn tweets_that_land_during_a_catch_up_are_sent_once_in_order(db: PgPool) {
                     content: format!("during catch-up {i}"),
                     ..Default::default()
                 };
-                let t = chirp::tweets::create(&app_state.db, &app_state.cache, me, &new)
+                let (t, _) = chirp::tweets::create(&app_state.db, &app_state.cache, me, &new)
                     .await
                     .expect("create");
                 ids.push(t.id);
