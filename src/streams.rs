@@ -687,9 +687,11 @@ impl Cursor {
         }
     }
 
-    /// The ids above the base that were delivered (a resume skips them).
-    fn delivered(&self) -> Vec<i64> {
-        self.recent.iter().map(|(i, _)| *i).collect()
+    /// The floor, the base and the ids above it that were delivered (a resume skips them):
+    /// where a catch-up starts.
+    pub fn resume_point(&self) -> (i64, i64, Vec<i64>) {
+        let delivered = self.recent.iter().map(|(i, _)| *i).collect();
+        (self.floor_us, self.base, delivered)
     }
 }
 
@@ -779,13 +781,6 @@ pub async fn catch_up_page(
         })
         .collect();
     Ok((out, more.then_some(last)))
-}
-
-impl Cursor {
-    /// The floor, the base and the delivered ids above it, that a catch-up starts from.
-    pub fn resume_point(&self) -> (i64, i64, Vec<i64>) {
-        (self.floor_us, self.base, self.delivered())
-    }
 }
 
 #[cfg(test)]

@@ -544,13 +544,14 @@ impl Session {
         match page {
             Ok((items, next)) => {
                 for (tweet, id, at) in items {
+                    let tweet_id = tweet.id;
                     let Ok(json) = serde_json::to_string(&serde_json::json!({
                         "event": "tweet",
                         "tweet": tweet,
                     })) else {
                         continue;
                     };
-                    self.tweet(0, &json, Some((id, at)));
+                    self.tweet(tweet_id, &json, Some((id, at)));
                 }
                 match (next, &mut self.catch_up) {
                     (Some(last), Some(c)) => c.after = Some(last),
@@ -588,7 +589,7 @@ impl Session {
     /// is skipped if delivered already, and its `id:` is the resume token; elsewhere `id:` is
     /// the tweet id.
     fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>) {
-        if tweet_id != 0 && self.deleted.contains(&tweet_id) {
+        if self.deleted.contains(&tweet_id) {
             return; // its delete came first
         }
         let id = match (&mut self.cursor, row) {
