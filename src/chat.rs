@@ -41,7 +41,7 @@ use tokio::sync::{Notify, Semaphore, oneshot};
 
 use crate::cache::backlog::backlog_key;
 use crate::cache::pubsub::Subscriber;
-use crate::cache::{Cache, Guard, Update};
+use crate::cache::{Cache, Guard, Scored, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::pagination::{Page, PageRequest};
 use crate::time::{self, Timestamp};
@@ -180,7 +180,7 @@ pub struct ChatState {
 }
 
 /// A message as a backlog member: `"{id}|{user_id}|{created_at µs}|{content}"`.
-fn encode(row: &MessageRow) -> String {
+fn encode(row: &MessageRow) -> Vec<u8> {
     format!(
         "{}|{}|{}|{}",
         row.id,
@@ -188,10 +188,11 @@ fn encode(row: &MessageRow) -> String {
         time::to_micros(row.created_at),
         row.content
     )
+    .into_bytes()
 }
 
-fn decode(channel_id: i64, member: &str) -> Option<MessageRow> {
-    let mut parts = member.splitn(4, '|');
+fn decode(channel_id: i64, member: &[u8]) -> Option<MessageRow> {
+    let mut parts = std::str::from_utf8(member).ok()?.splitn(4, '|');
     Some(MessageRow {
         channel_id,
         id: parts.next()?.parse().ok()?,
@@ -658,7 +659,7 @@ async fn store_batch(
     if !rows.is_empty() {
         insert_rows(&mut tx, &rows, &stored_client_ids).await?;
     }
-    let mut appends: HashMap<i64, Vec<(i64, String)>> = HashMap::new();
+    let mut appends: HashMap<i64, Vec<Scored>> = HashMap::new();
     for r in &rows {
         appends
             .entry(r.channel_id)

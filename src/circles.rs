@@ -355,7 +355,7 @@ pub fn deleted_updates(tweet: &TweetRecord) -> Vec<Update> {
         },
         Update::Remove {
             list: rank_key(circle, day_number(tweet.created_at.date_naive())),
-            members: vec![rank_member(tweet.created_at, tweet.id, tweet.user_id)],
+            members: vec![rank_member(tweet.created_at, tweet.id, tweet.user_id).into_bytes()],
         },
     ]
 }
@@ -501,11 +501,15 @@ pub async fn rank(
             };
             return Ok(items
                 .into_iter()
+                .filter_map(|item| {
+                    let score = score_of(item.tweet.id());
+                    Some((score, Tweet::from_item(item)?))
+                })
                 .enumerate()
-                .map(|(i, item)| Ranked {
+                .map(|(i, (score, tweet))| Ranked {
                     rank: i + 1,
-                    score: score_of(item.tweet.id),
-                    tweet: Tweet::from_item(item),
+                    score,
+                    tweet,
                 })
                 .collect());
         }
@@ -524,11 +528,15 @@ pub async fn rank(
     let items = timeline::with_likes(db, cache, rows, viewer).await?;
     Ok(items
         .into_iter()
+        .filter_map(|item| {
+            let score = item.counts.likes + item.counts.comments;
+            Some((score, Tweet::from_item(item)?))
+        })
         .enumerate()
-        .map(|(i, item)| Ranked {
+        .map(|(i, (score, tweet))| Ranked {
             rank: i + 1,
-            score: item.counts.likes + item.counts.comments,
-            tweet: Tweet::from_item(item),
+            score,
+            tweet,
         })
         .collect())
 }

@@ -129,6 +129,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub cache_ttl_secs: u64,
 
+    /// Seconds a process keeps a bearer token it has seen in memory (0: off). Revocation stays
+    /// immediate across processes (see `cache::tokens`); this bounds only what a process that
+    /// missed a revocation while frozen could still accept.
+    #[arg(long, global = true, env = "CHIRP_TOKEN_CACHE_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub token_cache_secs: u64,
+
     /// Followers per fan-out batch (one set-based insert per batch).
     #[arg(long, global = true, env = "CHIRP_FANOUT_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -124,6 +124,15 @@ impl<T> Page<T> {
         }
     }
 
+    /// The same page with each item converted, leaving out those `f` drops (`has_next_page`
+    /// stays: it says whether the listing goes on).
+    pub fn filter_map<U>(self, f: impl FnMut(T) -> Option<U>) -> Page<U> {
+        Page {
+            has_next_page: self.has_next_page,
+            results: self.results.into_iter().filter_map(f).collect(),
+        }
+    }
+
     /// The same page with each item converted.
     pub fn map<U>(self, f: impl FnMut(T) -> U) -> Page<U> {
         Page {

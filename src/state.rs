@@ -8,11 +8,15 @@ use tokio::sync::{Notify, watch};
 use crate::cache::Cache;
 use crate::cache::limits::LocalGcra;
 use crate::cache::pubsub::Subscriber;
+use crate::cache::tokens::TokenCache;
 use crate::chat::{ChatState, Hub, SendQueue};
 use crate::config::Config;
 use crate::jobs::Worker;
 use crate::media::Media;
 use crate::streams;
+
+/// Tokens one process keeps in memory at most (about 100 bytes each).
+const TOKEN_CACHE_CAPACITY: usize = 200_000;
 
 /// Postgres, the cache, the job worker handle and the configuration, shared by every handler
 /// and middleware. One `Arc`: a clone (each layer clones it per request) is one atomic
@@ -44,8 +48,10 @@ pub struct Shared {
     pub limiter: Arc<LocalGcra>,
     /// This process's stream clients.
     pub streams: Arc<streams::Hub>,
-    /// This process's one pub/sub subscription (chat wake-ups, stream events).
+    /// This process's one pub/sub subscription (chat wake-ups, stream events, revocations).
     pub subscriber: Arc<Subscriber>,
+    /// Recently seen bearer tokens, in this process's memory (`CHIRP_TOKEN_CACHE_SECS`).
+    pub tokens: Arc<TokenCache>,
 }
 
 impl AppState {
@@ -65,6 +71,13 @@ impl AppState {
         let (shutdown, stopped) = watch::channel(false);
         let subscriber = Arc::new(Subscriber::default());
         let streams = streams::Hub::new(&subscriber);
+        let tokens = TokenCache::new(
+            &subscriber,
+            &cache,
+            stopped.clone(),
+            std::time::Duration::from_secs(config.token_cache_secs),
+            TOKEN_CACHE_CAPACITY,
+        );
         let chat = ChatState {
             db: db.clone(),
             cache: cache.clone(),
@@ -86,6 +99,7 @@ impl AppState {
             limiter: Arc::new(LocalGcra::default()),
             streams,
             subscriber,
+            tokens,
         })))
     }
 }

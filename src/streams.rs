@@ -777,7 +777,7 @@ pub async fn catch_up_page(
         .filter_map(|item| {
             let at = *arrived.get(&item.id)?;
             let id = item.id;
-            Some((Tweet::from_item(item), id, at))
+            Some((Tweet::from_item(item)?, id, at))
         })
         .collect();
     Ok((out, more.then_some(last)))

@@ -21,7 +21,8 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::objects::Cached;
+use crate::cache::lists::{pack_ids, unpack_ids};
+use crate::cache::objects::{Cached, CachedTweet};
 use crate::cache::{Cache, CacheUnavailable, Guard, ListKey, Owner, Scored, Update, Window};
 use crate::model::{Place, TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
@@ -42,70 +43,55 @@ pub enum Timeline {
 }
 
 impl Timeline {
-    /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:tweets`, `{p}:{l7}:feed`,
-    /// `{p}:{c3}:tweets`).
+    /// The cached list of this timeline (`{p}:{u42}:home`, `{p}:{u42}:tweets`,
+    /// `{p}:{l7}:timeline`, `{p}:{c3}:timeline`). The names of the lists with packed members
+    /// changed with their encoding, so lists of the older text encoding are never read (they
+    /// expire with their TTL).
     pub fn key(self) -> ListKey {
         match self {
-            Timeline::Newsfeed(user) => ListKey::new(Owner::User(user), "feed"),
+            Timeline::Newsfeed(user) => ListKey::new(Owner::User(user), "home"),
             Timeline::UserTweets(user) => ListKey::new(Owner::User(user), "tweets"),
-            Timeline::List(list) => ListKey::new(Owner::List(list), "feed"),
-            Timeline::Circle(circle) => ListKey::new(Owner::Circle(circle), "tweets"),
+            Timeline::List(list) => ListKey::new(Owner::List(list), "timeline"),
+            Timeline::Circle(circle) => ListKey::new(Owner::Circle(circle), "timeline"),
         }
     }
 
-    /// The member of `entry` in this timeline's list: `"{newsfeed_id}:{tweet_id}:{author_id}"`
-    /// in a newsfeed, `"{tweet_id}"` in a user's tweets (the author is the list's owner),
-    /// `"{tweet_id}:{author_id}"` in a list or circle.
-    pub fn member(self, entry: &ListEntry) -> String {
+    /// The member of `entry` in this timeline's list: [`pack_ids`] of `(newsfeed_id, tweet_id,
+    /// author_id)` in a newsfeed and of `(tweet_id, author_id)` in a list or circle; the
+    /// decimal `tweet_id` in a user's tweets (the author is the list's owner; Redis stores an
+    /// integer-looking member as an integer in a listpack).
+    pub fn member(self, entry: &ListEntry) -> Vec<u8> {
         match self {
-            Timeline::Newsfeed(_) => {
-                format!("{}:{}:{}", entry.id, entry.tweet_id, entry.author_id)
-            }
-            Timeline::UserTweets(_) => entry.tweet_id.to_string(),
-            Timeline::List(_) | Timeline::Circle(_) => {
-                format!("{}:{}", entry.tweet_id, entry.author_id)
-            }
+            Timeline::Newsfeed(_) => pack_ids(&[entry.id, entry.tweet_id, entry.author_id]),
+            Timeline::UserTweets(_) => entry.tweet_id.to_string().into_bytes(),
+            Timeline::List(_) | Timeline::Circle(_) => pack_ids(&[entry.tweet_id, entry.author_id]),
         }
     }
 
-    /// Decodes a member of this timeline's list with its score (µs).
-    pub fn parse(self, member: &str, score: i64) -> Option<ListEntry> {
+    /// Decodes a member of this timeline's list with its score (µs); `None` for the marker or
+    /// a member of another encoding.
+    pub fn parse(self, member: &[u8], score: i64) -> Option<ListEntry> {
         let created_at = time::from_micros(score);
-        match self {
+        let (id, tweet_id, author_id) = match self {
             Timeline::Newsfeed(_) => {
-                let mut parts = member.splitn(3, ':').map(|p| p.parse::<i64>());
-                let (Some(Ok(id)), Some(Ok(tweet_id)), Some(Ok(author_id))) =
-                    (parts.next(), parts.next(), parts.next())
-                else {
-                    return None;
-                };
-                Some(ListEntry {
-                    id,
-                    tweet_id,
-                    author_id,
-                    created_at,
-                })
+                let [id, tweet_id, author_id] = unpack_ids::<3>(member)?;
+                (id, tweet_id, author_id)
             }
             Timeline::UserTweets(owner) => {
-                let id = member.parse().ok()?;
-                Some(ListEntry {
-                    id,
-                    tweet_id: id,
-                    author_id: owner,
-                    created_at,
-                })
+                let id = std::str::from_utf8(member).ok()?.parse().ok()?;
+                (id, id, owner)
             }
             Timeline::List(_) | Timeline::Circle(_) => {
-                let (tweet, author) = member.split_once(':')?;
-                let tweet_id = tweet.parse().ok()?;
-                Some(ListEntry {
-                    id: tweet_id,
-                    tweet_id,
-                    author_id: author.parse().ok()?,
-                    created_at,
-                })
+                let [tweet_id, author_id] = unpack_ids::<2>(member)?;
+                (tweet_id, tweet_id, author_id)
             }
-        }
+        };
+        Some(ListEntry {
+            id,
+            tweet_id,
+            author_id,
+            created_at,
+        })
     }
 
     /// The merge of fan-out `entries` into this timeline's cached list, guarded by the removal
@@ -182,13 +168,39 @@ pub struct ListEntry {
     pub created_at: Timestamp,
 }
 
+/// The tweet of a timeline item: typed (read from Postgres) or as cached (ready JSON members,
+/// parsed only if a caller needs the fields).
+#[derive(Debug, Clone, PartialEq)]
+pub enum TweetBody {
+    Record(TweetRecord),
+    Cached(CachedTweet),
+}
+
+impl TweetBody {
+    /// The tweet's id.
+    pub fn id(&self) -> i64 {
+        match self {
+            TweetBody::Record(t) => t.id,
+            TweetBody::Cached(t) => t.id,
+        }
+    }
+
+    /// The typed tweet; `None` if cached members do not parse (a corrupted value).
+    pub fn into_record(self) -> Option<TweetRecord> {
+        match self {
+            TweetBody::Record(t) => Some(t),
+            TweetBody::Cached(t) => t.record(),
+        }
+    }
+}
+
 /// One hydrated timeline item.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item {
     /// See [`ListEntry::id`].
     pub id: i64,
     pub created_at: Timestamp,
-    pub tweet: TweetRecord,
+    pub tweet: TweetBody,
     pub author: UserRecord,
     pub counts: TweetCounts,
     /// Whether the viewer liked the tweet (false for anonymous readers).
@@ -233,7 +245,7 @@ impl From<FeedRow> for Item {
         Item {
             id: r.entry_id,
             created_at: r.created_at,
-            tweet: TweetRecord {
+            tweet: TweetBody::Record(TweetRecord {
                 id: r.tweet_id,
                 user_id: r.author_id,
                 content: r.content,
@@ -242,7 +254,7 @@ impl From<FeedRow> for Item {
                 photo_urls: r.photo_urls,
                 coordinates: r.coordinates,
                 place: r.place,
-            },
+            }),
             author: UserRecord {
                 id: r.author_id,
                 username: r.username,
@@ -437,13 +449,13 @@ async fn hydrate(
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache.fetch_for_hydration(&ids, &author_ids, viewer).await?;
 
-    let mut tweets: HashMap<i64, (TweetRecord, TweetCounts)> = HashMap::with_capacity(ids.len());
+    let mut tweets: HashMap<i64, (TweetBody, TweetCounts)> = HashMap::with_capacity(ids.len());
     let mut misses = Vec::new();
     for ((id, tweet), count) in ids.iter().zip(fetched.tweets).zip(fetched.counts) {
         match (tweet, count) {
             (Cached::Deleted, _) => {}
             (Cached::Hit(t), Some(c)) => {
-                tweets.insert(*id, (t, c));
+                tweets.insert(*id, (TweetBody::Cached(t), c));
             }
             _ => misses.push(*id),
         }
@@ -460,7 +472,11 @@ async fn hydrate(
             .filter(|id| !loaded.iter().any(|(t, _)| t.id == *id))
             .collect();
         cache.put_tweets(&loaded, &absent).await;
-        tweets.extend(loaded.into_iter().map(|(t, c)| (t.id, (t, c))));
+        tweets.extend(
+            loaded
+                .into_iter()
+                .map(|(t, c)| (t.id, (TweetBody::Record(t), c))),
+        );
     }
     let mut authors: HashMap<i64, UserRecord> = HashMap::with_capacity(author_ids.len());
     let mut missing_authors = Vec::new();
@@ -482,17 +498,33 @@ async fn hydrate(
 
     let mut items = Vec::with_capacity(entries.len());
     let mut gone = Vec::new();
+    // Where each tweet went: a tweet is moved into its first item, not cloned (a page lists a
+    // tweet once; should it list one twice, the second item clones the first).
+    let mut placed: HashMap<i64, usize> = HashMap::with_capacity(entries.len());
     for e in entries {
-        match tweets
-            .get(&e.tweet_id)
-            .and_then(|(t, c)| Some((t, c, authors.get(&t.user_id)?)))
-        {
+        let found = match tweets.remove(&e.tweet_id) {
+            Some((tweet, counts)) => {
+                let author = match &tweet {
+                    TweetBody::Record(t) => authors.get(&t.user_id),
+                    TweetBody::Cached(t) => authors.get(&t.user_id),
+                };
+                author.map(|a| (tweet, counts, a.clone()))
+            }
+            None => placed.get(&e.tweet_id).map(|&i| {
+                let first: &Item = &items[i];
+                (first.tweet.clone(), first.counts, first.author.clone())
+            }),
+        };
+        if found.is_some() {
+            placed.entry(e.tweet_id).or_insert(items.len());
+        }
+        match found {
             Some((tweet, counts, author)) => items.push(Item {
                 id: e.id,
                 created_at: e.created_at,
-                tweet: tweet.clone(),
-                author: author.clone(),
-                counts: *counts,
+                tweet,
+                author,
+                counts,
                 has_liked: liked.contains(&e.tweet_id),
             }),
             None => gone.push(*e),
@@ -542,10 +574,10 @@ pub async fn with_likes(
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     let mut items: Vec<Item> = rows.into_iter().map(Item::from).collect();
-    let ids: Vec<i64> = items.iter().map(|i| i.tweet.id).collect();
+    let ids: Vec<i64> = items.iter().map(|i| i.tweet.id()).collect();
     let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;
     for item in &mut items {
-        item.has_liked = liked.contains(&item.tweet.id);
+        item.has_liked = liked.contains(&item.tweet.id());
     }
     Ok(items)
 }

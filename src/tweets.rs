@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use serde::Serialize;
+use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::objects::Cached;
@@ -12,7 +13,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::jobs::{self, Job};
 use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
-use crate::timeline::{FeedRow, Item, ListEntry, Timeline};
+use crate::timeline::{FeedRow, Item, ListEntry, Timeline, TweetBody};
 use crate::users::{self, User};
 use crate::{circles, lists, newsfeeds, notifications, streams};
 
@@ -73,9 +74,72 @@ impl Tweet {
         }
     }
 
-    /// A tweet object from a hydrated timeline item.
-    pub fn from_item(item: Item) -> Self {
-        Tweet::new(item.tweet, item.author.into(), &item.counts, item.has_liked)
+    /// A tweet object from a hydrated timeline item; `None` if its cached fields do not parse.
+    pub fn from_item(item: Item) -> Option<Self> {
+        let record = item.tweet.into_record()?;
+        Some(Tweet::new(
+            record,
+            item.author.into(),
+            &item.counts,
+            item.has_liked,
+        ))
+    }
+}
+
+/// A tweet object in a response: typed, or spliced together from the cached JSON members of
+/// the tweet ([`crate::cache::objects::CachedTweet`]), its author and its counts without parsing
+/// or re-escaping anything (the warm timeline path). Both give the same JSON object (member
+/// order aside); [`TweetJson::write`] copies a spliced one as it is.
+#[derive(Debug)]
+pub enum TweetJson {
+    Typed(Box<Tweet>),
+    Spliced(String),
+}
+
+impl TweetJson {
+    /// The tweet object of a hydrated timeline item; `None` if its cached fields are corrupt.
+    pub fn from_item(item: Item) -> Option<Self> {
+        let TweetBody::Cached(cached) = &item.tweet else {
+            return Tweet::from_item(item).map(|t| TweetJson::Typed(Box::new(t)));
+        };
+        let user = serde_json::to_string(&User::from(item.author)).ok()?;
+        let mut json = String::with_capacity(cached.members.len() + user.len() + 80);
+        json.push_str("{\"user\":");
+        json.push_str(&user);
+        json.push_str(",\"comments_count\":");
+        json.push_str(itoa::Buffer::new().format(item.counts.comments));
+        json.push_str(",\"likes_count\":");
+        json.push_str(itoa::Buffer::new().format(item.counts.likes));
+        json.push_str(if item.has_liked {
+            ",\"has_liked\":true,"
+        } else {
+            ",\"has_liked\":false,"
+        });
+        json.push_str(&cached.members);
+        json.push('}');
+        Some(TweetJson::Spliced(json))
+    }
+
+    /// Appends the JSON object to `out`.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            // Serialising a `Tweet` into memory can not fail.
+            TweetJson::Typed(t) => {
+                let _ = serde_json::to_writer(&mut *out, t);
+            }
+            TweetJson::Spliced(json) => out.extend_from_slice(json.as_bytes()),
+        }
+    }
+}
+
+impl Serialize for TweetJson {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TweetJson::Typed(t) => t.serialize(s),
+            TweetJson::Spliced(json) => RawValue::from_string(json.clone())
+                .map_err(serde::ser::Error::custom)?
+                .serialize(s),
+        }
     }
 }
 
@@ -385,9 +449,13 @@ pub async fn load(
         Ok((mut t, mut c)) => (t.pop().unwrap_or(Cached::Miss), c.pop().flatten()),
         Err(_) => (Cached::Miss, None),
     };
-    let (record, counts) = match (tweet, counts) {
+    let cached = match (tweet, counts) {
         (Cached::Deleted, _) => return Ok(None),
-        (Cached::Hit(t), Some(c)) => (t, c),
+        (Cached::Hit(t), Some(c)) => t.record().map(|t| (t, c)),
+        _ => None,
+    };
+    let (record, counts) = match cached {
+        Some(found) => found,
         _ => match rows_by_ids(db, &[id]).await?.pop() {
             // No tombstone for a missing id: it may be one that is not assigned yet.
             None => return Ok(None),

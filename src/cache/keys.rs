@@ -4,12 +4,18 @@
 //! 17), so a list and its generation, and every multi-key command or Lua script on one owner,
 //! stay in one Redis Cluster slot. The prefix itself may not contain `{` or `}`.
 //!
+//! Timeline lists fit Redis's compact listpack encoding when Redis runs with
+//! `zset-max-listpack-entries` above `CHIRP_CACHE_LIST_LIMIT` (`scripts/services` starts Redis
+//! with 1025; see the README's operator notes): about 30 bytes per newsfeed entry instead of 110.
+//!
+//! [`pack_ids`]: super::lists::pack_ids
+//!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `{p}:{u42}:feed` | sorted set | user 42's newsfeed: member `"{newsfeed_id}:{tweet_id}:{author_id}"`, score = `created_at` in µs |
+//! | `{p}:{u42}:home` | sorted set | user 42's newsfeed: member [`pack_ids`]`(newsfeed_id, tweet_id, author_id)` (binary), score = `created_at` in µs |
 //! | `{p}:{u42}:tweets` | sorted set | user 42's own tweets: member `"{tweet_id}"`, score = `created_at` in µs |
-//! | `{p}:{l7}:feed` | sorted set | list 7's timeline: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
-//! | `{p}:{c3}:tweets` | sorted set | circle 3's tweets: member `"{tweet_id}:{author_id}"`, score = `created_at` in µs |
+//! | `{p}:{l7}:timeline` | sorted set | list 7's timeline: member [`pack_ids`]`(tweet_id, author_id)`, score = `created_at` in µs |
+//! | `{p}:{c3}:timeline` | sorted set | circle 3's tweets: member [`pack_ids`]`(tweet_id, author_id)`, score = `created_at` in µs |
 //! | `{p}:{c3d20261122}:rank` | sorted set | circle 3's rank of 2026-11-22 (UTC): member `"{created_at µs, 17 digits}:{tweet_id}:{author_id}"`, score = likes + comments |
 //! | `{p}:{ch5}:msgs` | sorted set | chat channel 5's recent backlog: member `"{id}\|{user_id}\|{created_at µs}\|{content}"`, score = message id |
 //! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
@@ -20,6 +26,7 @@
 //! | `{p}:{t17}:tweet` | string | the tweet object JSON, or the tombstone `-` once deleted |
 //! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
+//! | `{p}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
 //! | `{p}:epoch` | string | the cache epoch, also kept in Postgres (see [`super::epoch`]) |
 
 use std::fmt;
@@ -101,7 +108,29 @@ impl Keys {
 
     /// The key of a list or set.
     pub fn list(&self, list: ListKey) -> String {
-        format!("{}:{{{}}}:{}", self.prefix, list.owner, list.name)
+        match list.owner {
+            Owner::User(id) => self.tagged("u", id, list.name),
+            Owner::List(id) => self.tagged("l", id, list.name),
+            Owner::Circle(id) => self.tagged("c", id, list.name),
+            Owner::Channel(id) => self.tagged("ch", id, list.name),
+            Owner::CircleDay(..) => format!("{}:{{{}}}:{}", self.prefix, list.owner, list.name),
+        }
+    }
+
+    /// `{prefix}:{{tag}{id}}:{name}`, built without `format!` (hydration builds dozens of keys
+    /// per page).
+    fn tagged(&self, tag: &str, id: i64, name: &str) -> String {
+        let mut digits = itoa::Buffer::new();
+        let id = digits.format(id);
+        let mut key =
+            String::with_capacity(self.prefix.len() + tag.len() + id.len() + name.len() + 4);
+        key.push_str(&self.prefix);
+        key.push_str(":{");
+        key.push_str(tag);
+        key.push_str(id);
+        key.push_str("}:");
+        key.push_str(name);
+        key
     }
 
     /// The version hash of a rank (same slot as the rank).
@@ -116,28 +145,36 @@ impl Keys {
 
     /// A tweet object.
     pub fn tweet(&self, id: i64) -> String {
-        format!("{}:{{t{id}}}:tweet", self.prefix)
+        self.tagged("t", id, "tweet")
     }
 
     /// A tweet's counts.
     pub fn tweet_counts(&self, id: i64) -> String {
-        format!("{}:{{t{id}}}:cnt", self.prefix)
+        self.tagged("t", id, "cnt")
     }
 
     /// A user object.
     pub fn user(&self, id: i64) -> String {
-        format!("{}:{{u{id}}}:user", self.prefix)
+        self.tagged("u", id, "user")
     }
 
     /// A user's profile counts.
     pub fn user_counts(&self, id: i64) -> String {
-        format!("{}:{{u{id}}}:cnt", self.prefix)
+        self.tagged("u", id, "cnt")
     }
 
     /// A bearer token (by the SHA-256 it is stored under).
     pub fn token(&self, hash: &[u8]) -> String {
-        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}:{{k{hex}}}:token", self.prefix)
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut key = String::with_capacity(self.prefix.len() + 2 * hash.len() + 11);
+        key.push_str(&self.prefix);
+        key.push_str(":{k");
+        for b in hash {
+            key.push(char::from(HEX[usize::from(b >> 4)]));
+            key.push(char::from(HEX[usize::from(b & 15)]));
+        }
+        key.push_str("}:token");
+        key
     }
 
     /// The set of tweets a user liked.
@@ -166,7 +203,7 @@ mod tests {
     #[test]
     fn every_key_of_one_owner_shares_its_hash_tag() {
         let keys = Keys::new("p").unwrap();
-        let feed = keys.list(ListKey::new(Owner::User(42), "feed"));
+        let feed = keys.list(ListKey::new(Owner::User(42), "home"));
         assert_eq!(
             keys.list(ListKey::new(Owner::List(7), "feed")),
             "p:{l7}:feed"
@@ -174,8 +211,8 @@ mod tests {
         let rank = keys.list(ListKey::new(Owner::CircleDay(3, 20261122), "rank"));
         assert_eq!(rank, "p:{c3d20261122}:rank");
         assert_eq!(Keys::versions_of(&rank), "p:{c3d20261122}:rank:ver");
-        assert_eq!(feed, "p:{u42}:feed");
-        assert_eq!(Keys::gen_of(&feed), "p:{u42}:feed:gen");
+        assert_eq!(feed, "p:{u42}:home");
+        assert_eq!(Keys::gen_of(&feed), "p:{u42}:home:gen");
         assert_eq!(keys.liked(42), "p:{u42}:liked");
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");

@@ -6,8 +6,54 @@ use std::sync::atomic::Ordering;
 
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, scripts};
 
-/// A list entry to store: `(score = created_at in µs, member)`.
-pub type Scored = (i64, String);
+/// A list entry to store: `(score = created_at in µs, member bytes)`.
+pub type Scored = (i64, Vec<u8>);
+
+/// Packs positive ids into one compact binary list member (Twitter kept its timeline entries as
+/// packed binary too, at 20 bytes each): a header byte, then each id big-endian in as few bytes
+/// as it needs (1–8). The header holds `length − 1` of every id but the last in 3-bit fields
+/// (so at most three ids); the last id's length is what remains. A member is at least two bytes,
+/// so it never equals the completeness marker `#`.
+///
+/// In a listpack-encoded sorted set a member costs its length plus two bytes: a newsfeed entry
+/// of (row id 5,781,487, a 64-bit Twitter tweet id, author 568,770,231) is 16 bytes instead of
+/// the 37 of its decimal text.
+pub fn pack_ids(ids: &[i64]) -> Vec<u8> {
+    debug_assert!((1..=3).contains(&ids.len()));
+    let mut out = Vec::with_capacity(1 + 8 * ids.len());
+    out.push(0);
+    let mut header = 0u8;
+    for (i, id) in ids.iter().enumerate() {
+        let bytes = id.to_be_bytes();
+        let skip = (id.leading_zeros() / 8).min(7) as usize;
+        if i + 1 < ids.len() {
+            header |= ((7 - skip) as u8) << (3 * i);
+        }
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out[0] = header;
+    out
+}
+
+/// Unpacks a member of [`pack_ids`] holding exactly `N` ids; `None` for anything else.
+pub fn unpack_ids<const N: usize>(member: &[u8]) -> Option<[i64; N]> {
+    let (&header, mut rest) = member.split_first()?;
+    let mut ids = [0i64; N];
+    for (i, id) in ids.iter_mut().enumerate() {
+        let len = if i + 1 < N {
+            usize::from((header >> (3 * i)) & 7) + 1
+        } else {
+            rest.len()
+        };
+        if len == 0 || len > 8 || rest.len() < len {
+            return None;
+        }
+        let (bytes, tail) = rest.split_at(len);
+        *id = bytes.iter().fold(0i64, |v, b| (v << 8) | i64::from(*b));
+        rest = tail;
+    }
+    Some(ids)
+}
 
 /// The generations a loader saw before its Postgres snapshot (`"w:r"`, from
 /// [`scripts::BEGIN_LOAD`]); [`Cache::fill`] stores the load only if they are unchanged.
@@ -22,13 +68,13 @@ pub struct Window {
     /// The lowest score (µs) an incomplete list holds: it has every item at or above it.
     pub floor: Option<i64>,
     /// `(member, score)` newest first, strictly inside the requested bounds.
-    pub items: Vec<(String, i64)>,
+    pub items: Vec<(Vec<u8>, i64)>,
 }
 
 impl Window {
-    fn parse(raw: Vec<String>) -> Option<Self> {
+    fn parse(raw: Vec<Vec<u8>>) -> Option<Self> {
         let mut it = raw.into_iter();
-        let complete = it.next()? == "1";
+        let complete = it.next()? == b"1";
         let floor = it.next().and_then(|f| parse_score(&f));
         let mut items = Vec::new();
         while let (Some(member), Some(score)) = (it.next(), it.next()) {
@@ -42,9 +88,11 @@ impl Window {
     }
 }
 
-fn parse_score(s: &str) -> Option<i64> {
+fn parse_score(s: &[u8]) -> Option<i64> {
     // Scores are µs timestamps, exact in a double (< 2^53).
-    s.parse::<f64>()
+    std::str::from_utf8(s)
+        .ok()?
+        .parse::<f64>()
         .ok()
         .filter(|f| f.is_finite())
         .map(|f| f as i64)
@@ -70,8 +118,31 @@ impl Cache {
                 .arg(gt.map_or("-inf".to_owned(), |v| v.to_string()))
                 .arg(count),
         );
-        let (raw,): (Option<Vec<String>>,) = self.run(&pipe).await?;
+        let (raw,): (Option<Vec<Vec<u8>>>,) = self.run(&pipe).await?;
         Ok(raw.and_then(Window::parse))
+    }
+
+    /// Warns when Redis keeps sorted sets as listpacks only below the cache list limit: full
+    /// timelines then take the skiplist encoding, about four times the memory per entry. (A
+    /// Redis that refuses `CONFIG GET`, as some managed ones do, is not checked.)
+    pub async fn check_listpack_setting(&self) {
+        let mut pipe = redis::pipe();
+        pipe.cmd("CONFIG")
+            .arg("GET")
+            .arg("zset-max-listpack-entries");
+        let Ok((reply,)) = self.run_unchecked::<(Vec<String>,)>(&pipe, 1).await else {
+            return;
+        };
+        let entries = reply.get(1).and_then(|v| v.parse::<usize>().ok());
+        let needed = self.list_limit() + 1;
+        if let Some(entries) = entries.filter(|e| *e < needed) {
+            tracing::warn!(
+                entries,
+                needed,
+                "redis zset-max-listpack-entries is below CHIRP_CACHE_LIST_LIMIT + 1: long \
+                 timelines use the skiplist encoding (about 4x the memory); see the README"
+            );
+        }
     }
 
     /// Starts loading a list or set: from now on every write to it bumps its generation. Call
@@ -131,5 +202,32 @@ impl Cache {
         let (stored,): (i64,) = self.run_bulk(&pipe, entries.len()).await?;
         inner.stats.loads.fetch_add(1, Ordering::Relaxed);
         Ok(stored == 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_ids_round_trip_in_few_bytes() {
+        let feed = [5_781_487, 1_611_673_265_272_913_922, 568_770_231];
+        let member = pack_ids(&feed);
+        assert_eq!(member.len(), 1 + 3 + 8 + 4);
+        assert_eq!(unpack_ids::<3>(&member), Some(feed));
+        for ids in [
+            [0, 1],
+            [1, 0],
+            [255, 256],
+            [i64::MAX, 7],
+            [1 << 40, i64::MAX],
+        ] {
+            let member = pack_ids(&ids);
+            assert!(member.len() >= 2 && member != b"#");
+            assert_eq!(unpack_ids::<2>(&member), Some(ids), "{ids:?}");
+        }
+        assert_eq!(unpack_ids::<2>(b"#"), None);
+        assert_eq!(unpack_ids::<3>(&pack_ids(&[1, 2])), None);
+        assert_eq!(unpack_ids::<2>(b""), None);
     }
 }

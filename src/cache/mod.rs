@@ -25,6 +25,7 @@ pub mod pubsub;
 pub mod rank;
 pub mod scripts;
 pub mod streams;
+pub mod tokens;
 pub mod update;
 
 use std::collections::HashMap;
@@ -60,6 +61,8 @@ pub struct Stats {
     pub errors: AtomicU64,
     /// Times the epoch fence cleared the prefix (Redis came back with other data).
     pub fences: AtomicU64,
+    /// Times Redis came back into use after being marked down.
+    pub recoveries: AtomicU64,
 }
 
 /// What the post-commit step does: a test hook to simulate a crash between a Postgres commit and
@@ -192,9 +195,14 @@ impl Cache {
 
     /// Marks Redis usable; returns whether it was marked down before.
     pub(crate) fn mark_up(&self) -> bool {
-        self.inner
+        let came_back = self
+            .inner
             .as_ref()
-            .is_some_and(|i| !i.healthy.swap(true, Ordering::AcqRel))
+            .is_some_and(|i| !i.healthy.swap(true, Ordering::AcqRel));
+        if let (true, Some(stats)) = (came_back, self.stats()) {
+            stats.recoveries.fetch_add(1, Ordering::AcqRel);
+        }
+        came_back
     }
 
     fn live(&self) -> Result<&Arc<Inner>, CacheUnavailable> {

@@ -29,6 +29,95 @@ pub enum Cached<T> {
     Hit(T),
 }
 
+/// A tweet object as cached: its author, and its public fields (which never change) as ready
+/// JSON object members in the order of the public `Tweet`:
+/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null`.
+/// Timeline pages splice the members into the response as they are
+/// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
+/// Stored as `"2|{user_id}|{members}"`; the older plain-JSON [`TweetRecord`] values are still
+/// read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedTweet {
+    pub id: i64,
+    pub user_id: i64,
+    pub members: String,
+}
+
+/// The public fields of a tweet, as [`CachedTweet::members`] holds them.
+#[derive(serde::Serialize)]
+struct PublicFields<'a> {
+    id: i64,
+    #[serde(serialize_with = "crate::time::serialize")]
+    created_at: crate::time::Timestamp,
+    content: &'a str,
+    circle_id: Option<i64>,
+    photo_urls: &'a [String],
+    coordinates: Option<&'a [f64]>,
+    place: Option<&'a crate::model::Place>,
+}
+
+impl CachedTweet {
+    /// The cached form of a tweet.
+    pub fn of(tweet: &TweetRecord) -> Self {
+        let fields = PublicFields {
+            id: tweet.id,
+            created_at: tweet.created_at,
+            content: &tweet.content,
+            circle_id: tweet.circle_id,
+            photo_urls: &tweet.photo_urls,
+            coordinates: tweet.coordinates.as_deref(),
+            place: tweet.place.as_ref().map(|p| &p.0),
+        };
+        // Serialising plain strings, numbers and `Place` can not fail.
+        let json = serde_json::to_string(&fields).unwrap_or_else(|_| "{}".to_owned());
+        let members = json
+            .strip_prefix('{')
+            .and_then(|j| j.strip_suffix('}'))
+            .unwrap_or_default()
+            .to_owned();
+        CachedTweet {
+            id: tweet.id,
+            user_id: tweet.user_id,
+            members,
+        }
+    }
+
+    /// The typed tweet (parses the members); `None` if they do not parse.
+    pub fn record(&self) -> Option<TweetRecord> {
+        let json = format!("{{\"user_id\":{},{}}}", self.user_id, self.members);
+        serde_json::from_str(&json).ok()
+    }
+
+    fn encode(&self) -> String {
+        format!("2|{}|{}", self.user_id, self.members)
+    }
+
+    fn decode(value: &str) -> Option<Self> {
+        if value.starts_with('{') {
+            return serde_json::from_str::<TweetRecord>(value)
+                .ok()
+                .map(|t| CachedTweet::of(&t));
+        }
+        let mut parts = value.splitn(3, '|');
+        let (Some("2"), Some(user), Some(members)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        // `"id":` leads the members.
+        let id = members
+            .strip_prefix("\"id\":")?
+            .split(',')
+            .next()?
+            .parse()
+            .ok()?;
+        Some(CachedTweet {
+            id,
+            user_id: user.parse().ok()?,
+            members: members.to_owned(),
+        })
+    }
+}
+
 /// What the cache knows of a bearer token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CachedToken {
@@ -54,7 +143,7 @@ pub enum LikedAmong {
 /// Everything one hydration round trip found, in the order asked.
 #[derive(Debug, Default)]
 pub struct Fetched {
-    pub tweets: Vec<Cached<TweetRecord>>,
+    pub tweets: Vec<Cached<CachedTweet>>,
     pub counts: Vec<Option<TweetCounts>>,
     pub users: Vec<Option<UserRecord>>,
     /// What the viewer's liked set says; `None` without a viewer.
@@ -67,7 +156,7 @@ impl Cache {
     pub async fn get_tweets(
         &self,
         ids: &[i64],
-    ) -> Result<(Vec<Cached<TweetRecord>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
+    ) -> Result<(Vec<Cached<CachedTweet>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
         let f = self.fetch_for_hydration(ids, &[], None).await?;
         Ok((f.tweets, f.counts))
     }
@@ -293,15 +382,13 @@ pub(crate) fn pipe_put_tweet(
     tweet: &TweetRecord,
     ttl: u64,
 ) {
-    if let Ok(json) = serde_json::to_string(tweet) {
-        pipe.cmd("SET")
-            .arg(keys.tweet(tweet.id))
-            .arg(json)
-            .arg("NX")
-            .arg("EX")
-            .arg(ttl)
-            .ignore();
-    }
+    pipe.cmd("SET")
+        .arg(keys.tweet(tweet.id))
+        .arg(CachedTweet::of(tweet).encode())
+        .arg("NX")
+        .arg("EX")
+        .arg(ttl)
+        .ignore();
 }
 
 /// `SMISMEMBER liked -1 -2 ids...`.
@@ -331,11 +418,11 @@ fn liked_from_flags(tweet_ids: &[i64], flags: Vec<bool>) -> LikedAmong {
     }
 }
 
-fn decode_tweet(v: Option<String>) -> Cached<TweetRecord> {
+fn decode_tweet(v: Option<String>) -> Cached<CachedTweet> {
     match v.as_deref() {
         None => Cached::Miss,
         Some(TOMBSTONE) => Cached::Deleted,
-        Some(json) => serde_json::from_str(json).map_or(Cached::Miss, Cached::Hit),
+        Some(value) => CachedTweet::decode(value).map_or(Cached::Miss, Cached::Hit),
     }
 }
 
@@ -348,4 +435,42 @@ pub(crate) fn encode_user(user: &UserRecord) -> Option<String> {
 fn decode_user(v: Option<String>) -> Option<UserRecord> {
     let (_, json) = v.as_deref()?.split_once('|')?;
     serde_json::from_str(json).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Place;
+
+    #[test]
+    fn a_cached_tweet_round_trips_and_reads_the_older_format() {
+        let tweet = TweetRecord {
+            id: 17,
+            user_id: 42,
+            content: "say \"hi\" | ok, 1,2".to_owned(),
+            created_at: crate::time::from_micros(1_763_900_000_123_456),
+            circle_id: Some(3),
+            photo_urls: vec!["/media/a.png".to_owned()],
+            coordinates: Some(vec![-73.9, 40.7]),
+            place: Some(sqlx::types::Json(Place {
+                full_name: "New York, NY".to_owned(),
+                bbox: [-74.3, 40.5, -73.7, 40.9],
+            })),
+        };
+        let cached = CachedTweet::of(&tweet);
+        assert!(
+            cached
+                .members
+                .starts_with(r#""id":17,"created_at":"2025-11-23T12:13:20.123456Z","content""#),
+            "{}",
+            cached.members
+        );
+        assert_eq!(cached.record(), Some(tweet.clone()));
+        let stored = cached.encode();
+        assert_eq!(CachedTweet::decode(&stored), Some(cached.clone()));
+        let older = serde_json::to_string(&tweet).unwrap();
+        assert_eq!(CachedTweet::decode(&older), Some(cached));
+        assert_eq!(CachedTweet::decode("3|1|x"), None);
+        assert!(matches!(decode_tweet(Some("-".into())), Cached::Deleted));
+    }
 }

@@ -19,7 +19,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 use tokio::sync::watch;
 
-use crate::cache::{Cache, CacheUnavailable, Repair, epoch};
+use crate::cache::{Cache, CacheUnavailable, Repair, epoch, tokens};
 
 /// Age after which the relay takes over a row from the writer's own post-commit step.
 pub const RELAY_AFTER: Duration = Duration::from_secs(5);
@@ -61,6 +61,7 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
         let mut pipe = redis::pipe();
         let mut queued = 0;
         let mut applied = Vec::with_capacity(rows.len());
+        let mut revoked = Vec::new();
         for (id, Json(raw)) in &rows {
             let repairs: Vec<Repair> = match serde_json::from_value(raw.clone()) {
                 Ok(r) => r,
@@ -71,6 +72,11 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
             };
             for r in &repairs {
                 r.pipe(&mut pipe, ttl, true);
+                if let Repair::Tombstone { key } = r
+                    && let Some(hex) = tokens::hex_of_token_key(key)
+                {
+                    revoked.push(hex.to_owned());
+                }
             }
             queued += repairs.len();
             applied.push(*id);
@@ -79,6 +85,12 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
             }
         }
         flush(cache, &mut pipe, &mut queued).await?;
+        // Logouts whose process died before announcing them: every process's token memory.
+        for hex in revoked.drain(..) {
+            tokens::broadcast(cache, &hex)
+                .await
+                .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
+        }
         sqlx::query("delete from cache_outbox where id = any($1)")
             .bind(&applied)
             .execute(&mut *tx)
@@ -130,6 +142,7 @@ pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
             return false;
         }
         tracing::info!("redis available; cache in use");
+        cache.check_listpack_setting().await;
     }
     true
 }

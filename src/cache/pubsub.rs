@@ -30,6 +30,23 @@ impl Cache {
         self.run::<()>(&pipe).await
     }
 
+    /// Publishes `message` on `topic` and returns how many subscriber connections received it
+    /// (for [`super::tokens`], which waits for each to acknowledge).
+    ///
+    /// # Errors
+    /// Redis is off, down or failed.
+    pub async fn publish_counted(
+        &self,
+        topic: &str,
+        message: &str,
+    ) -> Result<u64, CacheUnavailable> {
+        let channel = self.topic(topic).ok_or(CacheUnavailable)?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("PUBLISH").arg(channel).arg(message);
+        let (receivers,): (u64,) = self.run_unchecked(&pipe, 1).await?;
+        Ok(receivers)
+    }
+
     /// Starts a subscriber of `topics` on one connection: every message goes to
     /// `on_message(topic, payload)`; `subscribed` is true while the subscription stands, and
     /// `on_lost` runs each time a standing subscription breaks (messages published until it

@@ -3,7 +3,9 @@
 //!
 //! A cached list is a sorted set scored by `created_at` in microseconds (as the home timelines of
 //! Redis in Action ch. 8 and Mastodon's FeedManager are). The member `#` with score `-inf` marks a
-//! *complete* list: it holds every item, not only the newest window. Trimming removes the lowest
+//! *complete* list: it holds every item, not only the newest window. It is always the lowest
+//! rank, so a script finds it (or the floor) with `ZRANGE 0 0`, which is O(1) also on a
+//! listpack-encoded set, where `ZSCORE` would scan the whole list. Trimming removes the lowest
 //! ranks first, so a list that grows past the limit loses the marker before any real entry and
 //! stops claiming completeness. An incomplete list holds exactly the items not older than its
 //! lowest entry (its *floor*); everything older is read from Postgres.
@@ -27,12 +29,13 @@ use redis::Script;
 pub static RANGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
-if redis.call('EXISTS', KEYS[1]) == 0 then return false end
+local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #lowest == 0 then return false end
 local out = {'0', ''}
-if redis.call('ZSCORE', KEYS[1], '#') then
+if lowest[1] == '#' then
   out[1] = '1'
 else
-  out[2] = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+  out[2] = lowest[2]
 end
 local max = ARGV[1] == '+inf' and '+inf' or '(' .. ARGV[1]
 local min = ARGV[2] == '-inf' and '-inf' or '(' .. ARGV[2]
@@ -132,9 +135,10 @@ if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
   return 0
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local complete = redis.call('ZSCORE', KEYS[1], '#')
+  local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  local complete = lowest[1] == '#'
   local floor = nil
-  if not complete then floor = tonumber(redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]) end
+  if not complete then floor = tonumber(lowest[2]) end
   for i = 4, #ARGV, 2 do
     if complete or tonumber(ARGV[i]) > floor then
       redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])

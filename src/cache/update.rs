@@ -39,7 +39,10 @@ pub enum Update {
         entries: Vec<Scored>,
     },
     /// Remove members from a list (if cached).
-    Remove { list: ListKey, members: Vec<String> },
+    Remove {
+        list: ListKey,
+        members: Vec<Vec<u8>>,
+    },
     /// Drop a list.
     Invalidate { list: ListKey },
     /// Cache a new tweet object (unless a tombstone is there already) and its zero counts, so

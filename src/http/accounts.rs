@@ -49,7 +49,7 @@ async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Json<
 }
 
 async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {
-    accounts::logout(&state.db, &state.cache, &auth.token).await?;
+    accounts::logout(&state.db, &state.cache, &state.tokens, &auth.token).await?;
     Ok(Json(json!({"success": true})))
 }
 

@@ -9,12 +9,11 @@ use serde_json::{Value, json};
 use crate::circles::{self, Circle, CircleRow};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
-use crate::http::tweets::tweet_page;
+use crate::http::tweets::{JsonBody, timeline_body};
 use crate::lists::{Added, Member};
 use crate::pagination::Page;
 use crate::state::AppState;
 use crate::timeline::{self, Timeline};
-use crate::tweets::Tweet;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -123,7 +122,7 @@ async fn circle_tweets(
     caller: MaybeAuth,
     PathId(id): PathId,
     query: QueryMap,
-) -> ApiResult<Json<Page<Tweet>>> {
+) -> ApiResult<JsonBody> {
     let req = query.page()?;
     exists(&state, id).await?;
     let items = timeline::read(
@@ -134,7 +133,7 @@ async fn circle_tweets(
         caller.id(),
     )
     .await?;
-    Ok(Json(tweet_page(items, &req).map(|(_, tweet)| tweet)))
+    Ok(timeline_body(items, &req, false))
 }
 
 async fn rank(

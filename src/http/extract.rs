@@ -338,12 +338,14 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     match bearer(req.headers()) {
         Err(e) => return e.into_response(),
         Ok(None) => {}
-        Ok(Some(token)) => match accounts::authenticate(&state.db, &state.cache, &token).await {
-            Ok(user_id) => {
-                req.extensions_mut().insert(Auth { user_id, token });
+        Ok(Some(token)) => {
+            match accounts::authenticate(&state.db, &state.cache, &state.tokens, &token).await {
+                Ok(user_id) => {
+                    req.extensions_mut().insert(Auth { user_id, token });
+                }
+                Err(e) => return e.into_response(),
             }
-            Err(e) => return e.into_response(),
-        },
+        }
     }
     next.run(req).await
 }

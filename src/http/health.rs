@@ -45,6 +45,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "fallbacks": s.fallbacks.load(Ordering::Relaxed),
             "errors": s.errors.load(Ordering::Relaxed),
             "fences": s.fences.load(Ordering::Relaxed),
+            "recoveries": s.recoveries.load(Ordering::Relaxed),
         })
     });
     let status = if pg_ok {
@@ -69,6 +70,12 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "messages": state.streams.stats.messages.load(Ordering::Relaxed),
             "events_queued": state.streams.stats.queued.load(Ordering::Relaxed),
             "fell_behind": state.streams.stats.fell_behind.load(Ordering::Relaxed),
+        },
+        "tokens": {
+            "held": state.tokens.len(),
+            "hits": state.tokens.stats.hits.load(Ordering::Relaxed),
+            "revocations": state.tokens.stats.revocations.load(Ordering::Relaxed),
+            "unconfirmed": state.tokens.stats.unconfirmed.load(Ordering::Relaxed),
         },
     });
     (status, Json(body))

@@ -8,12 +8,11 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
-use crate::http::tweets::tweet_page;
+use crate::http::tweets::{JsonBody, timeline_body};
 use crate::lists::{self, Added, List, ListRow, Member};
 use crate::pagination::Page;
 use crate::state::AppState;
 use crate::timeline::{self, Timeline};
-use crate::tweets::Tweet;
 use crate::users;
 
 pub fn router() -> Router<AppState> {
@@ -141,7 +140,7 @@ async fn list_timeline(
     caller: MaybeAuth,
     PathId(id): PathId,
     query: QueryMap,
-) -> ApiResult<Json<Page<Tweet>>> {
+) -> ApiResult<JsonBody> {
     let req = query.page()?;
     if lists::get(&state.db, id).await?.is_none() {
         return Err(ApiError::NotFound);
@@ -154,5 +153,5 @@ async fn list_timeline(
         caller.id(),
     )
     .await?;
-    Ok(Json(tweet_page(items, &req).map(|(_, tweet)| tweet)))
+    Ok(timeline_body(items, &req, false))
 }

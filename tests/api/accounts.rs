@@ -4,7 +4,9 @@ use serde_json::json;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use crate::helpers::TestApp;
+use std::sync::atomic::Ordering;
+
+use crate::helpers::{Proxy, TestApp, eventually};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn signup_returns_the_user_and_a_working_token(db: PgPool) {
@@ -271,4 +273,81 @@ async fn cors_answers_only_the_configured_origins(db: PgPool) {
         .await
         .unwrap();
     assert_eq!(res.headers().get("access-control-allow-origin"), None);
+}
+
+/// Makes requests with `token` on `app` until one is answered from the process's token memory.
+async fn held_in_memory(app: &TestApp, token: &str) {
+    let hits = || app.state.tokens.stats.hits.load(Ordering::Relaxed);
+    let before = hits();
+    eventually("the token is answered from memory", async || {
+        let res = app.get("/api/accounts/login_status/", Some(token)).await;
+        assert_eq!(res.body["has_logged_in"], true);
+        hits() > before
+    })
+    .await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_logout_in_one_process_is_refused_at_once_by_another_that_holds_the_token(db: PgPool) {
+    let a = TestApp::new(db.clone()).await;
+    let prefix = a.prefix.clone();
+    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    for i in 0..10 {
+        let (_, token) = a.quick_user(&format!("user{i}")).await;
+        held_in_memory(&a, &token).await;
+        held_in_memory(&b, &token).await;
+        let res = b
+            .post("/api/accounts/logout/", Some(&token), json!({}))
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        // No pause: the logout answered only after both processes forgot the token.
+        let res = a.get("/api/accounts/login_status/", Some(&token)).await;
+        assert_eq!(
+            res.status,
+            StatusCode::UNAUTHORIZED,
+            "round {i}: {}",
+            res.body
+        );
+    }
+    assert_eq!(b.state.tokens.stats.unconfirmed.load(Ordering::Relaxed), 0);
+    assert!(a.state.tokens.stats.revocations.load(Ordering::Relaxed) >= 10);
+    assert!(a.state.tokens.is_empty(), "{} held", a.state.tokens.len());
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_process_cut_off_from_redis_forgets_its_tokens_and_asks_postgres(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let a = TestApp::with(db.clone(), |c| c.redis_url = proxy.url()).await;
+    let prefix = a.prefix.clone();
+    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let (_, token) = a.quick_user("alice").await;
+    held_in_memory(&a, &token).await;
+    // A loses Redis (and its subscription): a revocation now can not reach it.
+    proxy.set_up(false);
+    eventually("a notices the broken subscription", async || {
+        a.state.tokens.is_empty()
+    })
+    .await;
+    let res = b
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+    let res = a.get("/api/accounts/login_status/", Some(&token)).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    // A valid token still works there, from Postgres.
+    let (_, other) = a.quick_user("bob").await;
+    let res = a.get("/api/accounts/login_status/", Some(&other)).await;
+    assert_eq!(res.body["has_logged_in"], true);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn with_the_token_cache_off_nothing_is_held_in_memory(db: PgPool) {
+    let app = TestApp::with(db, |c| c.token_cache_secs = 0).await;
+    let (_, token) = app.quick_user("alice").await;
+    for _ in 0..3 {
+        let res = app.get("/api/accounts/login_status/", Some(&token)).await;
+        assert_eq!(res.body["has_logged_in"], true);
+    }
+    assert!(app.state.tokens.is_empty());
+    assert_eq!(app.state.tokens.stats.hits.load(Ordering::Relaxed), 0);
 }

@@ -306,3 +306,40 @@ async fn deleting_a_tweet_removes_it_from_every_cached_list(db: PgPool) {
         .unwrap();
     assert_eq!(object.as_deref(), Some("-"), "tombstone");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_page_spliced_from_cached_json_equals_the_one_built_from_postgres(db: PgPool) {
+    let on = TestApp::new(db.clone()).await;
+    let (alice, ta) = on.signup("alice").await;
+    let (_, tb) = on.signup("bob").await;
+    on.follow(&tb, alice).await;
+    let with_place = serde_json::json!({"content": "a \"quoted\" | piped\nline, ünïcode", "lon": -149.9, "lat": 61.2});
+    assert_eq!(
+        on.post("/api/tweets/", Some(&ta), with_place).await.status,
+        StatusCode::CREATED
+    );
+    let liked = on.tweet(&ta, "liked").await["id"].as_i64().unwrap();
+    on.post(
+        "/api/likes/",
+        Some(&tb),
+        serde_json::json!({"content_type": "tweet", "object_id": liked}),
+    )
+    .await;
+    on.drain().await;
+    let off = TestApp::with(db, |c| c.cache = chirp::config::CacheMode::Off).await;
+    for uri in ["/api/newsfeeds/", &format!("/api/tweets/?user_id={alice}")] {
+        on.get(uri, Some(&tb)).await; // fills the caches
+        let cached = on.get(uri, Some(&tb)).await.body;
+        let built = off.get(uri, Some(&tb)).await.body;
+        assert_eq!(cached, built, "{uri}");
+        assert_eq!(cached["results"].as_array().map(Vec::len), Some(2));
+    }
+    let feed = on.get("/api/newsfeeds/", Some(&tb)).await.body;
+    assert_eq!(feed["results"][0]["tweet"]["has_liked"], true);
+    assert_eq!(feed["results"][0]["tweet"]["likes_count"], 1);
+    assert_eq!(
+        feed["results"][1]["tweet"]["coordinates"],
+        serde_json::json!([-149.9, 61.2])
+    );
+    assert!(on.stat("hits") > 0, "served from the cache");
+}

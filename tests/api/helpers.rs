@@ -199,7 +199,9 @@ impl TestApp {
         self.state.cache.keys().expect("cache on").list(list)
     }
 
-    /// Members of a cached list, newest first (`None`: not cached).
+    /// Members of a cached list, newest first (`None`: not cached), decoded to text: newsfeeds
+    /// `"{id}:{tweet_id}:{author_id}"`, lists and circles `"{tweet_id}:{author_id}"`, user
+    /// tweets `"{tweet_id}"`, the marker `"#"`.
     pub async fn cached_members(&self, list: Timeline) -> Option<Vec<String>> {
         let mut r = self.redis().await;
         let key = self.list_key(list);
@@ -211,14 +213,27 @@ impl TestApp {
         if !exists {
             return None;
         }
+        let raw: Vec<Vec<u8>> = redis::cmd("ZREVRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut r)
+            .await
+            .expect("zrange");
         Some(
-            redis::cmd("ZREVRANGE")
-                .arg(&key)
-                .arg(0)
-                .arg(-1)
-                .query_async(&mut r)
-                .await
-                .expect("zrange"),
+            raw.iter()
+                .map(|m| match list.parse(m, 0) {
+                    _ if m == b"#" => "#".to_owned(),
+                    Some(e) => match list {
+                        Timeline::Newsfeed(_) => format!("{}:{}:{}", e.id, e.tweet_id, e.author_id),
+                        Timeline::UserTweets(_) => e.tweet_id.to_string(),
+                        Timeline::List(_) | Timeline::Circle(_) => {
+                            format!("{}:{}", e.tweet_id, e.author_id)
+                        }
+                    },
+                    None => format!("undecodable {m:?}"),
+                })
+                .collect(),
         )
     }
 

@@ -415,7 +415,12 @@ async fn a_tweet_posted_on_one_server_reaches_a_stream_on_another(db: PgPool) {
     )
     .await;
     let mut feed = Stream::open(&two, "/api/streaming/user/", &bob, None).await;
-    // One subscription per process, not one per stream: only `two` listens, once.
+    // One subscription per process, not one per stream: two streams in `two`, and each process
+    // listens once (both authenticated a request, which subscribes for token revocations).
+    eventually("both processes subscribed", async || {
+        one.state.subscriber.subscribed() && two.state.subscriber.subscribed()
+    })
+    .await;
     let mut redis = one.redis().await;
     let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
@@ -423,7 +428,7 @@ async fn a_tweet_posted_on_one_server_reaches_a_stream_on_another(db: PgPool) {
         .query_async(&mut redis)
         .await
         .expect("numsub");
-    assert_eq!(listeners, 1);
+    assert_eq!(listeners, 2);
     let id = post(&one, &alice, json!({"content": "across processes"})).await;
     // Process one runs the fan-out; process two streams it.
     one.drain().await;
