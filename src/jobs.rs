@@ -146,7 +146,7 @@ pub enum Part {
 
 /// Records a fan-out job's progress in `part` and renews its lease (after each batch).
 pub async fn save_progress(
-    db: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     job_id: i64,
     part: Part,
     progress: Timestamp,

@@ -506,11 +506,11 @@ pub async fn fanout(
             })
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;
+        jobs::save_progress(&mut *tx, job_id, jobs::Part::Lists, last).await?;
         tx.commit()
             .await
             .context("committing a list fan-out batch")?;
         worker.cache.finish(&worker.db, staged).await;
-        jobs::save_progress(&worker.db, job_id, jobs::Part::Lists, last).await?;
         progress = Some(last);
         if batch.len() < worker.batch_size {
             return Ok(());

@@ -168,6 +168,8 @@ pub async fn fanout(
     } else {
         None
     };
+    // The previous batch's cache step, overlapping this batch's insert.
+    let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
@@ -178,7 +180,7 @@ pub async fn fanout(
                 .await
                 .context("locking the tweet")?;
         let Some((author, created_at)) = tweet else {
-            return Ok(()); // deleted meanwhile
+            break; // deleted meanwhile
         };
         let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
             "select from_user_id, created_at from friendships
@@ -193,7 +195,7 @@ pub async fn fanout(
         .await
         .context("locking a batch of followers")?;
         let Some(&(_, last)) = batch.last() else {
-            return Ok(());
+            break;
         };
         let followers: Vec<i64> = batch.iter().map(|(f, _)| *f).collect();
         let lists: Vec<ListKey> = followers
@@ -234,18 +236,29 @@ pub async fn fanout(
             })
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;
+        // The progress commits with the batch: a retry resumes exactly after it.
+        jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
         tx.commit().await.context("committing a fan-out batch")?;
-        // The streams first (they only need the commit), then the cached newsfeeds.
+        // The streams first (they only need the commit), then the cached newsfeeds, while the
+        // next batch is inserted (its merges touch other followers' lists; what a crash leaves
+        // undone, the batch's outbox row repairs).
         if let Some(Some((tweet, record))) = &object {
             streams::publish_arrivals(&worker.cache, tweet, record, &arrivals).await;
         }
-        worker.cache.finish(&worker.db, staged).await;
-        jobs::save_progress(&worker.db, job_id, jobs::Part::Followers, last).await?;
+        if let Some(previous) = cache_step.take() {
+            let _ = previous.await;
+        }
+        let (cache, db) = (worker.cache.clone(), worker.db.clone());
+        cache_step = Some(tokio::spawn(async move { cache.finish(&db, staged).await }));
         progress = Some(last);
         if batch.len() < worker.batch_size {
-            return Ok(());
+            break;
         }
     }
+    if let Some(last) = cache_step {
+        let _ = last.await;
+    }
+    Ok(())
 }
 
 /// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and

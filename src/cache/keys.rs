@@ -205,8 +205,16 @@ mod tests {
         let keys = Keys::new("p").unwrap();
         let feed = keys.list(ListKey::new(Owner::User(42), "home"));
         assert_eq!(
-            keys.list(ListKey::new(Owner::List(7), "feed")),
-            "p:{l7}:feed"
+            keys.list(ListKey::new(Owner::List(7), "timeline")),
+            "p:{l7}:timeline"
+        );
+        assert_eq!(
+            keys.list(ListKey::new(Owner::Circle(3), "timeline")),
+            "p:{c3}:timeline"
+        );
+        assert_eq!(
+            keys.list(ListKey::new(Owner::Channel(5), "msgs")),
+            "p:{ch5}:msgs"
         );
         let rank = keys.list(ListKey::new(Owner::CircleDay(3, 20261122), "rank"));
         assert_eq!(rank, "p:{c3d20261122}:rank");

@@ -73,7 +73,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         },
         "tokens": {
             "held": state.tokens.len(),
-            "hits": state.tokens.stats.hits.load(Ordering::Relaxed),
+            "answered": state.tokens.stats.hits.load(Ordering::Relaxed),
             "revocations": state.tokens.stats.revocations.load(Ordering::Relaxed),
             "unconfirmed": state.tokens.stats.unconfirmed.load(Ordering::Relaxed),
         },

@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::Context;
 use rand::seq::SliceRandom;
 use rand::{RngCore, SeedableRng};
-use sqlx::{PgConnection, PgPool};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use super::map::{Mapped, Post};
 use super::read::InList;
@@ -96,6 +96,82 @@ pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
     )
     .execute(&mut *conn)
     .await?;
+    Ok(())
+}
+
+/// The statements that rebuild what [`defer_indexes`] dropped, in order: primary and unique
+/// keys, then plain indexes, then foreign keys.
+pub(super) struct Deferred(Vec<String>);
+
+/// Drops the indexes, primary and unique keys and foreign keys of `tables` (just emptied by
+/// `--reset`, in this transaction) so that the bulk inserts that follow append rows without
+/// maintaining an index per row; [`restore_indexes`] builds each once at the end (a sorted
+/// build, several times faster for millions of rows). A key that another table's foreign key
+/// depends on is kept. The definitions come from the catalog, so what the migrations define
+/// is what comes back.
+pub(super) async fn defer_indexes(
+    conn: &mut PgConnection,
+    tables: &[&str],
+) -> anyhow::Result<Deferred> {
+    let tables: Vec<String> = tables.iter().map(|t| (*t).to_owned()).collect();
+    let constraints: Vec<(String, String, bool)> = sqlx::query_as(
+        "select format('alter table %s drop constraint %I', c.conrelid::regclass, c.conname),
+                format('alter table %s add constraint %I %s', c.conrelid::regclass, c.conname,
+                       pg_get_constraintdef(c.oid)),
+                c.contype = 'f'
+         from pg_constraint c
+         where c.conrelid = any($1::text[]::regclass[]) and c.contype in ('p', 'u', 'f')
+           and not exists (select 1 from pg_constraint r
+                           where r.contype = 'f' and r.conindid = c.conindid and c.contype <> 'f')
+         order by c.contype = 'f' desc, c.conname",
+    )
+    .bind(&tables)
+    .fetch_all(&mut *conn)
+    .await?;
+    let indexes: Vec<(String, String)> = sqlx::query_as(
+        "select format('drop index %s', i.indexrelid::regclass), pg_get_indexdef(i.indexrelid)
+         from pg_index i
+         where i.indrelid = any($1::text[]::regclass[])
+           and not exists (select 1 from pg_constraint c where c.conindid = i.indexrelid)
+         order by 2",
+    )
+    .bind(&tables)
+    .fetch_all(&mut *conn)
+    .await?;
+    let (foreign, keys): (Vec<_>, Vec<_>) = constraints.into_iter().partition(|c| c.2);
+    // Foreign keys go first (they may use a key), then keys, then indexes. Every statement
+    // was written by Postgres's `format` with quoted identifiers from its own catalog.
+    for (drop, _, _) in foreign.iter().chain(&keys) {
+        sqlx::raw_sql(AssertSqlSafe(drop.clone()))
+            .execute(&mut *conn)
+            .await?;
+    }
+    for (drop, _) in &indexes {
+        sqlx::raw_sql(AssertSqlSafe(drop.clone()))
+            .execute(&mut *conn)
+            .await?;
+    }
+    let mut rebuild: Vec<String> = keys.into_iter().map(|c| c.1).collect();
+    rebuild.extend(indexes.into_iter().map(|i| i.1));
+    rebuild.extend(foreign.into_iter().map(|c| c.1));
+    Ok(Deferred(rebuild))
+}
+
+/// Rebuilds what [`defer_indexes`] dropped (a duplicate row fails the import here, and the
+/// transaction rolls back: nothing is half-imported).
+pub(super) async fn restore_indexes(
+    conn: &mut PgConnection,
+    deferred: Deferred,
+) -> anyhow::Result<()> {
+    sqlx::raw_sql("set local maintenance_work_mem = '512MB'")
+        .execute(&mut *conn)
+        .await?;
+    for statement in deferred.0 {
+        sqlx::raw_sql(AssertSqlSafe(statement.clone()))
+            .execute(&mut *conn)
+            .await
+            .with_context(|| format!("rebuilding after the bulk load: {statement}"))?;
+    }
     Ok(())
 }
 
@@ -273,11 +349,15 @@ pub(super) async fn counts_and_sequences(conn: &mut PgConnection) -> anyhow::Res
     sqlx::query(
         "update users u set followers_count = c.followers, followings_count = c.followings,
                 tweets_count = c.tweets, counts_version = u.counts_version + 1
-         from (select u.id,
-                      (select count(*) from friendships where to_user_id = u.id) as followers,
-                      (select count(*) from friendships where from_user_id = u.id) as followings,
-                      (select count(*) from tweets where user_id = u.id) as tweets
-               from users u) c
+         from (select u.id, coalesce(fr.n, 0) as followers, coalesce(fg.n, 0) as followings,
+                      coalesce(tw.n, 0) as tweets
+               from users u
+               left join (select to_user_id as id, count(*) as n from friendships group by 1) fr
+                 on fr.id = u.id
+               left join (select from_user_id as id, count(*) as n from friendships group by 1) fg
+                 on fg.id = u.id
+               left join (select user_id as id, count(*) as n from tweets group by 1) tw
+                 on tw.id = u.id) c
          where c.id = u.id and (u.followers_count, u.followings_count, u.tweets_count)
                                is distinct from (c.followers, c.followings, c.tweets)",
     )

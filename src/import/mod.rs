@@ -73,9 +73,13 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
     };
 
     let mut tx = db.begin().await?;
+    let mut deferred = None;
     if args.reset {
         phases.start("reset");
         load::reset(&mut tx).await?;
+        if graph.is_some() {
+            deferred = Some(load::defer_indexes(&mut tx, &["friendships", "newsfeeds"]).await?);
+        }
     }
     if let Some((edges, tweets)) = &graph {
         phases.start("map authors and times");
@@ -98,6 +102,10 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
     }
     phases.start("fill list timelines");
     load::list_feeds(&mut tx).await?;
+    if let Some(deferred) = deferred {
+        phases.start("build indexes");
+        load::restore_indexes(&mut tx, deferred).await?;
+    }
     phases.start("count");
     load::counts_and_sequences(&mut tx).await?;
     let mut tokens_written = 0;
