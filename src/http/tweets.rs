@@ -56,10 +56,7 @@ async fn list(
 
 /// A page of timeline items as tweet objects (`has_liked` came with the hydration; cached
 /// tweets spliced, see [`TweetJson`]), each with its item id and `created_at`.
-pub(crate) fn tweet_page(
-    items: Vec<Item>,
-    req: &PageRequest,
-) -> Page<((i64, Timestamp), TweetJson)> {
+fn tweet_page(items: Vec<Item>, req: &PageRequest) -> Page<((i64, Timestamp), TweetJson)> {
     Page::from_items(items, req)
         .filter_map(|i| Some(((i.id, i.created_at), TweetJson::from_item(i)?)))
 }

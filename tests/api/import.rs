@@ -357,3 +357,72 @@ async fn an_import_keeps_coordinates_and_the_place_box(db: PgPool) {
         (&json!(null), &json!(null))
     );
 }
+
+/// Every index and key definition of a table, as the catalog prints them.
+async fn definitions(db: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "select pg_get_indexdef(indexrelid) from pg_index where indrelid = $1::regclass
+         union all
+         select conname || ' ' || pg_get_constraintdef(oid) from pg_constraint
+         where conrelid = $1::regclass
+         order by 1",
+    )
+    .bind(table)
+    .fetch_all(db)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_reset_import_loads_without_indexes_and_rebuilds_exactly_the_migrations_ones(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let before = [
+        definitions(app.db(), "friendships").await,
+        definitions(app.db(), "newsfeeds").await,
+    ];
+    assert!(before[0].len() >= 5 && before[1].len() >= 3, "{before:?}");
+    let files = Files::new();
+    let follows = files.write("graph.txt", "10 20\n11 20\n10 30\n");
+    let tweets = files.write(
+        "tweets.jsonl",
+        &[
+            tweet(1, 500, "Wed Nov 09 06:57:54 +0000 2016", "one", None),
+            tweet(2, 600, "Wed Nov 09 07:57:54 +0000 2016", "two", None),
+        ]
+        .join("\n"),
+    );
+    let args = ImportArgs {
+        follows: Some(follows),
+        tweets: vec![tweets],
+        reset: true,
+        tokens_out: None,
+        tokens: 0,
+        circles: None,
+    };
+    let summary = chirp::import::run(app.db(), &args).await.unwrap();
+    assert!(
+        summary
+            .phases
+            .iter()
+            .any(|(name, _)| name == "build indexes"),
+        "{:?}",
+        summary.phases
+    );
+    let after = [
+        definitions(app.db(), "friendships").await,
+        definitions(app.db(), "newsfeeds").await,
+    ];
+    assert_eq!(before, after);
+    // The rebuilt keys work: a second follow of the same pair is refused.
+    let duplicate = sqlx::query(
+        "insert into friendships (from_user_id, to_user_id, created_at) values (10, 20, now())",
+    )
+    .execute(app.db())
+    .await;
+    assert!(duplicate.is_err());
+    let rows: i64 = sqlx::query_scalar("select count(*) from newsfeeds")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(rows, 5, "two authors' own rows and three followers' rows");
+}
