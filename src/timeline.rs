@@ -185,6 +185,14 @@ impl TweetBody {
         }
     }
 
+    /// The tweet's author.
+    pub fn user_id(&self) -> i64 {
+        match self {
+            TweetBody::Record(t) => t.user_id,
+            TweetBody::Cached(t) => t.user_id,
+        }
+    }
+
     /// The typed tweet; `None` if cached members do not parse (a corrupted value).
     pub fn into_record(self) -> Option<TweetRecord> {
         match self {
@@ -503,13 +511,9 @@ async fn hydrate(
     let mut placed: HashMap<i64, usize> = HashMap::with_capacity(entries.len());
     for e in entries {
         let found = match tweets.remove(&e.tweet_id) {
-            Some((tweet, counts)) => {
-                let author = match &tweet {
-                    TweetBody::Record(t) => authors.get(&t.user_id),
-                    TweetBody::Cached(t) => authors.get(&t.user_id),
-                };
-                author.map(|a| (tweet, counts, a.clone()))
-            }
+            Some((tweet, counts)) => authors
+                .get(&tweet.user_id())
+                .map(|a| (tweet, counts, a.clone())),
             None => placed.get(&e.tweet_id).map(|&i| {
                 let first: &Item = &items[i];
                 (first.tweet.clone(), first.counts, first.author.clone())

@@ -165,16 +165,7 @@ impl Keys {
 
     /// A bearer token (by the SHA-256 it is stored under).
     pub fn token(&self, hash: &[u8]) -> String {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut key = String::with_capacity(self.prefix.len() + 2 * hash.len() + 11);
-        key.push_str(&self.prefix);
-        key.push_str(":{k");
-        for b in hash {
-            key.push(char::from(HEX[usize::from(b >> 4)]));
-            key.push(char::from(HEX[usize::from(b & 15)]));
-        }
-        key.push_str("}:token");
-        key
+        format!("{}:{{k{}}}:token", self.prefix, hex(hash))
     }
 
     /// The set of tweets a user liked.
@@ -191,6 +182,17 @@ impl Keys {
     pub fn prefix(&self) -> &str {
         &self.prefix
     }
+}
+
+/// Lowercase hex of `bytes` (token hashes in keys and revocation messages).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    }
+    out
 }
 
 /// The name of a user's liked set.

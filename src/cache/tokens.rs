@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::cache::keys::hex;
 use crate::cache::pubsub::Subscriber;
 use crate::cache::{Cache, CacheUnavailable};
 
@@ -97,8 +98,7 @@ impl TokenCache {
                 },
                 move || {
                     if let Some(me) = on_lost.upgrade() {
-                        me.epoch.fetch_add(1, Ordering::AcqRel);
-                        me.lock().clear();
+                        me.forget(None);
                     }
                 },
             );
@@ -130,9 +130,7 @@ impl TokenCache {
         let key: [u8; 32] = hash.try_into().ok()?;
         let fences = self.fence_count();
         if self.fences.swap(fences, Ordering::AcqRel) != fences {
-            let mut entries = self.lock();
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            entries.clear();
+            self.forget(None);
             return None;
         }
         let found = match self.lock().get(&key) {
@@ -181,6 +179,20 @@ impl TokenCache {
         entries.insert(key, (user, Instant::now()));
     }
 
+    /// Forgets one token, or every one (`None`), and counts it as a revocation for lookups in
+    /// flight (under the lock `insert` checks the count with, so none of them stores what it
+    /// found before).
+    fn forget(&self, token: Option<&[u8; 32]>) {
+        let mut entries = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        match token {
+            Some(key) => {
+                entries.remove(key);
+            }
+            None => entries.clear(),
+        }
+    }
+
     /// A revocation message from any process (this one included): forget the token, then
     /// acknowledge.
     fn heard(&self, payload: &str) {
@@ -188,11 +200,7 @@ impl TokenCache {
             return;
         };
         let Some(hash) = from_hex(hex) else { return };
-        {
-            let mut entries = self.lock();
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            entries.remove(&hash);
-        }
+        self.forget(Some(&hash));
         self.stats.revocations.fetch_add(1, Ordering::Relaxed);
         let (cache, key) = (self.cache.clone(), ack_key(&self.cache, nonce));
         if let Some(key) = key {
@@ -215,15 +223,12 @@ impl TokenCache {
     /// tombstone was written. Returns whether every process confirmed.
     pub async fn revoke(&self, hash: &[u8]) -> bool {
         if let Ok(key) = <[u8; 32]>::try_from(hash) {
-            let mut entries = self.lock();
-            self.epoch.fetch_add(1, Ordering::AcqRel);
-            entries.remove(&key);
+            self.forget(Some(&key));
         }
         if !self.cache.enabled() {
             return true;
         }
-        let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-        let confirmed = broadcast(&self.cache, &hex).await.unwrap_or(false);
+        let confirmed = broadcast(&self.cache, &hex(hash)).await.unwrap_or(false);
         if !confirmed {
             self.stats.unconfirmed.fetch_add(1, Ordering::Relaxed);
         }
