@@ -100,6 +100,23 @@ pub struct Config {
     )]
     pub redis_url: String,
 
+    /// Redis Cluster seed nodes, comma-separated (`redis://h1:7000,redis://h2:7001`); when set,
+    /// chirp speaks to the cluster and ignores `REDIS_URL` (see docs/cluster.md).
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_REDIS_CLUSTER",
+        value_delimiter = ','
+    )]
+    pub redis_cluster: Vec<String>,
+
+    /// Replicas that must acknowledge each cache write of a committed change (`WAIT`) before
+    /// its outbox row is deleted, so a failover can not lose it. Default: 1 with
+    /// `CHIRP_REDIS_CLUSTER`, 0 with a single Redis.
+    #[arg(long, global = true, env = "CHIRP_REDIS_WAIT_REPLICAS",
+          value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub redis_wait_replicas: Option<u32>,
+
     /// HTTP listen address.
     #[arg(
         long,

@@ -8,36 +8,26 @@ pub fn backlog_key(id: i64) -> ListKey {
 }
 
 impl Cache {
-    /// The channels whose backlog is cached (one `SCAN` of this prefix's backlog keys).
+    /// The channels whose backlog is cached (a `SCAN` of this prefix's backlog keys, on every master of a cluster).
     ///
     /// # Errors
     /// Redis is off or failed.
     pub async fn cached_backlogs(&self) -> Result<Vec<i64>, CacheUnavailable> {
         let inner = self.live()?;
-        let pattern = format!("{}:{{ch*}}:msgs", inner.keys.prefix());
         let prefix = format!("{}:{{ch", inner.keys.prefix());
-        let mut cursor: u64 = 0;
+        let mut scan = self
+            .scan(format!("{}:{{ch*}}:msgs", inner.keys.prefix()))
+            .await?;
         let mut ids = Vec::new();
-        loop {
-            let mut scan = redis::pipe();
-            scan.cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let ((next, keys),): ((u64, Vec<String>),) = self.run_bulk(&scan, 1).await?;
+        while let Some(keys) = scan.next().await? {
             ids.extend(keys.iter().filter_map(|k| {
                 k.strip_prefix(&prefix)?
                     .strip_suffix("}:msgs")?
                     .parse::<i64>()
                     .ok()
             }));
-            if next == 0 {
-                return Ok(ids);
-            }
-            cursor = next;
         }
+        Ok(ids)
     }
 
     /// Trims each backlog to its newest `keep` messages (a trimmed backlog is no longer

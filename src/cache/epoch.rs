@@ -25,20 +25,43 @@ struct Observed {
 async fn observe(cache: &Cache) -> anyhow::Result<Observed> {
     let keys = cache.keys().ok_or(CacheUnavailable)?;
     let mut pipe = redis::pipe();
-    pipe.cmd("GET").arg(keys.epoch()).cmd("INFO").arg("server");
-    let (redis_epoch, info): (Option<i64>, String) = cache
-        .run_unchecked(&pipe, 2)
+    pipe.cmd("GET").arg(keys.epoch());
+    let (redis_epoch,): (Option<i64>,) = cache
+        .run_unchecked(&pipe, 1)
         .await
         .map_err(|_| anyhow::anyhow!("redis unavailable"))?;
-    let run_id = info
-        .lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .map(|s| s.trim().to_owned())
-        .context("INFO server has no run_id")?;
+    let run_id = run_ids(cache).await?;
     Ok(Observed {
         redis_epoch,
         run_id,
     })
+}
+
+/// The `run_id` of the Redis server, or of every cluster master (sorted, comma-separated): a
+/// restart or a failover of any shard changes it, and the fence then clears the prefix.
+async fn run_ids(cache: &Cache) -> anyhow::Result<String> {
+    let mut session = cache
+        .session(false)
+        .await
+        .map_err(|_| anyhow::anyhow!("redis unavailable"))?;
+    let mut info = redis::cmd("INFO");
+    info.arg("server");
+    let replies = session
+        .on_every_master(&info)
+        .await
+        .context("INFO server")?;
+    let mut ids = replies
+        .into_iter()
+        .map(|reply| {
+            let text: String = redis::FromRedisValue::from_redis_value(reply)?;
+            text.lines()
+                .find_map(|l| l.strip_prefix("run_id:"))
+                .map(|s| s.trim().to_owned())
+                .context("INFO server has no run_id")
+        })
+        .collect::<anyhow::Result<Vec<String>>>()?;
+    ids.sort();
+    Ok(ids.join(","))
 }
 
 async fn recorded(db: &PgPool, prefix: &str) -> sqlx::Result<Option<(i64, String)>> {
@@ -102,7 +125,7 @@ pub async fn verify(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     let mut pipe = redis::pipe();
     pipe.cmd("SET").arg(keys.epoch()).arg(next).ignore();
     cache
-        .run_unchecked::<()>(&pipe, 1)
+        .run_unchecked_durable::<()>(&pipe, 1)
         .await
         .map_err(|_| anyhow::anyhow!("redis unavailable while writing the epoch"))?;
     sqlx::query("update cache_epoch set epoch = $2, redis_run_id = $3 where prefix = $1")

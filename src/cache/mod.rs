@@ -14,6 +14,7 @@
 //!   fenced by the [`epoch`]: a mismatch clears every key under the prefix before Redis is used.
 
 pub mod backlog;
+pub mod conn;
 pub mod counts;
 pub mod epoch;
 pub mod keys;
@@ -34,9 +35,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind};
 
 use crate::config::{CacheMode, Config};
+pub use conn::{Conn, Session, Wait};
 pub use keys::{Keys, ListKey, Owner};
 pub use lists::{Generation, Scored, Window};
 pub use update::{Guard, Repair, Staged, Update};
@@ -79,10 +83,25 @@ pub enum AfterCommit {
     Gate(Arc<tokio::sync::Mutex<()>>),
 }
 
+/// What chirp talks to: one Redis server, or a Redis Cluster (`CHIRP_REDIS_CLUSTER`).
+enum Backend {
+    Single {
+        conn: ConnectionManager,
+        /// For dedicated connections (pub/sub subscribers).
+        client: redis::Client,
+    },
+    Cluster {
+        client: Box<ClusterClient>,
+        /// Connected at first use (chirp starts while the cluster is down); it then follows
+        /// the topology and reconnects by itself.
+        conn: tokio::sync::OnceCell<ClusterConnection>,
+    },
+}
+
 struct Inner {
-    conn: ConnectionManager,
-    /// For dedicated connections (pub/sub subscribers).
-    client: redis::Client,
+    backend: Backend,
+    /// `WAIT` for durable writes (see [`conn`]).
+    wait: Wait,
     keys: Keys,
     ttl_secs: u64,
     list_limit: usize,
@@ -116,19 +135,41 @@ impl Cache {
             return Ok(Self::disabled());
         }
         let keys = Keys::new(&config.redis_prefix)?;
-        let client = redis::Client::open(config.redis_url.as_str())
-            .map_err(|e| anyhow::anyhow!("invalid REDIS_URL: {e}"))?;
         let timeout = Duration::from_millis(config.redis_timeout_ms.max(1));
-        let manager_config = ConnectionManagerConfig::new()
-            .set_response_timeout(Some(timeout))
-            .set_connection_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+        let backend = if config.redis_cluster.is_empty() {
+            let client = redis::Client::open(config.redis_url.as_str())
+                .map_err(|e| anyhow::anyhow!("invalid REDIS_URL: {e}"))?;
+            let manager_config = ConnectionManagerConfig::new()
+                .set_response_timeout(Some(timeout))
+                .set_connection_timeout(Some(timeout))
+                .set_number_of_retries(1)
+                .set_max_delay(Duration::from_millis(500));
+            let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+            Backend::Single { conn, client }
+        } else {
+            let client = ClusterClient::builder(config.redis_cluster.iter().map(String::as_str))
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(200)
+                .build()
+                .map_err(|e| anyhow::anyhow!("invalid CHIRP_REDIS_CLUSTER: {e}"))?;
+            Backend::Cluster {
+                client: Box::new(client),
+                conn: tokio::sync::OnceCell::new(),
+            }
+        };
+        let replicas = config
+            .redis_wait_replicas
+            .unwrap_or(u32::from(!config.redis_cluster.is_empty()));
         Ok(Cache {
             inner: Some(Arc::new(Inner {
-                conn,
-                client,
+                backend,
+                wait: Wait {
+                    replicas,
+                    timeout_ms: (config.redis_timeout_ms / 2).max(1),
+                },
                 keys,
                 ttl_secs: config.cache_ttl_secs,
                 list_limit: config.cache_list_limit as usize,
@@ -228,7 +269,7 @@ impl Cache {
         pipe: &Pipeline,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
-        self.run_on(inner, pipe, inner.timeout, true).await
+        self.run_on(inner, pipe, inner.timeout, Mode::Read).await
     }
 
     /// [`Cache::run`] for writes sized by their work: the timeout grows by 50 µs per item on
@@ -240,8 +281,21 @@ impl Cache {
         items: usize,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
-        self.run_on(inner, pipe, inner.timeout + per_item(items), false)
+        self.run_on(inner, pipe, inner.timeout + per_item(items), Mode::Bulk)
             .await
+    }
+
+    /// [`Cache::run_bulk`] for the cache writes of committed changes (the post-commit step):
+    /// each slot's commands end with `WAIT` when `CHIRP_REDIS_WAIT_REPLICAS` is above 0, and
+    /// too few acknowledgements count as a failure (the outbox row stays for the relay).
+    pub(crate) async fn run_durable<T: FromRedisValue>(
+        &self,
+        pipe: &Pipeline,
+        items: usize,
+    ) -> Result<T, CacheUnavailable> {
+        let inner = self.live()?;
+        let timeout = inner.timeout + per_item(items) + inner.wait_time();
+        self.run_on(inner, pipe, timeout, Mode::Durable).await
     }
 
     /// [`Cache::run`] even while Redis is marked down (for the outbox relay and recovery), with a
@@ -253,7 +307,21 @@ impl Cache {
         items: usize,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
-        query(inner, pipe, inner.timeout * 5 + per_item(items))
+        query(inner, pipe, inner.timeout * 5 + per_item(items), false)
+            .await
+            .map_err(|_| CacheUnavailable)
+    }
+
+    /// [`Cache::run_unchecked`], durable like [`Cache::run_durable`] (the outbox relay, the
+    /// epoch).
+    pub(crate) async fn run_unchecked_durable<T: FromRedisValue>(
+        &self,
+        pipe: &Pipeline,
+        items: usize,
+    ) -> Result<T, CacheUnavailable> {
+        let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
+        let timeout = inner.timeout * 5 + per_item(items) + inner.wait_time();
+        query(inner, pipe, timeout, true)
             .await
             .map_err(|_| CacheUnavailable)
     }
@@ -263,15 +331,23 @@ impl Cache {
         inner: &Inner,
         pipe: &Pipeline,
         timeout: Duration,
-        timeout_marks_down: bool,
+        mode: Mode,
     ) -> Result<T, CacheUnavailable> {
-        match query(inner, pipe, timeout).await {
+        match query(inner, pipe, timeout, mode == Mode::Durable).await {
             Ok(v) => Ok(v),
+            Err(Some(e)) if conn::is_not_replicated(&e) => {
+                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    replicas = inner.wait.replicas,
+                    "cache write not acknowledged by a replica in time; the outbox relay repeats it"
+                );
+                Err(CacheUnavailable)
+            }
             Err(Some(e)) => {
                 self.mark_down(&e);
                 Err(CacheUnavailable)
             }
-            Err(None) if timeout_marks_down => {
+            Err(None) if mode == Mode::Read => {
                 self.mark_down(&"timed out");
                 Err(CacheUnavailable)
             }
@@ -286,46 +362,83 @@ impl Cache {
         }
     }
 
+    /// A session on the connection (connecting to a cluster at first use), within the short
+    /// timeout. `durable`: with `WAIT` (see [`conn`]).
+    ///
+    /// # Errors
+    /// Off, or the cluster could not be reached.
+    pub async fn session(&self, durable: bool) -> Result<Session, CacheUnavailable> {
+        let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
+        session(inner, durable, inner.timeout * 5)
+            .await
+            .map_err(|_| CacheUnavailable)
+    }
+
+    /// Whether chirp talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|i| matches!(i.backend, Backend::Cluster { .. }))
+    }
+
     /// `PING` with the short timeout, regardless of the health flag (for `/healthz` and the
-    /// monitor). Always false when disabled.
+    /// monitor): on a cluster, every master must answer. Always false when disabled.
     pub async fn ping(&self) -> bool {
         let Some(inner) = &self.inner else {
             return false;
         };
-        let mut conn = inner.conn.clone();
-        let cmd = redis::cmd("PING");
-        let ping = cmd.query_async::<String>(&mut conn);
-        matches!(tokio::time::timeout(inner.timeout, ping).await, Ok(Ok(_)))
+        let ping = async {
+            let mut s = session(inner, false, inner.timeout).await.ok()?;
+            s.on_every_master(&redis::cmd("PING")).await.ok()
+        };
+        matches!(tokio::time::timeout(inner.timeout, ping).await, Ok(Some(_)))
+    }
+
+    /// Every key under `pattern`, in batches: `SCAN` on the one server, or on every master of
+    /// a cluster in turn. Works while Redis is marked down.
+    ///
+    /// # Errors
+    /// Off, or a node failed.
+    pub(crate) async fn scan(&self, pattern: String) -> Result<Scan, CacheUnavailable> {
+        let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
+        let mut session = session(inner, false, inner.timeout * 5)
+            .await
+            .map_err(|_| CacheUnavailable)?;
+        let nodes = match tokio::time::timeout(inner.timeout * 5, session.masters()).await {
+            Ok(Ok(Some(masters))) => masters.into_iter().map(|m| Some(m.addr)).collect(),
+            Ok(Ok(None)) => vec![None],
+            _ => return Err(CacheUnavailable),
+        };
+        Ok(Scan {
+            session,
+            nodes,
+            cursor: 0,
+            pattern,
+            timeout: inner.timeout * 5,
+        })
     }
 
     /// Deletes every key under the prefix (after a bulk import, whose writes bypass the cache,
     /// and when the [`epoch`] fence trips). Works while Redis is marked down; returns how many
-    /// keys were deleted.
+    /// keys were deleted. On a cluster, every master is scanned.
     pub async fn clear(&self) -> Result<usize, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
-        let pattern = format!("{}:*", inner.keys.prefix());
-        let mut cursor: u64 = 0;
+        let mut scan = self.scan(format!("{}:*", inner.keys.prefix())).await?;
         let mut deleted = 0;
-        loop {
-            let mut scan = redis::pipe();
-            scan.cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000);
-            let ((next, keys),): ((u64, Vec<String>),) = self.run_unchecked(&scan, 1).await?;
-            if !keys.is_empty() {
-                let mut del = redis::pipe();
+        while let Some(keys) = scan.next().await? {
+            let mut del = redis::pipe();
+            if self.is_cluster() {
+                // Each `UNLINK` in its own key's slot (see `conn::split`).
+                for key in &keys {
+                    del.cmd("UNLINK").arg(key).ignore();
+                }
+            } else {
                 del.cmd("UNLINK").arg(&keys).ignore();
-                self.run_unchecked::<()>(&del, keys.len()).await?;
-                deleted += keys.len();
             }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
+            self.run_unchecked::<()>(&del, keys.len()).await?;
+            deleted += keys.len();
         }
+        Ok(deleted)
     }
 
     /// The single-flight lock of one list: concurrent misses of the same list wait for the first
@@ -345,19 +458,108 @@ impl Cache {
     }
 }
 
+/// How a failure of [`Cache::run_on`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// A read: a timeout marks Redis down.
+    Read,
+    /// A bulk write: a timeout is logged, the outbox repairs it.
+    Bulk,
+    /// A bulk write of a committed change, with `WAIT`.
+    Durable,
+}
+
+impl Inner {
+    /// How long a durable write may wait for its replicas.
+    fn wait_time(&self) -> Duration {
+        if self.wait.replicas == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.wait.timeout_ms)
+        }
+    }
+}
+
+/// The keys under a pattern, node by node; see [`Cache::scan`].
+pub(crate) struct Scan {
+    session: Session,
+    /// Nodes still to scan (the last first); `None` is the single server.
+    nodes: Vec<Option<(String, u16)>>,
+    cursor: u64,
+    pattern: String,
+    timeout: Duration,
+}
+
+impl Scan {
+    /// The next non-empty batch of keys; `None` when every node was scanned.
+    ///
+    /// # Errors
+    /// A node failed or timed out.
+    pub(crate) async fn next(&mut self) -> Result<Option<Vec<String>>, CacheUnavailable> {
+        loop {
+            let Some(node) = self.nodes.last().cloned() else {
+                return Ok(None);
+            };
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(self.cursor)
+                .arg("MATCH")
+                .arg(&self.pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let reply =
+                tokio::time::timeout(self.timeout, self.session.on_node(node.as_ref(), &cmd))
+                    .await
+                    .map_err(|_| CacheUnavailable)?
+                    .map_err(|_| CacheUnavailable)?;
+            let (next, keys): (u64, Vec<String>) =
+                FromRedisValue::from_redis_value(reply).map_err(|_| CacheUnavailable)?;
+            if next == 0 {
+                self.nodes.pop();
+            }
+            self.cursor = next;
+            if !keys.is_empty() {
+                return Ok(Some(keys));
+            }
+        }
+    }
+}
+
 /// The extra time a bulk pipeline gets: 50 µs per item.
 fn per_item(items: usize) -> Duration {
     Duration::from_micros(50).saturating_mul(u32::try_from(items).unwrap_or(u32::MAX))
 }
 
+/// A session on `inner`'s connection; a cluster is connected at first use, within `timeout`.
+/// `Err(None)`: timed out.
+async fn session(
+    inner: &Inner,
+    durable: bool,
+    timeout: Duration,
+) -> Result<Session, Option<redis::RedisError>> {
+    let wait = durable.then_some(inner.wait);
+    match &inner.backend {
+        Backend::Single { conn, .. } => Ok(Session::new(Conn::Single(conn.clone()), wait)),
+        Backend::Cluster { client, conn } => {
+            let connect = conn.get_or_try_init(|| client.get_async_connection());
+            match tokio::time::timeout(timeout, connect).await {
+                Ok(Ok(c)) => Ok(Session::new(Conn::Cluster(c.clone()), wait)),
+                Ok(Err(e)) => Err(Some(e)),
+                Err(_) => Err(None),
+            }
+        }
+    }
+}
+
 /// Runs a pipeline within `timeout`; a script missing from Redis's script cache (restart,
-/// `SCRIPT FLUSH`) is loaded and the pipeline retried once. `Err(None)`: timed out.
+/// `SCRIPT FLUSH`, a new cluster node) is loaded (on every node of a cluster) and the pipeline
+/// retried once. `Err(None)`: timed out.
 async fn query<T: FromRedisValue>(
     inner: &Inner,
     pipe: &Pipeline,
     timeout: Duration,
+    durable: bool,
 ) -> Result<T, Option<redis::RedisError>> {
-    let mut conn = inner.conn.clone();
+    let mut conn = session(inner, durable, timeout).await?;
     match query_once(&mut conn, pipe, timeout).await {
         Err(Some(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             for script in scripts::all() {
@@ -370,7 +572,7 @@ async fn query<T: FromRedisValue>(
 }
 
 async fn query_once<T: FromRedisValue>(
-    conn: &mut ConnectionManager,
+    conn: &mut Session,
     pipe: &Pipeline,
     timeout: Duration,
 ) -> Result<T, Option<redis::RedisError>> {

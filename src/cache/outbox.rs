@@ -113,7 +113,7 @@ async fn flush(
         return Ok(());
     }
     cache
-        .run_unchecked::<()>(pipe, *queued)
+        .run_unchecked_durable::<()>(pipe, *queued)
         .await
         .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
     *pipe = redis::pipe();

@@ -4,6 +4,11 @@
 //! correctness, because waiters also poll Postgres while the subscriber is down. The streams'
 //! messages carry the events ([`crate::streams`]): a broken subscription ends every stream, and
 //! clients resume from Postgres.
+//!
+//! Every channel of a prefix shares the hash tag `{bus}` (`{p}:{bus}:{topic}`). A cluster
+//! delivers a `PUBLISH` to the subscribers of every node, but counts only those on the node it
+//! was sent to: chirp sends each to the master of the `{bus}` slot, and each process subscribes
+//! there, so [`Cache::publish_counted`] counts every process.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,9 +19,31 @@ use futures_util::StreamExt;
 use crate::cache::{Cache, CacheUnavailable};
 
 impl Cache {
-    /// The pub/sub channel of `topic`: `{p}:{topic}`.
-    fn topic(&self, topic: &str) -> Option<String> {
-        Some(format!("{}:{topic}", self.keys()?.prefix()))
+    /// The pub/sub channel of `topic`: `{p}:{bus}:{topic}`.
+    pub fn topic(&self, topic: &str) -> Option<String> {
+        Some(format!("{}:{{bus}}:{topic}", self.keys()?.prefix()))
+    }
+
+    /// A client for a subscriber connection: the one server, or the cluster master that serves
+    /// the `{bus}` slot now.
+    async fn subscriber_client(&self, channel: &str) -> Option<redis::Client> {
+        let inner = self.inner.as_ref()?;
+        match &inner.backend {
+            super::Backend::Single { client, .. } => Some(client.clone()),
+            super::Backend::Cluster { .. } => {
+                let mut session = self.session(false).await.ok()?;
+                let lookup = async {
+                    let slot = session.slot_of(channel).await.ok()??;
+                    let masters = session.masters().await.ok()??;
+                    masters.into_iter().find(|m| m.serves(slot))
+                };
+                let master = tokio::time::timeout(inner.timeout * 5, lookup)
+                    .await
+                    .ok()??;
+                let (host, port) = master.addr;
+                redis::Client::open(format!("redis://{host}:{port}/")).ok()
+            }
+        }
     }
 
     /// Publishes `message` on `topic` (best effort: the caller has committed already).
@@ -60,7 +87,7 @@ impl Cache {
         on_message: impl Fn(&str, &str) + Send + Sync + 'static,
         on_lost: impl Fn() + Send + Sync + 'static,
     ) -> Option<tokio::task::JoinHandle<()>> {
-        let client = self.inner.as_ref()?.client.clone();
+        let cache = self.clone();
         let channels: Vec<(String, &'static str)> = topics
             .iter()
             .map(|t| Some((self.topic(t)?, *t)))
@@ -70,7 +97,15 @@ impl Cache {
                 if *stop.borrow() {
                     return;
                 }
-                if let Ok(mut pubsub) = client.get_async_pubsub().await {
+                let client = match channels.first() {
+                    Some((channel, _)) => cache.subscriber_client(channel).await,
+                    None => None,
+                };
+                let pubsub = match client {
+                    Some(client) => client.get_async_pubsub().await.ok(),
+                    None => None,
+                };
+                if let Some(mut pubsub) = pubsub {
                     let names: Vec<&str> = channels.iter().map(|(c, _)| c.as_str()).collect();
                     if pubsub.subscribe(&names).await.is_ok() {
                         subscribed.store(true, Ordering::Release);

@@ -342,7 +342,7 @@ impl Cache {
             AfterCommit::Gate(gate) => drop(gate.lock().await),
         }
         if self
-            .run_bulk::<()>(&staged.pipe, staged.commands)
+            .run_durable::<()>(&staged.pipe, staged.commands)
             .await
             .is_err()
         {

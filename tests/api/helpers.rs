@@ -80,6 +80,10 @@ impl TestApp {
     pub async fn with(db: PgPool, tweak: impl FnOnce(&mut Config)) -> Self {
         let mut config = test_config();
         tweak(&mut config);
+        if config.redis_url != redis_url() {
+            // The test points chirp at a Redis of its own (a proxy, a private server): one node.
+            config.redis_cluster.clear();
+        }
         let prefix = config.redis_prefix.clone();
         let wants_cache = config.cache == CacheMode::On;
         // What `chirp serve` does at start with the cache off.
@@ -177,13 +181,23 @@ impl TestApp {
         self.state.worker.run_until_idle().await.expect("jobs")
     }
 
-    /// A direct Redis connection, to look at what the cache holds.
-    pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.state.config.redis_url.as_str())
-            .expect("url")
-            .get_multiplexed_async_connection()
-            .await
-            .expect("redis")
+    /// A direct connection to the Redis (or Redis Cluster) this app uses, to look at what the
+    /// cache holds; on a cluster each command goes to its key's node.
+    pub async fn redis(&self) -> chirp::cache::Session {
+        let config = &self.state.config;
+        let conn = if config.redis_cluster.is_empty() {
+            let client = redis::Client::open(config.redis_url.as_str()).expect("url");
+            chirp::cache::Conn::Single(
+                redis::aio::ConnectionManager::new(client)
+                    .await
+                    .expect("redis"),
+            )
+        } else {
+            let client =
+                redis::cluster::ClusterClient::new(config.redis_cluster.clone()).expect("urls");
+            chirp::cache::Conn::Cluster(client.get_async_connection().await.expect("cluster"))
+        };
+        chirp::cache::Session::new(conn, None)
     }
 
     pub fn list_key(&self, timeline: Timeline) -> String {

@@ -424,7 +424,7 @@ async fn a_tweet_posted_on_one_server_reaches_a_stream_on_another(db: PgPool) {
     let mut redis = one.redis().await;
     let (_, listeners): (String, i64) = redis::cmd("PUBSUB")
         .arg("NUMSUB")
-        .arg(format!("{}:streams", one.prefix))
+        .arg(one.state.cache.topic("streams").expect("cache on"))
         .query_async(&mut redis)
         .await
         .expect("numsub");

@@ -1,0 +1,385 @@
+//! One connection type for a single Redis server and for Redis Cluster, so the rest of the cache
+//! layer builds plain `redis::Pipeline`s and never asks which one it talks to.
+//!
+//! On a cluster a pipeline may hold commands of many owners (a page's hydration, a fan-out
+//! batch, the outbox relay): [`Session`] splits it per hash slot, sends each slot's commands as
+//! one pipeline to that slot's master (all slots at once, over redis-rs's multiplexed
+//! connections), sends multi-key and keyless commands on their own (redis-rs routes and splits
+//! those: `MGET` per slot, `PING` to every master), and puts the replies back in the pipeline's
+//! order. Every key of one owner shares a hash tag (see [`super::keys`]), so each Lua script
+//! stays in one slot.
+//!
+//! A durable session (the post-commit step, the outbox relay, the epoch) ends each slot's
+//! pipeline with `WAIT {replicas} {timeout}`: Redis replication is asynchronous, and a failover
+//! would otherwise drop writes the old master acknowledged while their outbox rows are already
+//! gone. A write no replica acknowledged in time is reported as failed, so its outbox row stays
+//! and the relay applies it again (on the promoted replica, after a failover).
+
+use std::collections::HashMap;
+
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
+};
+use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+
+/// A connection to a single Redis server or to a Redis Cluster; cheap to clone.
+#[derive(Clone)]
+pub enum Conn {
+    /// One server (reconnects by itself).
+    Single(ConnectionManager),
+    /// A cluster (follows the topology and reconnects by itself).
+    Cluster(ClusterConnection),
+}
+
+/// How many replicas must acknowledge a durable write, within how many milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wait {
+    /// Replicas (`WAIT`'s first argument); 0 turns waiting off.
+    pub replicas: u32,
+    /// Milliseconds `WAIT` may block.
+    pub timeout_ms: u64,
+}
+
+/// The error a durable write reports when too few replicas acknowledged it.
+pub const NOT_REPLICATED: &str = "cache write not acknowledged by enough replicas (WAIT)";
+
+/// Whether `e` is [`NOT_REPLICATED`].
+pub fn is_not_replicated(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Client && e.to_string().contains(NOT_REPLICATED)
+}
+
+/// A [`Conn`] for one operation, optionally durable (see the module docs). Implements
+/// `redis::aio::ConnectionLike`, so `pipe.query_async(&mut session)` works on both kinds.
+pub struct Session {
+    conn: Conn,
+    wait: Option<Wait>,
+}
+
+impl Session {
+    /// A session over `conn`; `wait`: end every write with `WAIT` (durable).
+    pub fn new(conn: Conn, wait: Option<Wait>) -> Self {
+        Session {
+            conn,
+            wait: wait.filter(|w| w.replicas > 0),
+        }
+    }
+
+    /// Sends `cmd` to every master of a cluster (or the one server) and returns each reply.
+    ///
+    /// # Errors
+    /// Any node failed.
+    pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
+        match &mut self.conn {
+            Conn::Single(c) => Ok(vec![c.req_packed_command(cmd).await?]),
+            Conn::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let reply = c.route_command(cmd.clone(), routing).await?;
+                Ok(match reply {
+                    Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
+                    Value::Array(values) => values,
+                    other => vec![other],
+                })
+            }
+        }
+    }
+
+    /// Sends `cmd` to the master at `host:port` (a cluster node), or to the one server.
+    ///
+    /// # Errors
+    /// The node failed.
+    pub async fn on_node(&mut self, node: Option<&(String, u16)>, cmd: &Cmd) -> RedisResult<Value> {
+        match (&mut self.conn, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                c.route_command(cmd.clone(), routing).await
+            }
+            (conn, _) => conn.req_packed_command(cmd).await,
+        }
+    }
+
+    /// The masters of a cluster with the slot ranges each serves (from `CLUSTER NODES`);
+    /// `None` for a single server.
+    ///
+    /// # Errors
+    /// The cluster could not be asked, or answered something unreadable.
+    pub async fn masters(&mut self) -> RedisResult<Option<Vec<Master>>> {
+        let Conn::Cluster(c) = &mut self.conn else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("NODES");
+        let text: String = redis::FromRedisValue::from_redis_value(
+            c.route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await?,
+        )?;
+        Ok(Some(parse_nodes(&text)))
+    }
+
+    /// The hash slot of `key` (`CLUSTER KEYSLOT`); `None` for a single server.
+    ///
+    /// # Errors
+    /// The cluster could not be asked.
+    pub async fn slot_of(&mut self, key: &str) -> RedisResult<Option<u16>> {
+        let Conn::Cluster(c) = &mut self.conn else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("KEYSLOT").arg(key);
+        let slot: u16 = redis::FromRedisValue::from_redis_value(
+            c.route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await?,
+        )?;
+        Ok(Some(slot))
+    }
+
+    async fn pipeline(&mut self, pipeline: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {
+        match &mut self.conn {
+            Conn::Single(c) => match self.wait {
+                None => c.req_packed_commands(pipeline, 0, count).await,
+                Some(wait) => {
+                    let mut waited = pipeline.clone();
+                    waited.cmd("WAIT").arg(wait.replicas).arg(wait.timeout_ms);
+                    let mut values = c.req_packed_commands(&waited, 0, count + 1).await?;
+                    check_acks(values.pop(), wait)?;
+                    Ok(values)
+                }
+            },
+            Conn::Cluster(c) => split(c, pipeline, self.wait).await,
+        }
+    }
+}
+
+impl Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+}
+
+impl ConnectionLike for Session {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            if offset != 0 {
+                // An atomic pipeline (MULTI/EXEC): chirp sends none; pass it through unsplit.
+                return match &mut self.conn {
+                    Conn::Single(c) => c.req_packed_commands(pipeline, offset, count).await,
+                    Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count).await,
+                };
+            }
+            self.pipeline(pipeline, count).await
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// A cluster master: its address and the slot ranges (inclusive) it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Master {
+    /// `(host, port)`.
+    pub addr: (String, u16),
+    /// The node id.
+    pub id: String,
+    /// Inclusive slot ranges.
+    pub slots: Vec<(u16, u16)>,
+}
+
+impl Master {
+    /// Whether it serves `slot`.
+    pub fn serves(&self, slot: u16) -> bool {
+        self.slots.iter().any(|&(a, b)| (a..=b).contains(&slot))
+    }
+}
+
+/// The healthy masters in `CLUSTER NODES` output, with their slots.
+fn parse_nodes(text: &str) -> Vec<Master> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                return None;
+            }
+            let addr = fields.get(1)?.split('@').next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            let slots = fields
+                .iter()
+                .skip(8)
+                .filter(|s| !s.starts_with('['))
+                .filter_map(|s| match s.split_once('-') {
+                    Some((a, b)) => Some((a.parse().ok()?, b.parse().ok()?)),
+                    None => s.parse().ok().map(|n| (n, n)),
+                })
+                .collect::<Vec<_>>();
+            if slots.is_empty() {
+                return None;
+            }
+            Some(Master {
+                addr: (host.to_owned(), port.parse().ok()?),
+                id: (*fields.first()?).to_owned(),
+                slots,
+            })
+        })
+        .collect()
+}
+
+fn check_acks(reply: Option<Value>, wait: Wait) -> RedisResult<()> {
+    match reply {
+        Some(Value::Int(n)) if n >= i64::from(wait.replicas) => Ok(()),
+        _ => Err(RedisError::from((ErrorKind::Client, NOT_REPLICATED))),
+    }
+}
+
+/// Where a pipeline command goes on a cluster: with the commands of its slot, or on its own.
+fn placement(cmd: &Cmd) -> Option<Slot> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        Arg::Simple(bytes) => bytes,
+        _ => &[][..],
+    });
+    let name = args.next()?.to_ascii_uppercase();
+    let key = match name.as_slice() {
+        b"EVALSHA" | b"EVAL" => {
+            let _script = args.next()?;
+            let keys: usize = std::str::from_utf8(args.next()?).ok()?.parse().ok()?;
+            if keys == 0 {
+                return None;
+            }
+            args.next()?
+        }
+        // Multi-key commands: on their own unless they name one key (redis-rs splits them).
+        b"MGET" | b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH" => {
+            let key = args.next()?;
+            if args.next().is_some() {
+                return None;
+            }
+            key
+        }
+        // Keyless or multi-node commands: redis-rs routes them.
+        b"PING" | b"INFO" | b"CONFIG" | b"SCAN" | b"WAIT" | b"SCRIPT" | b"CLUSTER" | b"PUBSUB"
+        | b"KEYS" | b"FLUSHALL" | b"FLUSHDB" | b"DBSIZE" | b"MEMORY" | b"OBJECT" | b"CLIENT"
+        | b"TIME" | b"ECHO" | b"MSET" => return None,
+        // PUBLISH goes to the master of its channel's slot, where this process's subscribers
+        // listen (see `super::pubsub`), so its receiver count is theirs.
+        _ => args.next()?,
+    };
+    Some(Slot::for_key(key))
+}
+
+/// Runs `pipeline` on a cluster, split per slot (see the module docs).
+async fn split(
+    conn: &ClusterConnection,
+    pipeline: &Pipeline,
+    wait: Option<Wait>,
+) -> RedisResult<Vec<Value>> {
+    let cmds: Vec<&Cmd> = pipeline.cmd_iter().collect();
+    let mut groups: HashMap<Slot, Vec<usize>> = HashMap::new();
+    let mut alone = Vec::new();
+    for (i, cmd) in cmds.iter().enumerate() {
+        match placement(cmd) {
+            Some(slot) => groups.entry(slot).or_default().push(i),
+            None => alone.push(i),
+        }
+    }
+    let grouped = groups.into_iter().map(|(slot, indices)| {
+        let mut conn = conn.clone();
+        let mut sub = redis::pipe();
+        for &i in &indices {
+            sub.add_command(cmds[i].clone());
+        }
+        if let Some(w) = wait {
+            sub.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+        }
+        let count = indices.len() + usize::from(wait.is_some());
+        async move {
+            let route =
+                SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
+            let mut values = conn.route_pipeline(sub, 0, count, route).await?;
+            if let Some(w) = wait {
+                check_acks(values.pop(), w)?;
+            }
+            Ok::<_, RedisError>(indices.into_iter().zip(values).collect::<Vec<_>>())
+        }
+    });
+    let single = alone.iter().map(|&i| {
+        let mut conn = conn.clone();
+        let cmd = cmds[i];
+        async move {
+            let value = conn.req_packed_command(cmd).await?;
+            Ok::<_, RedisError>(vec![(i, value)])
+        }
+    });
+    let (grouped, single) =
+        futures_util::future::try_join(try_join_all(grouped), try_join_all(single)).await?;
+    let mut out: Vec<Option<Value>> = vec![None; cmds.len()];
+    for (i, v) in grouped.into_iter().chain(single).flatten() {
+        if let Some(slot) = out.get_mut(i) {
+            *slot = Some(v);
+        }
+    }
+    Ok(out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_placed_by_their_first_key_or_alone() {
+        let slot = |c: &Cmd| placement(c);
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg("abc")
+            .arg(2)
+            .arg("p:{u42}:home")
+            .arg("p:{u42}:home:gen");
+        assert_eq!(slot(&eval), Some(Slot::for_key("{u42}")));
+        let mut get = redis::cmd("GET");
+        get.arg("p:{t7}:tweet");
+        assert_eq!(slot(&get), Some(Slot::for_key("t7")));
+        let mut mget = redis::cmd("MGET");
+        mget.arg("p:{t7}:tweet").arg("p:{t8}:tweet");
+        assert_eq!(slot(&mget), None);
+        let mut ping = redis::cmd("PING");
+        ping.arg("x");
+        assert_eq!(slot(&ping), None);
+    }
+
+    #[test]
+    fn cluster_nodes_output_gives_the_healthy_masters_and_their_slots() {
+        let text = "\
+a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
+b2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922 [93-<-x]
+c3 127.0.0.1:7002@17002 master,fail - 0 0 3 connected 10923-16383
+d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
+";
+        let masters = parse_nodes(text);
+        assert_eq!(masters.len(), 2);
+        assert_eq!(masters[0].addr, ("127.0.0.1".to_owned(), 7000));
+        assert_eq!(masters[1].slots, vec![(5461, 10922)]);
+        assert!(masters[0].serves(5460) && !masters[0].serves(5461));
+    }
+}
