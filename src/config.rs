@@ -29,6 +29,9 @@ pub enum Command {
     /// Post real tweets (Twitter v1.1 JSON lines, plain or .gz) live as imported accounts, at
     /// a steady rate, through the same code path as POST /api/tweets/ (drives the streams).
     Replay(ReplayArgs),
+    /// Compare every cached list, object and counter with Postgres and list the differences
+    /// (exit status 1 if any); see `chirp::check`.
+    CheckCache,
 }
 
 /// Arguments of `chirp replay` (see `chirp::import::replay`).

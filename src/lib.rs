@@ -4,6 +4,7 @@
 pub mod accounts;
 pub mod cache;
 pub mod chat;
+pub mod check;
 pub mod circles;
 pub mod comments;
 pub mod config;

@@ -195,6 +195,16 @@ pub async fn main() -> anyhow::Result<()> {
             println!("{done}");
             Ok(())
         }
+        Command::CheckCache => {
+            let db = db::migrate(&cli.config).await?;
+            let cache = crate::cache::Cache::new(&cli.config)?;
+            let report = crate::check::run(&db, &cache).await?;
+            println!("{report}");
+            if !report.differences.is_empty() {
+                anyhow::bail!("the cache differs from Postgres");
+            }
+            Ok(())
+        }
         Command::Import(args) => {
             let db = db::migrate(&cli.config).await?;
             let summary = crate::import::run(&db, &args).await?;

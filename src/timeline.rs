@@ -115,7 +115,7 @@ impl Timeline {
     }
 
     /// The newest `limit` entries from Postgres (to fill the cache).
-    async fn entries(self, db: &PgPool, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+    pub(crate) async fn entries(self, db: &PgPool, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
         match self {
             Timeline::Newsfeed(user) => newsfeeds::entries(db, user, limit).await,
             Timeline::UserTweets(user) => tweets::timeline_entries(db, user, limit).await,

@@ -418,6 +418,17 @@ fn liked_from_flags(tweet_ids: &[i64], flags: Vec<bool>) -> LikedAmong {
     }
 }
 
+/// A stored tweet object value as the read path takes it (for the consistency checker).
+pub fn decode_stored_tweet(value: &str) -> Cached<CachedTweet> {
+    decode_tweet(Some(value.to_owned()))
+}
+
+/// A stored user object value (`"{version}|{user JSON}"`), `None` if unreadable (for the
+/// consistency checker).
+pub fn decode_stored_user(value: &str) -> Option<UserRecord> {
+    decode_user(Some(value.to_owned()))
+}
+
 fn decode_tweet(v: Option<String>) -> Cached<CachedTweet> {
     match v.as_deref() {
         None => Cached::Miss,

@@ -4,6 +4,7 @@
 mod accounts;
 mod cache;
 mod chat;
+mod check;
 mod circles;
 mod comments;
 mod fanout;
