@@ -72,10 +72,23 @@ impl Session {
     /// # Errors
     /// Any node failed.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
+        self.on_all(cmd, MultipleNodeRoutingInfo::AllMasters).await
+    }
+
+    /// Sends `cmd` to every node of a cluster, replicas too (or the one server) and returns
+    /// each reply.
+    ///
+    /// # Errors
+    /// Any node failed.
+    pub async fn on_every_node(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
+        self.on_all(cmd, MultipleNodeRoutingInfo::AllNodes).await
+    }
+
+    async fn on_all(&mut self, cmd: &Cmd, nodes: MultipleNodeRoutingInfo) -> RedisResult<Vec<Value>> {
         match &mut self.conn {
             Conn::Single(c) => Ok(vec![c.req_packed_command(cmd).await?]),
             Conn::Cluster(c) => {
-                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let routing = RoutingInfo::MultiNode((nodes, None));
                 let reply = c.route_command(cmd.clone(), routing).await?;
                 Ok(match reply {
                     Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),

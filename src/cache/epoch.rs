@@ -2,12 +2,17 @@
 //! an RDB/AOF snapshot, failed over to a lagging replica, flushed) must not be trusted, or it
 //! would resurrect deleted tweets and revoked tokens that no outbox row remembers.
 //!
-//! Postgres keeps, per key prefix, the epoch chirp last wrote to `{p}:epoch` and the `run_id` of
-//! the Redis server it wrote it to (`cache_epoch`). Redis is trusted only while both match: a
-//! restart or failover changes the `run_id`, a flush or an eviction removes the epoch key. On a
-//! mismatch one process at a time (a row lock on `cache_epoch`) clears every key under the
-//! prefix, writes a new epoch to Redis and records it with the new `run_id`; until then nobody
-//! uses Redis. Processes check at every recovery and every second while Redis is in use, so a
+//! Postgres keeps, per key prefix, the epoch chirp last wrote to `{p}:epoch` and the `run_id`s of
+//! the Redis servers that held it (`cache_epoch.redis_run_id`, comma-separated: the one server,
+//! or every node of a cluster, replicas included). Redis is trusted only while it holds the
+//! epoch and every server that answers as a master is one of those: a restart (empty, or from
+//! an old snapshot) gives a server a new `run_id`, a flush or an eviction removes the epoch key.
+//! A replica promoted by a cluster failover is trusted: it was recorded, and every cache write
+//! of a committed change waited for it (`WAIT`, see [`super::conn`]); writes it did not
+//! acknowledge kept their outbox rows, which the relay applies to it. The recorded set follows
+//! the topology (a replica that joins, the old master back as a replica). On a mismatch one
+//! process at a time (a row lock on `cache_epoch`) clears every key under the prefix, writes a
+//! new epoch to Redis and records it with the new servers; until then nobody uses Redis. Processes check at every recovery and every second while Redis is in use, so a
 //! silent restart is noticed within about a second (and a restart that broke connections at
 //! once).
 
@@ -16,9 +21,11 @@ use sqlx::PgPool;
 
 use crate::cache::{Cache, CacheUnavailable};
 
-/// What Redis and Postgres say: `(epoch in Redis, Redis run_id)` and `(epoch, run_id)` recorded.
+/// What Redis says: the epoch it holds, the `run_id`s of the servers that answer as masters,
+/// and of every server (sorted, comma-separated, as recorded).
 struct Observed {
     redis_epoch: Option<i64>,
+    masters: Vec<String>,
     run_id: String,
 }
 
@@ -30,38 +37,40 @@ async fn observe(cache: &Cache) -> anyhow::Result<Observed> {
         .run_unchecked(&pipe, 1)
         .await
         .map_err(|_| anyhow::anyhow!("redis unavailable"))?;
-    let run_id = run_ids(cache).await?;
+    let (masters, run_id) = run_ids(cache).await?;
     Ok(Observed {
         redis_epoch,
+        masters,
         run_id,
     })
 }
 
-/// The `run_id` of the Redis server, or of every cluster master (sorted, comma-separated): a
-/// restart or a failover of any shard changes it, and the fence then clears the prefix.
-async fn run_ids(cache: &Cache) -> anyhow::Result<String> {
+/// The `run_id`s of the servers that answer as masters, and of every server (sorted,
+/// comma-separated): the one server, or every node of a cluster.
+async fn run_ids(cache: &Cache) -> anyhow::Result<(Vec<String>, String)> {
     let mut session = cache
         .session(false)
         .await
         .map_err(|_| anyhow::anyhow!("redis unavailable"))?;
     let mut info = redis::cmd("INFO");
-    info.arg("server");
-    let replies = session
-        .on_every_master(&info)
-        .await
-        .context("INFO server")?;
-    let mut ids = replies
-        .into_iter()
-        .map(|reply| {
-            let text: String = redis::FromRedisValue::from_redis_value(reply)?;
+    info.arg("server").arg("replication");
+    let replies = session.on_every_node(&info).await.context("INFO")?;
+    let (mut masters, mut all) = (Vec::new(), Vec::new());
+    for reply in replies {
+        let text: String = redis::FromRedisValue::from_redis_value(reply)?;
+        let field = |name: &str| {
             text.lines()
-                .find_map(|l| l.strip_prefix("run_id:"))
+                .find_map(|l| l.strip_prefix(name))
                 .map(|s| s.trim().to_owned())
-                .context("INFO server has no run_id")
-        })
-        .collect::<anyhow::Result<Vec<String>>>()?;
-    ids.sort();
-    Ok(ids.join(","))
+        };
+        let run_id = field("run_id:").context("INFO has no run_id")?;
+        if field("role:").as_deref() != Some("slave") {
+            masters.push(run_id.clone());
+        }
+        all.push(run_id);
+    }
+    all.sort();
+    Ok((masters, all.join(",")))
 }
 
 async fn recorded(db: &PgPool, prefix: &str) -> sqlx::Result<Option<(i64, String)>> {
@@ -72,8 +81,12 @@ async fn recorded(db: &PgPool, prefix: &str) -> sqlx::Result<Option<(i64, String
 }
 
 fn matches(seen: &Observed, recorded: Option<&(i64, String)>) -> bool {
-    recorded
-        .is_some_and(|(epoch, run_id)| seen.redis_epoch == Some(*epoch) && seen.run_id == *run_id)
+    recorded.is_some_and(|(epoch, run_ids)| {
+        let known: std::collections::HashSet<&str> = run_ids.split(',').collect();
+        seen.redis_epoch == Some(*epoch)
+            && !seen.masters.is_empty()
+            && seen.masters.iter().all(|m| known.contains(m.as_str()))
+    })
 }
 
 /// Whether Redis holds the epoch Postgres recorded, on the same server.
@@ -84,7 +97,23 @@ pub async fn is_trusted(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     let keys = cache.keys().ok_or(CacheUnavailable)?;
     let seen = observe(cache).await?;
     let rec = recorded(db, keys.prefix()).await?;
-    Ok(matches(&seen, rec.as_ref()))
+    let trusted = matches(&seen, rec.as_ref());
+    if let (true, Some((epoch, run_ids))) = (trusted, rec)
+        && run_ids != seen.run_id
+    {
+        // The topology changed without losing data (a failover to a recorded replica, a
+        // replica that joined): record the servers that hold the epoch now.
+        sqlx::query(
+            "update cache_epoch set redis_run_id = $3 where prefix = $1 and epoch = $2",
+        )
+        .bind(keys.prefix())
+        .bind(epoch)
+        .bind(&seen.run_id)
+        .execute(db)
+        .await?;
+        tracing::info!(servers = %seen.run_id, "redis topology changed; epoch kept");
+    }
+    Ok(trusted)
 }
 
 /// Makes Redis trustworthy: if its epoch or server differs from what Postgres recorded, clears
