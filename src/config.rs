@@ -174,9 +174,10 @@ pub struct Config {
     )]
     pub redis_timeout_ms: u64,
 
-    /// Concurrent job runners in each worker (in `serve` and in `worker`).
+    /// Concurrent job runners in each worker (in `serve` and in `worker`); 0 in `serve` leaves
+    /// every job to separate `chirp worker` processes (a `worker` runs at least one).
     #[arg(long, global = true, env = "CHIRP_WORKERS", default_value_t = 2,
-          value_parser = clap::value_parser!(u32).range(1..=64))]
+          value_parser = clap::value_parser!(u32).range(0..=64))]
     pub workers: u32,
 
     /// Origins allowed to call the API from a browser (CORS), comma-separated, e.g.

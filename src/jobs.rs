@@ -297,12 +297,15 @@ impl Worker {
         Ok(n)
     }
 
-    /// Runs `runners` job loops until `shutdown`; a job in progress finishes first. Wakes on
+    /// Runs `runners` job loops (none for 0) until `shutdown`; a job in progress finishes first. Wakes on
     /// `LISTEN chirp_jobs`, on in-process writes, and every second regardless.
     pub async fn run(self, runners: usize, shutdown: watch::Receiver<bool>) {
+        if runners == 0 {
+            return;
+        }
         let listener = tokio::spawn(listen(self.db.clone(), self.wake.clone(), shutdown.clone()));
         let mut tasks = Vec::new();
-        for _ in 0..runners.max(1) {
+        for _ in 0..runners {
             let worker = self.clone();
             let mut shutdown = shutdown.clone();
             tasks.push(tokio::spawn(async move {

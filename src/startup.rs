@@ -116,9 +116,12 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
         state
             .worker
             .clone()
-            .run(state.config.workers as usize, stopped),
+            .run(state.config.workers.max(1) as usize, stopped),
     );
-    tracing::info!(runners = state.config.workers, "chirp worker running");
+    tracing::info!(
+        runners = state.config.workers.max(1),
+        "chirp worker running"
+    );
     shutdown.await;
     tracing::info!("shutting down: finishing jobs");
     let _ = stop.send(true);

@@ -84,7 +84,11 @@ impl Session {
         self.on_all(cmd, MultipleNodeRoutingInfo::AllNodes).await
     }
 
-    async fn on_all(&mut self, cmd: &Cmd, nodes: MultipleNodeRoutingInfo) -> RedisResult<Vec<Value>> {
+    async fn on_all(
+        &mut self,
+        cmd: &Cmd,
+        nodes: MultipleNodeRoutingInfo,
+    ) -> RedisResult<Vec<Value>> {
         match &mut self.conn {
             Conn::Single(c) => Ok(vec![c.req_packed_command(cmd).await?]),
             Conn::Cluster(c) => {

@@ -103,14 +103,12 @@ pub async fn is_trusted(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     {
         // The topology changed without losing data (a failover to a recorded replica, a
         // replica that joined): record the servers that hold the epoch now.
-        sqlx::query(
-            "update cache_epoch set redis_run_id = $3 where prefix = $1 and epoch = $2",
-        )
-        .bind(keys.prefix())
-        .bind(epoch)
-        .bind(&seen.run_id)
-        .execute(db)
-        .await?;
+        sqlx::query("update cache_epoch set redis_run_id = $3 where prefix = $1 and epoch = $2")
+            .bind(keys.prefix())
+            .bind(epoch)
+            .bind(&seen.run_id)
+            .execute(db)
+            .await?;
         tracing::info!(servers = %seen.run_id, "redis topology changed; epoch kept");
     }
     Ok(trusted)
