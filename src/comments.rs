@@ -42,6 +42,7 @@ struct CommentRow {
 /// Turns rows into `Comment`s: authors from the user cache, `has_liked` in one query.
 async fn hydrate(
     db: &PgPool,
+    read: &PgPool,
     cache: &Cache,
     rows: Vec<CommentRow>,
     viewer: Option<i64>,
@@ -49,7 +50,7 @@ async fn hydrate(
     let author_ids: Vec<i64> = rows.iter().map(|r| r.user_id).collect();
     let comment_ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
     let authors = users::load_many(db, cache, &author_ids).await?;
-    let liked = likes::liked_comments(db, viewer, &comment_ids).await?;
+    let liked = likes::liked_comments(read, viewer, &comment_ids).await?;
     Ok(rows
         .into_iter()
         .filter_map(|r| {
@@ -192,7 +193,7 @@ pub async fn edit(
     .fetch_one(&mut *tx)
     .await?;
     tx.commit().await?;
-    let mut hydrated = hydrate(db, cache, vec![row], Some(me.id)).await?;
+    let mut hydrated = hydrate(db, db, cache, vec![row], Some(me.id)).await?;
     hydrated.pop().ok_or(ApiError::NotFound)
 }
 
@@ -223,6 +224,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<(
 /// 404 if the tweet does not exist.
 pub async fn list(
     db: &PgPool,
+    read: &PgPool,
     cache: &Cache,
     tweet_id: i64,
     req: &PageRequest,
@@ -230,20 +232,23 @@ pub async fn list(
 ) -> ApiResult<Page<Comment>> {
     let exists: bool = sqlx::query_scalar("select exists (select 1 from tweets where id = $1)")
         .bind(tweet_id)
-        .fetch_one(db)
+        .fetch_one(read)
         .await?;
     if !exists {
         return Err(ApiError::NotFound);
     }
     Ok(Page::from_items(
-        page(db, cache, tweet_id, req, viewer).await?,
+        page(db, read, cache, tweet_id, req, viewer).await?,
         req,
     ))
 }
 
-/// Up to `req.want()` comments of a tweet, newest first (no existence check).
+/// Up to `req.want()` comments of a tweet, newest first (no existence check). The comments
+/// and the viewer's likes of them are read from `read` (the replica when it may serve this
+/// caller, see [`crate::replica`]); their authors from the cache or the primary `db`.
 pub async fn page(
     db: &PgPool,
+    read: &PgPool,
     cache: &Cache,
     tweet_id: i64,
     req: &PageRequest,
@@ -259,7 +264,7 @@ pub async fn page(
     .bind(req.lt)
     .bind(req.gt)
     .bind(req.want() as i64)
-    .fetch_all(db)
+    .fetch_all(read)
     .await?;
-    hydrate(db, cache, rows, viewer).await
+    hydrate(db, read, cache, rows, viewer).await
 }

@@ -94,6 +94,12 @@ pub struct Config {
     )]
     pub database_url: String,
 
+    /// A Postgres streaming replica for reads that are never cached (followers, followings,
+    /// comments), used only while it keeps up; see `chirp::replica`. Unset: everything reads
+    /// the primary.
+    #[arg(long, global = true, env = "DATABASE_REPLICA_URL")]
+    pub database_replica_url: Option<String>,
+
     /// Redis URL.
     #[arg(
         long,

@@ -149,19 +149,22 @@ pub enum Direction {
     Followings,
 }
 
-/// A page of a user's followers or followings, newest friendship first.
+/// A page of a user's followers or followings, newest friendship first. The friendships are
+/// read from `read` (the replica when it may serve this caller, see [`crate::replica`]); the
+/// users from the cache or the primary `db` (a fill must not come from a replica).
 ///
 /// # Errors
 /// 404 if the user does not exist.
 pub async fn list(
     db: &PgPool,
+    read: &PgPool,
     cache: &Cache,
     user: i64,
     direction: Direction,
     req: &PageRequest,
     viewer: Option<i64>,
 ) -> ApiResult<Page<Friendship>> {
-    if !users::exists(db, user).await? {
+    if !users::exists(read, user).await? {
         return Err(ApiError::NotFound);
     }
     let sql = match direction {
@@ -181,7 +184,7 @@ pub async fn list(
         .bind(req.lt)
         .bind(req.gt)
         .bind(req.want() as i64)
-        .fetch_all(db)
+        .fetch_all(read)
         .await?;
     let ids: Vec<i64> = rows.iter().map(|r| r.0).collect();
     let people: HashMap<i64, crate::model::UserRecord> = users::load_many(db, cache, &ids).await?;
@@ -191,7 +194,7 @@ pub async fn list(
         )
         .bind(v)
         .bind(&ids)
-        .fetch_all(db)
+        .fetch_all(read)
         .await?
         .into_iter()
         .collect(),

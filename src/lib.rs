@@ -22,6 +22,7 @@ pub mod model;
 pub mod newsfeeds;
 pub mod notifications;
 pub mod pagination;
+pub mod replica;
 pub mod startup;
 pub mod state;
 pub mod streams;

@@ -58,6 +58,11 @@ impl Application {
             stopped.clone(),
         ));
         let cleanup = tokio::spawn(chat::cleanup_loop(state.chat.clone(), stopped.clone()));
+        let replica = tokio::spawn(crate::replica::monitor(
+            state.replica.clone(),
+            state.db.clone(),
+            stopped.clone(),
+        ));
         let worker = tokio::spawn(
             state
                 .worker
@@ -96,6 +101,7 @@ impl Application {
         let _ = worker.await;
         let _ = monitor.await;
         let _ = cleanup.await;
+        let _ = replica.await;
         Ok(())
     }
 }

@@ -52,6 +52,8 @@ pub struct Shared {
     pub subscriber: Arc<Subscriber>,
     /// Recently seen bearer tokens, in this process's memory (`CHIRP_TOKEN_CACHE_SECS`).
     pub tokens: Arc<TokenCache>,
+    /// The Postgres replica for never-cached reads (`DATABASE_REPLICA_URL`), if any.
+    pub replica: Arc<crate::replica::Replica>,
 }
 
 impl AppState {
@@ -88,6 +90,7 @@ impl AppState {
             backlog: config.chat_backlog as usize,
             idle: std::time::Duration::from_secs(config.chat_idle_secs),
         };
+        let config_replica = config.clone();
         Ok(AppState(Arc::new(Shared {
             chat,
             shutdown: Arc::new(shutdown),
@@ -100,6 +103,7 @@ impl AppState {
             streams,
             subscriber,
             tokens,
+            replica: Arc::new(crate::replica::Replica::new(&config_replica)?),
         })))
     }
 }

@@ -38,7 +38,15 @@ async fn list(
     let tweet_id = query.required_id("tweet_id")?;
     let req = query.page()?;
     Ok(Json(
-        comments::list(&state.db, &state.cache, tweet_id, &req, caller.id()).await?,
+        comments::list(
+            &state.db,
+            state.replica.for_read(&state.db, caller.id()),
+            &state.cache,
+            tweet_id,
+            &req,
+            caller.id(),
+        )
+        .await?,
     ))
 }
 

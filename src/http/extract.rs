@@ -342,6 +342,13 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
             match accounts::authenticate(&state.db, &state.cache, &state.tokens, &token).await {
                 Ok(user_id) => {
                     req.extensions_mut().insert(Auth { user_id, token });
+                    if !req.method().is_safe() {
+                        // A write: this user's never-cached reads stay on the primary for a
+                        // while (see `crate::replica`).
+                        let res = next.run(req).await;
+                        state.replica.wrote(user_id);
+                        return res;
+                    }
                 }
                 Err(e) => return e.into_response(),
             }

@@ -69,6 +69,7 @@ async fn followers(
     Ok(Json(
         friendships::list(
             &state.db,
+            state.replica.for_read(&state.db, caller.id()),
             &state.cache,
             user,
             Direction::Followers,
@@ -89,6 +90,7 @@ async fn followings(
     Ok(Json(
         friendships::list(
             &state.db,
+            state.replica.for_read(&state.db, caller.id()),
             &state.cache,
             user,
             Direction::Followings,

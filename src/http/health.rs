@@ -22,7 +22,8 @@ pub fn router() -> Router<AppState> {
 /// send transactions and the messages they stored (their ratio: the group commit's batch size),
 /// and its streams: open `streaming/user` and `statuses/*` streams, whether the pub/sub
 /// subscription stands, messages received, events queued, and clients cut off as
-/// FALLING_BEHIND.
+/// FALLING_BEHIND; and the Postgres replica (`off`, or whether it is fresh and how many
+/// reads went to it or stayed on the primary).
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let pg = tokio::time::timeout(
         Duration::from_secs(2),
@@ -70,6 +71,15 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "messages": state.streams.stats.messages.load(Ordering::Relaxed),
             "events_queued": state.streams.stats.queued.load(Ordering::Relaxed),
             "fell_behind": state.streams.stats.fell_behind.load(Ordering::Relaxed),
+        },
+        "replica": if state.replica.configured() {
+            json!({
+                "fresh": state.replica.fresh(),
+                "reads": state.replica.reads.load(Ordering::Relaxed),
+                "kept_on_primary": state.replica.kept_on_primary.load(Ordering::Relaxed),
+            })
+        } else {
+            json!("off")
         },
         "tokens": {
             "held": state.tokens.len(),

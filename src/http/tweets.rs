@@ -193,6 +193,7 @@ async fn detail(
         .is_empty();
     let mut comments = comments::page(
         &state.db,
+        state.replica.for_read(&state.db, viewer),
         &state.cache,
         id,
         &PageRequest::first(DETAIL_NEWEST),

@@ -19,6 +19,7 @@ mod notifications;
 mod outbox;
 mod pagination;
 mod races;
+mod replica;
 mod resilience;
 mod streams;
 mod tweets;
