@@ -3,8 +3,12 @@
 //! unmerge in [`crate::newsfeeds`], and their list counterparts in [`crate::lists`]); this module only queues and runs them (as crates.io's
 //! `background_job` does).
 //!
-//! Lifecycle: a job row is inserted in the same transaction as the write that needs it, and
-//! `pg_notify('chirp_jobs')` wakes the workers. A worker claims the oldest ready job with
+//! Lifecycle: a job row is inserted in the same transaction as the write that needs it; after
+//! the commit [`Worker::announce`] wakes the runners of this process at once and those of the
+//! others through Redis pub/sub (or a `pg_notify` of its own when Redis is unavailable). No
+//! `pg_notify` runs inside the write's transaction: Postgres serialises the commits of
+//! notifying transactions on one lock, which halved the commit rate at 16 writers
+//! (BENCHMARKS.md). A runner that misses a wake-up polls every second. A worker claims the oldest ready job with
 //! `FOR UPDATE SKIP LOCKED` and takes a 30 s lease (`locked_until`); it deletes the row when done.
 //! A job that fails is retried with exponential backoff (`run_after`), and after
 //! [`MAX_ATTEMPTS`] it is kept with `failed_at` set. A worker that crashes leaves its lease to
@@ -27,8 +31,10 @@ use crate::{lists, newsfeeds};
 
 /// Attempts before a job is parked with `failed_at`.
 pub const MAX_ATTEMPTS: i32 = 10;
-/// The Postgres notification channel that wakes workers.
+/// The Postgres notification channel that wakes workers (when Redis is unavailable).
 pub const CHANNEL: &str = "chirp_jobs";
+/// The pub/sub topic that wakes workers ([`crate::cache::Cache::topic`]).
+pub const TOPIC: &str = "jobs";
 
 /// A job, parsed once from its row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,7 +112,8 @@ impl TryFrom<&JobRow> for Job {
     }
 }
 
-/// Queues `job` in the transaction of the write that needs it and notifies the workers.
+/// Queues `job` in the transaction of the write that needs it; call [`Worker::announce`] after
+/// the commit.
 pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     let (tweet, follower, followee, list) = match job {
         Job::Fanout { tweet_id, .. } => (Some(*tweet_id), None, None, None),
@@ -128,10 +135,6 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     .bind(list)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("select pg_notify($1, '')")
-        .bind(CHANNEL)
-        .execute(&mut *tx)
-        .await?;
     Ok(())
 }
 
@@ -178,8 +181,27 @@ pub struct Worker {
     pub batch_size: usize,
     /// Tweets copied by a follow backfill (`CHIRP_CACHE_LIST_LIMIT`).
     pub backfill_limit: usize,
-    /// Woken by in-process writers and by `LISTEN chirp_jobs`.
+    /// Woken by in-process writers, by the `jobs` pub/sub topic and by `LISTEN chirp_jobs`.
     pub wake: Arc<Notify>,
+}
+
+impl Worker {
+    /// Wakes job runners after a commit that queued jobs: this process's at once, every other
+    /// process's through the `jobs` pub/sub topic, or, with Redis unavailable, a `pg_notify`
+    /// in a transaction of its own (never in the write's). Returns at once; a lost wake-up
+    /// costs at most the runners' one-second poll.
+    pub fn announce(&self) {
+        self.wake.notify_one();
+        let (cache, db) = (self.cache.clone(), self.db.clone());
+        tokio::spawn(async move {
+            if cache.publish(TOPIC, "").await.is_err() {
+                let _ = sqlx::query("select pg_notify($1, '')")
+                    .bind(CHANNEL)
+                    .execute(&db)
+                    .await;
+            }
+        });
+    }
 }
 
 /// The id and attempt number of a claimed job.

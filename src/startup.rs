@@ -69,6 +69,12 @@ impl Application {
                 .clone()
                 .run(state.config.workers as usize, stopped),
         );
+        if state.config.workers > 0 {
+            // Wake-ups from writers in other processes (the `jobs` topic).
+            state
+                .subscriber
+                .start(&state.cache, &state.shutdown.subscribe());
+        }
         tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
         let shutdown_chat = state.shutdown.clone();
         let app = http::app(state);
@@ -124,6 +130,10 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
             .clone()
             .run(state.config.workers.max(1) as usize, stopped),
     );
+    // Wake-ups from writers in other processes (the `jobs` topic).
+    state
+        .subscriber
+        .start(&state.cache, &state.shutdown.subscribe());
     tracing::info!(
         runners = state.config.workers.max(1),
         "chirp worker running"
@@ -131,6 +141,7 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
     shutdown.await;
     tracing::info!("shutting down: finishing jobs");
     let _ = stop.send(true);
+    let _ = state.shutdown.send(true);
     let _ = worker.await;
     let _ = monitor.await;
     let _ = cleanup.await;

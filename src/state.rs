@@ -72,6 +72,8 @@ impl AppState {
         };
         let (shutdown, stopped) = watch::channel(false);
         let subscriber = Arc::new(Subscriber::default());
+        let wake = worker.wake.clone();
+        subscriber.route(crate::jobs::TOPIC, move |_| wake.notify_one(), || {});
         let streams = streams::Hub::new(&subscriber);
         let tokens = TokenCache::new(
             &subscriber,

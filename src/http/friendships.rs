@@ -32,7 +32,7 @@ async fn follow(
             Json(json!({"success": true, "duplicate": true})),
         )),
         Followed::New(created_at) => {
-            state.worker.wake.notify_one();
+            state.worker.announce();
             let user = users::load_many(&state.db, &state.cache, &[target])
                 .await?
                 .remove(&target)
@@ -54,7 +54,7 @@ async fn unfollow(
 ) -> ApiResult<Json<Value>> {
     let deleted = friendships::unfollow(&state.db, &state.cache, auth.user_id, target).await?;
     if deleted > 0 {
-        state.worker.wake.notify_one();
+        state.worker.announce();
     }
     Ok(Json(json!({"success": true, "deleted": deleted})))
 }

@@ -92,7 +92,7 @@ async fn add_member(
             Json(json!({"success": true, "duplicate": true})),
         )),
         Added::New(created_at) => {
-            state.worker.wake.notify_one();
+            state.worker.announce();
             let user = users::load_many(&state.db, &state.cache, &[user])
                 .await?
                 .remove(&user)
@@ -116,7 +116,7 @@ async fn remove_member(
     };
     let deleted = lists::remove_member(&state.db, auth.user_id, id, user).await?;
     if deleted > 0 {
-        state.worker.wake.notify_one();
+        state.worker.announce();
     }
     Ok(Json(json!({"success": true, "deleted": deleted})))
 }

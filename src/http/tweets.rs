@@ -156,7 +156,7 @@ async fn create(
             return Err(e.into());
         }
     };
-    state.worker.wake.notify_one();
+    state.worker.announce();
     let tweet = match object {
         Some(tweet) => tweet,
         None => {

@@ -178,3 +178,52 @@ async fn a_job_row_that_does_not_parse_is_parked_at_once(db: PgPool) {
     assert!(parked);
     assert_eq!(app.drain().await, 0);
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_write_wakes_other_workers_through_redis_and_never_notifies_inside_its_transaction(
+    db: PgPool,
+) {
+    use futures_util::StreamExt;
+    let app = TestApp::new(db.clone()).await;
+    let (_, token) = app.signup("poster").await;
+    let config = &app.state.config;
+    let url = config
+        .redis_cluster
+        .first()
+        .cloned()
+        .unwrap_or_else(|| config.redis_url.clone());
+    let mut pubsub = redis::Client::open(url)
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    pubsub
+        .subscribe(app.state.cache.topic(chirp::jobs::TOPIC).unwrap())
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db).await.unwrap();
+    listener.listen(chirp::jobs::CHANNEL).await.unwrap();
+
+    app.tweet(&token, "wake up").await;
+    let heard = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        pubsub.on_message().next(),
+    )
+    .await;
+    assert!(matches!(heard, Ok(Some(_))), "no wake-up on the jobs topic");
+    // Postgres serialises the commits of notifying transactions: none is sent.
+    let notified =
+        tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
+    assert!(notified.is_err(), "a pg_notify was sent: {notified:?}");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn without_redis_a_write_wakes_other_workers_with_a_notify_after_its_commit(db: PgPool) {
+    let app = TestApp::with(db.clone(), |c| c.cache = chirp::config::CacheMode::Off).await;
+    let (_, token) = app.signup("poster").await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db).await.unwrap();
+    listener.listen(chirp::jobs::CHANNEL).await.unwrap();
+    app.tweet(&token, "wake up").await;
+    let notified = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv()).await;
+    assert!(matches!(notified, Ok(Ok(_))), "{notified:?}");
+}
