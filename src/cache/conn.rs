@@ -2,12 +2,15 @@
 //! layer builds plain `redis::Pipeline`s and never asks which one it talks to.
 //!
 //! On a cluster a pipeline may hold commands of many owners (a page's hydration, a fan-out
-//! batch, the outbox relay): [`Session`] splits it per hash slot, sends each slot's commands as
-//! one pipeline to that slot's master (all slots at once, over redis-rs's multiplexed
-//! connections), sends multi-key and keyless commands on their own (redis-rs routes and splits
-//! those: `MGET` per slot, `PING` to every master), and puts the replies back in the pipeline's
-//! order. Every key of one owner shares a hash tag (see [`super::keys`]), so each Lua script
-//! stays in one slot.
+//! batch, the outbox relay): [`Session`] splits it per master, using the [`SlotMap`] it last
+//! read from `CLUSTER NODES`, and sends each master its commands as one pipeline (all masters
+//! at once, over redis-rs's multiplexed connections). A cross-slot `MGET` (hydration) becomes
+//! one `GET` per key in those pipelines; other multi-key and keyless commands go on their own
+//! (redis-rs routes and splits those: `UNLINK` per slot, `PING` to every master). The replies
+//! are put back in the pipeline's order. Commands a master answers with `MOVED` or
+//! `ASK` (the topology changed) are sent again per slot through redis-rs's routing, and the
+//! map is read again. Every key of one owner shares a hash tag (see [`super::keys`]), so each
+//! Lua script stays in one slot.
 //!
 //! A durable session (the post-commit step, the outbox relay, the epoch) ends each slot's
 //! pipeline with `WAIT {replicas} {timeout}`: Redis replication is asynchronous, and a failover
@@ -16,6 +19,8 @@
 //! and the relay applies it again (on the promoted replica, after a failover).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -23,7 +28,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr,
 };
-use redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, Value};
+use redis::{
+    Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+};
 
 /// A connection to a single Redis server or to a Redis Cluster; cheap to clone.
 #[derive(Clone)]
@@ -56,6 +63,10 @@ pub fn is_not_replicated(e: &RedisError) -> bool {
 pub struct Session {
     conn: Conn,
     wait: Option<Wait>,
+    /// Which master serves which slot (a cluster); without one, pipelines are split per slot.
+    slots: Option<Arc<SlotMap>>,
+    /// Set when a reply showed the map out of date (`MOVED`, `ASK`, a master gone).
+    stale: Option<Arc<AtomicBool>>,
 }
 
 impl Session {
@@ -64,7 +75,16 @@ impl Session {
         Session {
             conn,
             wait: wait.filter(|w| w.replicas > 0),
+            slots: None,
+            stale: None,
         }
+    }
+
+    /// Splits pipelines per master with `slots`, and sets `stale` when it is out of date.
+    pub fn with_slots(mut self, slots: Option<Arc<SlotMap>>, stale: Arc<AtomicBool>) -> Self {
+        self.slots = slots;
+        self.stale = Some(stale);
+        self
     }
 
     /// Sends `cmd` to every master of a cluster (or the one server) and returns each reply.
@@ -141,6 +161,14 @@ impl Session {
         Ok(Some(parse_nodes(&text)))
     }
 
+    /// [`Session::masters`] on an owned session (a future that borrows nothing).
+    ///
+    /// # Errors
+    /// The cluster could not be asked.
+    pub async fn masters_owned(mut self) -> RedisResult<Option<Vec<Master>>> {
+        self.masters().await
+    }
+
     /// The hash slot of `key` (`CLUSTER KEYSLOT`); `None` for a single server.
     ///
     /// # Errors
@@ -173,7 +201,16 @@ impl Session {
                     Ok(values)
                 }
             },
-            Conn::Cluster(c) => split(c, pipeline, self.wait).await,
+            Conn::Cluster(c) => {
+                let Some(slots) = &self.slots else {
+                    return split(c, pipeline, self.wait).await;
+                };
+                let (values, stale) = split_per_master(c, slots, pipeline, self.wait).await?;
+                if let (true, Some(flag)) = (stale, &self.stale) {
+                    flag.store(true, Ordering::Release);
+                }
+                Ok(values)
+            }
         }
     }
 }
@@ -274,6 +311,11 @@ fn check_acks(reply: Option<Value>, wait: Wait) -> RedisResult<()> {
 
 /// Where a pipeline command goes on a cluster: with the commands of its slot, or on its own.
 fn placement(cmd: &Cmd) -> Option<Slot> {
+    routing_key(cmd).map(Slot::for_key)
+}
+
+/// The key a pipeline command is routed by on a cluster; `None`: it goes on its own.
+fn routing_key(cmd: &Cmd) -> Option<&[u8]> {
     let mut args = cmd.args_iter().map(|a| match a {
         Arg::Simple(bytes) => bytes,
         _ => &[][..],
@@ -304,7 +346,200 @@ fn placement(cmd: &Cmd) -> Option<Slot> {
         // listen (see `super::pubsub`), so its receiver count is theirs.
         _ => args.next()?,
     };
-    Some(Slot::for_key(key))
+    Some(key)
+}
+
+/// Which master serves each of the 16384 hash slots.
+#[derive(Debug)]
+pub struct SlotMap {
+    masters: Vec<(String, u16)>,
+    /// Per slot, an index into `masters` (`u16::MAX`: none).
+    owner: Vec<u16>,
+}
+
+impl SlotMap {
+    /// The map of `masters` (from [`Session::masters`]).
+    pub fn new(masters: &[Master]) -> Self {
+        let mut owner = vec![u16::MAX; 16384];
+        for (i, m) in masters.iter().enumerate() {
+            for &(a, b) in &m.slots {
+                for slot in a..=b.min(16383) {
+                    owner[usize::from(slot)] = u16::try_from(i).unwrap_or(u16::MAX);
+                }
+            }
+        }
+        SlotMap {
+            masters: masters.iter().map(|m| m.addr.clone()).collect(),
+            owner,
+        }
+    }
+
+    fn master_of(&self, key: &[u8]) -> Option<usize> {
+        let i = *self.owner.get(usize::from(key_slot(key)))?;
+        (usize::from(i) < self.masters.len()).then_some(usize::from(i))
+    }
+}
+
+/// The hash slot of `key`: CRC16 (XMODEM) of its hash tag (the part between the first `{` and
+/// the next `}`, if not empty) or of the whole key, mod 16384 (the Redis Cluster spec).
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
+fn redirected(value: &Value) -> bool {
+    matches!(value, Value::ServerError(e)
+        if matches!(e.kind(), Some(ServerErrorKind::Moved | ServerErrorKind::Ask)))
+}
+
+/// Where one command sent to a master came from: a command of the pipeline, or one key of a
+/// multi-key `MGET` of it (cross-slot `MGET`s are sent as one `GET` per key, in the masters'
+/// pipelines, and put together again).
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    Whole(usize),
+    Part(usize, usize),
+}
+
+/// The keys of `cmd` if it is an `MGET` of more than one key.
+fn mget_keys(cmd: &Cmd) -> Option<Vec<&[u8]>> {
+    let mut args = cmd.args_iter().map(|a| match a {
+        Arg::Simple(bytes) => bytes,
+        _ => &[][..],
+    });
+    if !args.next()?.eq_ignore_ascii_case(b"MGET") {
+        return None;
+    }
+    let keys: Vec<&[u8]> = args.collect();
+    (keys.len() > 1).then_some(keys)
+}
+
+/// Runs `pipeline` on a cluster, one pipeline per master of `slots` (see the module docs).
+/// Returns the replies and whether the map proved out of date.
+async fn split_per_master(
+    conn: &ClusterConnection,
+    slots: &SlotMap,
+    pipeline: &Pipeline,
+    wait: Option<Wait>,
+) -> RedisResult<(Vec<Value>, bool)> {
+    let cmds: Vec<&Cmd> = pipeline.cmd_iter().collect();
+    let mut groups: Vec<Vec<(Cmd, Origin)>> = vec![Vec::new(); slots.masters.len()];
+    let mut alone = Vec::new();
+    let mut parts: HashMap<usize, Vec<Option<Value>>> = HashMap::new();
+    for (i, cmd) in cmds.iter().enumerate() {
+        if let Some(keys) = mget_keys(cmd)
+            && let Some(masters) = keys
+                .iter()
+                .map(|k| slots.master_of(k))
+                .collect::<Option<Vec<usize>>>()
+        {
+            for (j, (key, m)) in keys.iter().zip(masters).enumerate() {
+                let mut get = redis::cmd("GET");
+                get.arg(*key);
+                groups[m].push((get, Origin::Part(i, j)));
+            }
+            parts.insert(i, vec![None; keys.len()]);
+            continue;
+        }
+        match routing_key(cmd).and_then(|k| slots.master_of(k)) {
+            Some(m) => groups[m].push(((*cmd).clone(), Origin::Whole(i))),
+            None => alone.push(i),
+        }
+    }
+    let grouped = groups
+        .into_iter()
+        .enumerate()
+        .filter(|(_, group)| !group.is_empty())
+        .map(|(m, group)| {
+            let mut conn = conn.clone();
+            let mut sub = redis::pipe();
+            let origins: Vec<Origin> = group.iter().map(|(_, o)| *o).collect();
+            for (cmd, _) in group {
+                sub.add_command(cmd);
+            }
+            if let Some(w) = wait {
+                sub.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+            }
+            let count = origins.len() + usize::from(wait.is_some());
+            let (host, port) = slots.masters[m].clone();
+            async move {
+                let route = SingleNodeRoutingInfo::ByAddress { host, port };
+                match conn.route_pipeline(sub, 0, count, route).await {
+                    Ok(mut values) => {
+                        if let Some(w) = wait {
+                            check_acks(values.pop(), w)?;
+                        }
+                        Ok::<_, RedisError>(
+                            origins
+                                .into_iter()
+                                .zip(values.into_iter().map(Some))
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                    // The master is gone (a failover?): these go again per slot.
+                    Err(e)
+                        if e.is_connection_dropped()
+                            || e.is_io_error()
+                            || e.kind() == ErrorKind::ClusterConnectionNotFound =>
+                    {
+                        Ok(origins.into_iter().map(|o| (o, None)).collect())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        });
+    let single = alone.iter().map(|&i| {
+        let mut conn = conn.clone();
+        let cmd = cmds[i];
+        async move {
+            let value = conn.req_packed_command(cmd).await?;
+            Ok::<_, RedisError>(vec![(Origin::Whole(i), Some(value))])
+        }
+    });
+    let (grouped, single) =
+        futures_util::future::try_join(try_join_all(grouped), try_join_all(single)).await?;
+    let mut out: Vec<Option<Value>> = vec![None; cmds.len()];
+    for (origin, v) in grouped.into_iter().chain(single).flatten() {
+        let v = v.filter(|v| !redirected(v));
+        match origin {
+            Origin::Whole(i) => out[i] = v,
+            Origin::Part(i, j) => {
+                if let Some(slot) = parts.get_mut(&i).and_then(|p| p.get_mut(j)) {
+                    *slot = v;
+                }
+            }
+        }
+    }
+    for (i, values) in parts {
+        // An `MGET` with a part that must go again goes again whole (redis-rs splits it).
+        out[i] = values
+            .into_iter()
+            .collect::<Option<Vec<Value>>>()
+            .map(Value::Array);
+    }
+    let again: Vec<usize> = (0..cmds.len()).filter(|&i| out[i].is_none()).collect();
+    if again.is_empty() {
+        return Ok((
+            out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
+            false,
+        ));
+    }
+    let mut retry = redis::pipe();
+    for &i in &again {
+        retry.add_command(cmds[i].clone());
+    }
+    let values = split(conn, &retry, wait).await?;
+    for (i, v) in again.into_iter().zip(values) {
+        out[i] = Some(v);
+    }
+    Ok((
+        out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
+        true,
+    ))
 }
 
 /// Runs `pipeline` on a cluster, split per slot (see the module docs).
@@ -383,6 +618,34 @@ mod tests {
         let mut ping = redis::cmd("PING");
         ping.arg("x");
         assert_eq!(slot(&ping), None);
+    }
+
+    #[test]
+    fn only_a_multi_key_mget_is_taken_apart() {
+        let mut mget = redis::cmd("MGET");
+        mget.arg("p:{t7}:tweet").arg("p:{t8}:tweet");
+        assert_eq!(
+            mget_keys(&mget),
+            Some(vec![&b"p:{t7}:tweet"[..], b"p:{t8}:tweet"])
+        );
+        let mut one = redis::cmd("MGET");
+        one.arg("p:{t7}:tweet");
+        assert_eq!(mget_keys(&one), None);
+        let mut get = redis::cmd("GET");
+        get.arg("a").arg("b");
+        assert_eq!(mget_keys(&get), None);
+    }
+
+    #[test]
+    fn key_slots_follow_the_cluster_spec() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"p:{u42}:home"), key_slot(b"u42"));
+        assert_eq!(key_slot(b"p:{}:x"), key_slot(b"p:{}:x"));
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        for key in [&b"p:{t17}:tweet"[..], b"a{b}c", b"{}x"] {
+            assert_eq!(Slot::for_key(key), Slot::new(key_slot(key)).unwrap());
+        }
     }
 
     #[test]

@@ -95,6 +95,10 @@ enum Backend {
         /// Connected at first use (chirp starts while the cluster is down); it then follows
         /// the topology and reconnects by itself.
         conn: tokio::sync::OnceCell<ClusterConnection>,
+        /// Which master serves which slot, for splitting pipelines per master.
+        slots: std::sync::RwLock<Option<Arc<conn::SlotMap>>>,
+        /// Set when a reply showed the map out of date; the next session reads it again.
+        stale: Arc<AtomicBool>,
     },
 }
 
@@ -158,6 +162,8 @@ impl Cache {
             Backend::Cluster {
                 client: Box::new(client),
                 conn: tokio::sync::OnceCell::new(),
+                slots: std::sync::RwLock::new(None),
+                stale: Arc::new(AtomicBool::new(true)),
             }
         };
         let replicas = config
@@ -539,13 +545,32 @@ async fn session(
     let wait = durable.then_some(inner.wait);
     match &inner.backend {
         Backend::Single { conn, .. } => Ok(Session::new(Conn::Single(conn.clone()), wait)),
-        Backend::Cluster { client, conn } => {
+        Backend::Cluster {
+            client,
+            conn,
+            slots,
+            stale,
+        } => {
             let connect = conn.get_or_try_init(|| client.get_async_connection());
-            match tokio::time::timeout(timeout, connect).await {
-                Ok(Ok(c)) => Ok(Session::new(Conn::Cluster(c.clone()), wait)),
-                Ok(Err(e)) => Err(Some(e)),
-                Err(_) => Err(None),
+            let c = match tokio::time::timeout(timeout, connect).await {
+                Ok(Ok(c)) => c.clone(),
+                Ok(Err(e)) => return Err(Some(e)),
+                Err(_) => return Err(None),
+            };
+            if stale.swap(false, Ordering::AcqRel) {
+                // One session reads the map again; the others use the old one meanwhile
+                // (what it routes wrong is retried per slot).
+                let read = Session::new(Conn::Cluster(c.clone()), None).masters_owned();
+                match tokio::time::timeout(timeout, read).await {
+                    Ok(Ok(Some(masters))) if !masters.is_empty() => {
+                        *slots.write().unwrap_or_else(|p| p.into_inner()) =
+                            Some(Arc::new(conn::SlotMap::new(&masters)));
+                    }
+                    _ => stale.store(true, Ordering::Release),
+                }
             }
+            let map = slots.read().unwrap_or_else(|p| p.into_inner()).clone();
+            Ok(Session::new(Conn::Cluster(c), wait).with_slots(map, stale.clone()))
         }
     }
 }
