@@ -47,6 +47,14 @@ pub enum Job {
         progress: Option<Timestamp>,
         list_progress: Option<Timestamp>,
     },
+    /// One part of a big account's fan-out (see [`crate::newsfeeds::fanout`]): the followers
+    /// whose friendship is newer than `progress` and at most `until`. Parts of one tweet run
+    /// on several workers at once.
+    FanoutPart {
+        tweet_id: i64,
+        progress: Option<Timestamp>,
+        until: Timestamp,
+    },
     /// Copy `followee`'s recent tweets into `follower`'s newsfeed (after a follow).
     Backfill { follower: i64, followee: i64 },
     /// Remove `followee`'s tweets from `follower`'s newsfeed (after an unfollow).
@@ -62,6 +70,7 @@ impl Job {
     pub fn kind(&self) -> &'static str {
         match self {
             Job::Fanout { .. } => "fanout",
+            Job::FanoutPart { .. } => "fanout_part",
             Job::Backfill { .. } => "backfill",
             Job::Unmerge { .. } => "unmerge",
             Job::ListBackfill { .. } => "list_backfill",
@@ -81,6 +90,7 @@ struct JobRow {
     list_id: Option<i64>,
     progress: Option<Timestamp>,
     list_progress: Option<Timestamp>,
+    until_at: Option<Timestamp>,
     attempts: i32,
 }
 
@@ -103,6 +113,11 @@ impl TryFrom<&JobRow> for Job {
                 progress: r.progress,
                 list_progress: r.list_progress,
             }),
+            "fanout_part" => Ok(Job::FanoutPart {
+                tweet_id: r.tweet_id.ok_or("fanout_part job without a tweet")?,
+                progress: r.progress,
+                until: r.until_at.ok_or("fanout_part job without its end")?,
+            }),
             "backfill" => pair().map(|(follower, followee)| Job::Backfill { follower, followee }),
             "unmerge" => pair().map(|(follower, followee)| Job::Unmerge { follower, followee }),
             "list_backfill" => list_pair().map(|(list, member)| Job::ListBackfill { list, member }),
@@ -115,8 +130,16 @@ impl TryFrom<&JobRow> for Job {
 /// Queues `job` in the transaction of the write that needs it; call [`Worker::announce`] after
 /// the commit.
 pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
+    let (progress, until) = match job {
+        Job::FanoutPart {
+            progress, until, ..
+        } => (*progress, Some(*until)),
+        _ => (None, None),
+    };
     let (tweet, follower, followee, list) = match job {
-        Job::Fanout { tweet_id, .. } => (Some(*tweet_id), None, None, None),
+        Job::Fanout { tweet_id, .. } | Job::FanoutPart { tweet_id, .. } => {
+            (Some(*tweet_id), None, None, None)
+        }
         Job::Backfill { follower, followee } | Job::Unmerge { follower, followee } => {
             (None, Some(*follower), Some(*followee), None)
         }
@@ -125,14 +148,16 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
         }
     };
     sqlx::query(
-        "insert into jobs (kind, tweet_id, follower_id, followee_id, list_id)
-         values ($1, $2, $3, $4, $5)",
+        "insert into jobs (kind, tweet_id, follower_id, followee_id, list_id, progress, until_at)
+         values ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(job.kind())
     .bind(tweet)
     .bind(follower)
     .bind(followee)
     .bind(list)
+    .bind(progress)
+    .bind(until)
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -224,7 +249,7 @@ impl Worker {
                  order by id limit 1
                  for update skip locked)
              returning id, kind, tweet_id, follower_id, followee_id, list_id, progress, list_progress,
-                       attempts",
+                       until_at, attempts",
         )
         .fetch_optional(&self.db)
         .await?;
@@ -280,9 +305,14 @@ impl Worker {
                 list_progress,
             } => {
                 // Newsfeeds first: the lists that contain the author never delay them.
-                newsfeeds::fanout(self, claim.id, tweet_id, progress).await?;
+                newsfeeds::fanout(self, claim.id, tweet_id, progress, None).await?;
                 lists::fanout(self, claim.id, tweet_id, list_progress).await
             }
+            Job::FanoutPart {
+                tweet_id,
+                progress,
+                until,
+            } => newsfeeds::fanout(self, claim.id, tweet_id, progress, Some(until)).await,
             Job::Backfill { follower, followee } => {
                 newsfeeds::backfill(self, follower, followee).await
             }

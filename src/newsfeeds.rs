@@ -138,7 +138,14 @@ pub async fn delete_for_tweet(
 
 /// Fan-out-on-write: inserts a newsfeed row for every follower of the tweet's author, one batch
 /// of `batch_size` followers (one set-based insert) per transaction, and merges the entries into
-/// the followers' cached newsfeeds. `progress` is where an earlier run stopped.
+/// the followers' cached newsfeeds. `progress` is where an earlier run stopped; `until` bounds
+/// a part (a [`jobs::Job::FanoutPart`]).
+///
+/// A big account's fan-out is shared: when more than two parts of [`PART_BATCHES`] batches
+/// remain, the job first queues one `fanout_part` job per part (cut at friendship timestamps,
+/// in one transaction with its own progress moved past them) and wakes the workers, which run
+/// the parts side by side (Twitter's timeline service splits a celebrity's fan-out the same
+/// way). Followers who follow later get the tweet from their follow's backfill.
 ///
 /// Each batch locks its friendship rows (`for share`), so an unfollow of one of them waits for
 /// the batch to commit and its unmerge then sees the batch's rows; the lists' removal
@@ -153,7 +160,13 @@ pub async fn fanout(
     job_id: i64,
     tweet_id: i64,
     mut progress: Option<Timestamp>,
+    until: Option<Timestamp>,
 ) -> anyhow::Result<()> {
+    if until.is_none()
+        && let Some(last) = split_fanout(worker, job_id, tweet_id, progress).await?
+    {
+        progress = Some(last);
+    }
     // The tweet object the streams send with each batch (cache-aside; `None`: deleted, or the
     // cache is off and there are no streams).
     let object: Option<Option<(Tweet, TweetRecord)>> = if worker.cache.enabled() {
@@ -185,12 +198,14 @@ pub async fn fanout(
         let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
             "select from_user_id, created_at from friendships
              where to_user_id = $1 and created_at > coalesce($2, '-infinity')
+               and created_at <= coalesce($4, 'infinity')
              order by created_at limit $3
              for share",
         )
         .bind(author)
         .bind(progress)
         .bind(worker.batch_size as i64)
+        .bind(until)
         .fetch_all(&mut *tx)
         .await
         .context("locking a batch of followers")?;
@@ -259,6 +274,68 @@ pub async fn fanout(
         let _ = last.await;
     }
     Ok(())
+}
+
+/// Batches per part of a split fan-out (see [`fanout`]).
+pub const PART_BATCHES: usize = 8;
+
+/// Splits what remains of a big fan-out into `fanout_part` jobs (see [`fanout`]); returns the
+/// friendship timestamp the parts end at (the job's new progress), or `None` if it is small
+/// enough to run alone (or the tweet is gone).
+async fn split_fanout(
+    worker: &Worker,
+    job_id: i64,
+    tweet_id: i64,
+    progress: Option<Timestamp>,
+) -> anyhow::Result<Option<Timestamp>> {
+    let part = (PART_BATCHES * worker.batch_size).max(1) as i64;
+    let mut tx = worker.db.begin().await?;
+    let author: Option<i64> =
+        sqlx::query_scalar("select user_id from tweets where id = $1 for key share")
+            .bind(tweet_id)
+            .fetch_optional(&mut *tx)
+            .await
+            .context("locking the tweet")?;
+    let Some(author) = author else {
+        return Ok(None);
+    };
+    // The last friendship of every part, and of the remainder.
+    let ends: Vec<Timestamp> = sqlx::query_scalar(
+        "select created_at from (
+             select created_at, row_number() over (order by created_at) as n,
+                    count(*) over () as total
+             from friendships
+             where to_user_id = $1 and created_at > coalesce($2, '-infinity')
+         ) f
+         where total > 2 * $3 and (n % $3 = 0 or n = total)
+         order by created_at",
+    )
+    .bind(author)
+    .bind(progress)
+    .bind(part)
+    .fetch_all(&mut *tx)
+    .await
+    .context("cutting a fan-out into parts")?;
+    let Some(&last) = ends.last() else {
+        return Ok(None);
+    };
+    let mut start = progress;
+    for &end in &ends {
+        let job = jobs::Job::FanoutPart {
+            tweet_id,
+            progress: start,
+            until: end,
+        };
+        jobs::enqueue(&mut tx, &job).await?;
+        start = Some(end);
+    }
+    jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
+    tx.commit()
+        .await
+        .context("queueing the parts of a fan-out")?;
+    tracing::info!(parts = ends.len(), tweet_id, "fan-out split into parts");
+    worker.announce();
+    Ok(Some(last))
 }
 
 /// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and

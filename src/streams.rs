@@ -2,7 +2,7 @@
 //! v1.1 `statuses/filter`, `statuses/sample` and user streams).
 //!
 //! **Delivery.** A write publishes, after its commit, one message on the Redis pub/sub topic
-//! `{p}:streams` ([`publish_created`], [`publish_arrivals`], [`publish_deleted`]). Every
+//! `{p}:{bus}:streams` ([`publish_created`], [`publish_arrivals`], [`publish_deleted`]). Every
 //! process holds one subscription to it ([`Hub`]) and hands each message to its own clients,
 //! each through a bounded queue: a client that lets [`crate::config::Config::stream_buffer`]
 //! events pile up is marked FALLING_BEHIND and dropped from the hub, so a slow reader costs

@@ -26,7 +26,7 @@
 //! | `{p}:{t17}:tweet` | string | the tweet object JSON, or the tombstone `-` once deleted |
 //! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
-//! | `{p}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
+//! | `{p}:{bus}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
 //! | `{p}:epoch` | string | the cache epoch, also kept in Postgres (see [`super::epoch`]) |
 
 use std::fmt;

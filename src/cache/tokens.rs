@@ -4,7 +4,7 @@
 //!
 //! **Revocation.** A logout commits in Postgres, tombstones the token in Redis
 //! ([`super::Update::TokenRevoked`]) and then calls [`TokenCache::revoke`]: it publishes the
-//! token's hash on `{p}:revoked` and waits until every subscribed process has dropped the token
+//! token's hash on `{p}:{bus}:revoked` and waits until every subscribed process has dropped the token
 //! from its memory and acknowledged (an `INCR` of `{p}:{r<nonce>}:acks`; `PUBLISH` says how many
 //! subscribers received the message). Only then does the logout answer, so once a client has
 //! seen its logout succeed, no process accepts the token.
@@ -25,7 +25,7 @@ use crate::cache::keys::hex;
 use crate::cache::pubsub::Subscriber;
 use crate::cache::{Cache, CacheUnavailable};
 
-/// The pub/sub topic of revocations: `{p}:revoked`, payload `"{nonce} {sha256 hex}"`.
+/// The pub/sub topic of revocations: `{p}:{bus}:revoked`, payload `"{nonce} {sha256 hex}"`.
 pub const TOPIC: &str = "revoked";
 
 /// How long a logout waits for every subscribed process to acknowledge its revocation.
@@ -66,7 +66,7 @@ pub struct TokenCache {
 pub struct Lookup(u64, u64);
 
 impl TokenCache {
-    /// A token cache fed by `subscriber` (its `{p}:revoked` route is added here; `stop` ends
+    /// A token cache fed by `subscriber` (its `{p}:{bus}:revoked` route is added here; `stop` ends
     /// the subscription), keeping up to `capacity` tokens for `ttl` each; a zero `ttl` (or the
     /// cache off) disables it.
     pub fn new(

@@ -227,3 +227,63 @@ async fn without_redis_a_write_wakes_other_workers_with_a_notify_after_its_commi
     let notified = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv()).await;
     assert!(matches!(notified, Ok(Ok(_))), "{notified:?}");
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_big_accounts_fan_out_is_split_into_parts_that_workers_share(db: PgPool) {
+    // Parts of 8 batches of 1: 20 followers are more than two parts.
+    let app = TestApp::with(db, |c| c.fanout_batch_size = 1).await;
+    let (star, ts) = app.signup("star").await;
+    let fans = followers(&app, star, 20).await;
+    for (_, token) in &fans[..5] {
+        app.get("/api/newsfeeds/", Some(token)).await; // cached, empty
+    }
+    let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
+
+    // The tweet's job cuts the followers into parts and queues one job per part.
+    assert!(app.state.worker.run_one().await.unwrap());
+    let parts: Vec<(
+        Option<chrono::DateTime<chrono::Utc>>,
+        chrono::DateTime<chrono::Utc>,
+    )> = sqlx::query_as(
+        "select progress, until_at from jobs where kind = 'fanout_part' and tweet_id = $1
+             order by until_at",
+    )
+    .bind(id)
+    .fetch_all(app.db())
+    .await
+    .unwrap();
+    assert_eq!(parts.len(), 3, "8 + 8 + 4 followers");
+    assert_eq!(parts[0].0, None);
+    assert_eq!(
+        parts[1].0,
+        Some(parts[0].1),
+        "each part starts where the last ended"
+    );
+    assert_eq!(parts[2].0, Some(parts[1].1));
+
+    // Two workers run the parts side by side.
+    let (a, b) = (app.state.worker.clone(), app.state.worker.clone());
+    let (ran_a, ran_b) = tokio::join!(a.run_until_idle(), b.run_until_idle());
+    assert_eq!(ran_a.unwrap() + ran_b.unwrap(), 3);
+    let (rows, users): (i64, i64) = sqlx::query_as(
+        "select count(*), count(distinct user_id) from newsfeeds where tweet_id = $1",
+    )
+    .bind(id)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(
+        (rows, users),
+        (21, 21),
+        "every follower and the author, once"
+    );
+    for (fan, token) in &fans {
+        if let Some(members) = app.cached_members(Timeline::Newsfeed(*fan)).await {
+            assert_eq!(member_tweet(&members[0]), id, "{members:?}");
+        }
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            vec![id]
+        );
+    }
+}

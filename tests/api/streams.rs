@@ -465,7 +465,7 @@ async fn a_user_stream_resumes_in_arrival_order_with_nothing_lost_or_twice(db: P
             .await
             .expect("jobs");
     let job_of = |tweet: i64| jobs.iter().find(|(_, t)| *t == tweet).expect("job").0;
-    chirp::newsfeeds::fanout(&app.state.worker, job_of(early), early, None)
+    chirp::newsfeeds::fanout(&app.state.worker, job_of(early), early, None, None)
         .await
         .expect("fanout");
     let got = s.tweets_until(early).await;
@@ -473,7 +473,7 @@ async fn a_user_stream_resumes_in_arrival_order_with_nothing_lost_or_twice(db: P
     let token = got[0].id.clone().expect("token");
     drop(s);
     // While away: the late fan-out lands (older tweet, newer arrival), and a new tweet.
-    chirp::newsfeeds::fanout(&app.state.worker, job_of(late), late, None)
+    chirp::newsfeeds::fanout(&app.state.worker, job_of(late), late, None, None)
         .await
         .expect("fanout");
     let away = post(&app, &y, json!({"content": "posted while away"})).await;
