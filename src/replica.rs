@@ -100,6 +100,37 @@ impl Replica {
         }
     }
 
+    /// Runs a never-cached read `read(pool)` on the pool [`Replica::for_read`] picks; if the
+    /// replica fails it (a recovery conflict, the replica gone since the last check), marks it
+    /// stale until the monitor finds it fresh again and runs the read on the primary.
+    ///
+    /// # Errors
+    /// What the read returns (on the primary).
+    pub async fn read_with<T, F, Fut>(
+        &self,
+        primary: &PgPool,
+        caller: Option<i64>,
+        read: F,
+    ) -> crate::error::ApiResult<T>
+    where
+        F: Fn(PgPool) -> Fut,
+        Fut: Future<Output = crate::error::ApiResult<T>>,
+    {
+        let pool = self.for_read(primary, caller);
+        if std::ptr::eq(pool, primary) {
+            return read(primary.clone()).await;
+        }
+        match read(pool.clone()).await {
+            Err(crate::error::ApiError::Internal(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "a replica read failed; reading the primary");
+                self.fresh.store(false, Ordering::Release);
+                self.kept_on_primary.fetch_add(1, Ordering::Relaxed);
+                read(primary.clone()).await
+            }
+            other => other,
+        }
+    }
+
     /// Marks the replica fresh or not (a test hook; the monitor does it in production).
     #[doc(hidden)]
     pub fn set_fresh(&self, fresh: bool) {

@@ -161,6 +161,27 @@ impl Session {
         Ok(Some(parse_nodes(&text)))
     }
 
+    /// Every node of a cluster (`CLUSTER NODES`): id, address, whether it is a master;
+    /// `None` for a single server.
+    ///
+    /// # Errors
+    /// The cluster could not be asked.
+    pub async fn nodes(&mut self) -> RedisResult<Option<Vec<Node>>> {
+        let Conn::Cluster(c) = &mut self.conn else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("NODES");
+        let text: String = redis::FromRedisValue::from_redis_value(
+            c.route_command(
+                cmd,
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
+            )
+            .await?,
+        )?;
+        Ok(Some(parse_all_nodes(&text)))
+    }
+
     /// [`Session::masters`] on an owned session (a future that borrows nothing).
     ///
     /// # Errors
@@ -205,11 +226,14 @@ impl Session {
                 let Some(slots) = &self.slots else {
                     return split(c, pipeline, self.wait).await;
                 };
-                let (values, stale) = split_per_master(c, slots, pipeline, self.wait).await?;
-                if let (true, Some(flag)) = (stale, &self.stale) {
+                let result = split_per_master(c, slots, pipeline, self.wait).await;
+                // Any failure may come from a changed topology: read the map again.
+                if !matches!(result, Ok((_, false)))
+                    && let Some(flag) = &self.stale
+                {
                     flag.store(true, Ordering::Release);
                 }
-                Ok(values)
+                result.map(|(values, _)| values)
             }
         }
     }
@@ -270,13 +294,50 @@ impl Master {
     }
 }
 
-/// The healthy masters in `CLUSTER NODES` output, with their slots.
-fn parse_nodes(text: &str) -> Vec<Master> {
+/// A cluster node, from `CLUSTER NODES`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    /// The node id.
+    pub id: String,
+    /// `(host, port)`.
+    pub addr: (String, u16),
+    /// A master (else a replica).
+    pub master: bool,
+    /// A master that serves slots.
+    pub serves: bool,
+}
+
+/// Every node in `CLUSTER NODES` output (but those without an address).
+fn parse_all_nodes(text: &str) -> Vec<Node> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let flags = fields.get(2)?;
-            if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+            if flags.split(',').any(|f| f == "noaddr" || f == "handshake") {
+                return None;
+            }
+            let addr = fields.get(1)?.split('@').next()?;
+            let (host, port) = addr.rsplit_once(':')?;
+            let master = flags.split(',').any(|f| f == "master");
+            Some(Node {
+                id: (*fields.first()?).to_owned(),
+                addr: (host.to_owned(), port.parse().ok()?),
+                master,
+                serves: master && fields.len() > 8,
+            })
+        })
+        .collect()
+}
+
+/// The masters in `CLUSTER NODES` output that serve slots, with their slots.
+fn parse_nodes(text: &str) -> Vec<Master> {
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // Every master that serves slots, also one flagged `fail?` or `fail` (a scan of
+            // the prefix must not skip it: it then fails, and is tried again).
+            let flags = fields.get(2)?;
+            if !flags.split(',').any(|f| f == "master") {
                 return None;
             }
             let addr = fields.get(1)?.split('@').next()?;
@@ -649,7 +710,7 @@ mod tests {
     }
 
     #[test]
-    fn cluster_nodes_output_gives_the_healthy_masters_and_their_slots() {
+    fn cluster_nodes_output_gives_the_masters_and_their_slots() {
         let text = "\
 a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 0-5460
 b2 127.0.0.1:7001@17001 master - 0 0 2 connected 5461-10922 [93-<-x]
@@ -657,9 +718,13 @@ c3 127.0.0.1:7002@17002 master,fail - 0 0 3 connected 10923-16383
 d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
 ";
         let masters = parse_nodes(text);
-        assert_eq!(masters.len(), 2);
+        assert_eq!(masters.len(), 3, "a failing master still serves its slots");
         assert_eq!(masters[0].addr, ("127.0.0.1".to_owned(), 7000));
         assert_eq!(masters[1].slots, vec![(5461, 10922)]);
+        assert_eq!(masters[2].slots, vec![(10923, 16383)]);
         assert!(masters[0].serves(5460) && !masters[0].serves(5461));
+        let nodes = parse_all_nodes(text);
+        assert_eq!(nodes.len(), 4);
+        assert!(nodes[0].serves && nodes[2].serves && !nodes[3].master && !nodes[3].serves);
     }
 }

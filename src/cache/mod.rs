@@ -87,6 +87,9 @@ pub enum AfterCommit {
 enum Backend {
     Single {
         conn: ConnectionManager,
+        /// A connection of its own for durable writes: a `WAIT` blocks the connection it is
+        /// sent on, and reads must not queue behind it.
+        durable: ConnectionManager,
         /// For dedicated connections (pub/sub subscribers).
         client: redis::Client,
     },
@@ -95,10 +98,14 @@ enum Backend {
         /// Connected at first use (chirp starts while the cluster is down); it then follows
         /// the topology and reconnects by itself.
         conn: tokio::sync::OnceCell<ClusterConnection>,
+        /// Connections of their own for durable writes (see `Single::durable`).
+        durable: tokio::sync::OnceCell<ClusterConnection>,
         /// Which master serves which slot, for splitting pipelines per master.
         slots: std::sync::RwLock<Option<Arc<conn::SlotMap>>>,
         /// Set when a reply showed the map out of date; the next session reads it again.
         stale: Arc<AtomicBool>,
+        /// When the map was last read (it is read again every [`SLOT_MAP_EVERY`]).
+        read_at: std::sync::Mutex<std::time::Instant>,
     },
 }
 
@@ -148,8 +155,14 @@ impl Cache {
                 .set_connection_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
-            let conn = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
-            Backend::Single { conn, client }
+            let conn =
+                ConnectionManager::new_lazy_with_config(client.clone(), manager_config.clone())?;
+            let durable = ConnectionManager::new_lazy_with_config(client.clone(), manager_config)?;
+            Backend::Single {
+                conn,
+                durable,
+                client,
+            }
         } else {
             let client = ClusterClient::builder(config.redis_cluster.iter().map(String::as_str))
                 .connection_timeout(timeout)
@@ -162,8 +175,10 @@ impl Cache {
             Backend::Cluster {
                 client: Box::new(client),
                 conn: tokio::sync::OnceCell::new(),
+                durable: tokio::sync::OnceCell::new(),
                 slots: std::sync::RwLock::new(None),
                 stale: Arc::new(AtomicBool::new(true)),
+                read_at: std::sync::Mutex::new(std::time::Instant::now()),
             }
         };
         let replicas = config
@@ -318,18 +333,21 @@ impl Cache {
             .map_err(|_| CacheUnavailable)
     }
 
-    /// [`Cache::run_unchecked`], durable like [`Cache::run_durable`] (the outbox relay, the
-    /// epoch).
-    pub(crate) async fn run_unchecked_durable<T: FromRedisValue>(
+    /// [`Cache::run_unchecked`] for the outbox relay's writes (all ignored), durable like
+    /// [`Cache::run_durable`]. `Ok(false)`: applied, but too few replicas acknowledged in time
+    /// (the relay keeps the rows and applies them again on its next pass).
+    pub(crate) async fn run_relay(
         &self,
         pipe: &Pipeline,
         items: usize,
-    ) -> Result<T, CacheUnavailable> {
+    ) -> Result<bool, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
         let timeout = inner.timeout * 5 + per_item(items) + inner.wait_time();
-        query(inner, pipe, timeout, true)
-            .await
-            .map_err(|_| CacheUnavailable)
+        match query::<()>(inner, pipe, timeout, true).await {
+            Ok(()) => Ok(true),
+            Err(Some(e)) if conn::is_not_replicated(&e) => Ok(false),
+            Err(_) => Err(CacheUnavailable),
+        }
     }
 
     async fn run_on<T: FromRedisValue>(
@@ -530,6 +548,9 @@ impl Scan {
     }
 }
 
+/// How often a cluster's slot map is read again even if no reply showed it out of date.
+const SLOT_MAP_EVERY: Duration = Duration::from_secs(5);
+
 /// The extra time a bulk pipeline gets: 50 µs per item.
 fn per_item(items: usize) -> Duration {
     Duration::from_micros(50).saturating_mul(u32::try_from(items).unwrap_or(u32::MAX))
@@ -543,20 +564,39 @@ async fn session(
     timeout: Duration,
 ) -> Result<Session, Option<redis::RedisError>> {
     let wait = durable.then_some(inner.wait);
+    // Durable writes that `WAIT` go on connections of their own.
+    let own = wait.is_some_and(|w| w.replicas > 0);
     match &inner.backend {
-        Backend::Single { conn, .. } => Ok(Session::new(Conn::Single(conn.clone()), wait)),
+        Backend::Single {
+            conn, durable: d, ..
+        } => {
+            let c = if own { d } else { conn };
+            Ok(Session::new(Conn::Single(c.clone()), wait))
+        }
         Backend::Cluster {
             client,
             conn,
+            durable: d,
             slots,
             stale,
+            read_at,
         } => {
-            let connect = conn.get_or_try_init(|| client.get_async_connection());
+            let cell = if own { d } else { conn };
+            let connect = cell.get_or_try_init(|| client.get_async_connection());
             let c = match tokio::time::timeout(timeout, connect).await {
                 Ok(Ok(c)) => c.clone(),
                 Ok(Err(e)) => return Err(Some(e)),
                 Err(_) => return Err(None),
             };
+            {
+                // A topology change that no reply showed (a replica promoted, the old master
+                // back as its replica) is picked up within this period.
+                let mut at = read_at.lock().unwrap_or_else(|p| p.into_inner());
+                if at.elapsed() >= SLOT_MAP_EVERY {
+                    *at = std::time::Instant::now();
+                    stale.store(true, Ordering::Release);
+                }
+            }
             if stale.swap(false, Ordering::AcqRel) {
                 // One session reads the map again; the others use the old one meanwhile
                 // (what it routes wrong is retried per slot).

@@ -60,6 +60,7 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
         after = last;
         let mut pipe = redis::pipe();
         let mut queued = 0;
+        let mut replicated = true;
         let mut applied = Vec::with_capacity(rows.len());
         let mut revoked = Vec::new();
         for (id, Json(raw)) in &rows {
@@ -81,15 +82,25 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
             queued += repairs.len();
             applied.push(*id);
             if queued >= REPAIRS_PER_PIPELINE {
-                flush(cache, &mut pipe, &mut queued).await?;
+                replicated &= flush(cache, &mut pipe, &mut queued).await?;
             }
         }
-        flush(cache, &mut pipe, &mut queued).await?;
+        replicated &= flush(cache, &mut pipe, &mut queued).await?;
         // Logouts whose process died before announcing them: every process's token memory.
         for hex in revoked.drain(..) {
             tokens::broadcast(cache, &hex)
                 .await
                 .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
+        }
+        if !replicated {
+            // Applied, but a replica may lack them: keep the rows for the next pass, so a
+            // failover can not lose them (see `super::conn`).
+            tx.commit().await.context("ending an outbox relay pass")?;
+            tracing::warn!(
+                rows = applied.len(),
+                "outbox rows applied but not acknowledged by a replica; kept for the next pass"
+            );
+            continue;
         }
         sqlx::query("delete from cache_outbox where id = any($1)")
             .bind(&applied)
@@ -104,21 +115,22 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
     }
 }
 
+/// Sends the queued repairs; returns whether the replicas acknowledged them.
 async fn flush(
     cache: &Cache,
     pipe: &mut redis::Pipeline,
     queued: &mut usize,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if *queued == 0 {
-        return Ok(());
+        return Ok(true);
     }
-    cache
-        .run_unchecked_durable::<()>(pipe, *queued)
+    let replicated = cache
+        .run_relay(pipe, *queued)
         .await
         .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
     *pipe = redis::pipe();
     *queued = 0;
-    Ok(())
+    Ok(replicated)
 }
 
 /// If Redis answers, verifies its epoch (clearing the prefix if it came back with other data),

@@ -5,7 +5,7 @@
 //! **Revocation.** A logout commits in Postgres, tombstones the token in Redis
 //! ([`super::Update::TokenRevoked`]) and then calls [`TokenCache::revoke`]: it publishes the
 //! token's hash on `{p}:{bus}:revoked` and waits until every subscribed process has dropped the token
-//! from its memory and acknowledged (an `INCR` of `{p}:{r<nonce>}:acks`; `PUBLISH` says how many
+//! from its memory and acknowledged (an `SADD` of its name to `{p}:{r<nonce>}:acks`; `PUBLISH` says how many
 //! subscribers received the message). Only then does the logout answer, so once a client has
 //! seen its logout succeed, no process accepts the token.
 //!
@@ -57,6 +57,8 @@ pub struct TokenCache {
     subscriber: Arc<Subscriber>,
     cache: Cache,
     stop: tokio::sync::watch::Receiver<bool>,
+    /// This process's name in acknowledgement sets (random).
+    me: u64,
     /// The counters.
     pub stats: TokenStats,
 }
@@ -85,6 +87,7 @@ impl TokenCache {
             subscriber: subscriber.clone(),
             cache: cache.clone(),
             stop,
+            me: rand::random(),
             stats: TokenStats::default(),
         });
         if tokens.enabled() {
@@ -202,12 +205,15 @@ impl TokenCache {
         let Some(hash) = from_hex(hex) else { return };
         self.forget(Some(&hash));
         self.stats.revocations.fetch_add(1, Ordering::Relaxed);
-        let (cache, key) = (self.cache.clone(), ack_key(&self.cache, nonce));
+        let (cache, key, me) = (self.cache.clone(), ack_key(&self.cache, nonce), self.me);
         if let Some(key) = key {
             tokio::spawn(async move {
+                // A set of process names, not a counter: an acknowledgement sent twice (a
+                // retried pipeline) counts once.
                 let mut pipe = redis::pipe();
-                pipe.cmd("INCR")
+                pipe.cmd("SADD")
                     .arg(&key)
+                    .arg(me)
                     .ignore()
                     .cmd("EXPIRE")
                     .arg(&key)
@@ -263,9 +269,9 @@ pub async fn broadcast(cache: &Cache, hex: &str) -> Result<bool, CacheUnavailabl
     let deadline = Instant::now() + ACK_WAIT;
     loop {
         let mut pipe = redis::pipe();
-        pipe.cmd("GET").arg(&key);
-        let acks = cache.run_unchecked::<(Option<u64>,)>(&pipe, 1).await;
-        if acks.is_ok_and(|(n,)| n.unwrap_or(0) >= receivers) {
+        pipe.cmd("SCARD").arg(&key);
+        let acks = cache.run_unchecked::<(u64,)>(&pipe, 1).await;
+        if acks.is_ok_and(|(n,)| n >= receivers) {
             return Ok(true);
         }
         if Instant::now() >= deadline {

@@ -37,17 +37,14 @@ async fn list(
 ) -> ApiResult<Json<Page<Comment>>> {
     let tweet_id = query.required_id("tweet_id")?;
     let req = query.page()?;
-    Ok(Json(
-        comments::list(
-            &state.db,
-            state.replica.for_read(&state.db, caller.id()),
-            &state.cache,
-            tweet_id,
-            &req,
-            caller.id(),
-        )
-        .await?,
-    ))
+    let (db, cache, req) = (&state.db, &state.cache, &req);
+    let page = state
+        .replica
+        .read_with(db, caller.id(), |read| async move {
+            comments::list(db, &read, cache, tweet_id, req, caller.id()).await
+        })
+        .await?;
+    Ok(Json(page))
 }
 
 async fn create(

@@ -344,7 +344,9 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
                     req.extensions_mut().insert(Auth { user_id, token });
                     if !req.method().is_safe() {
                         // A write: this user's never-cached reads stay on the primary for a
-                        // while (see `crate::replica`).
+                        // while (see `crate::replica`), counted from its start and its end (a
+                        // client that goes away mid-request still wrote).
+                        state.replica.wrote(user_id);
                         let res = next.run(req).await;
                         state.replica.wrote(user_id);
                         return res;

@@ -66,18 +66,23 @@ async fn followers(
     query: QueryMap,
 ) -> ApiResult<Json<Page<Friendship>>> {
     let req = query.page()?;
-    Ok(Json(
-        friendships::list(
-            &state.db,
-            state.replica.for_read(&state.db, caller.id()),
-            &state.cache,
-            user,
-            Direction::Followers,
-            &req,
-            caller.id(),
-        )
-        .await?,
-    ))
+    let (db, cache, req) = (&state.db, &state.cache, &req);
+    let page = state
+        .replica
+        .read_with(db, caller.id(), |read| async move {
+            friendships::list(
+                db,
+                &read,
+                cache,
+                user,
+                Direction::Followers,
+                req,
+                caller.id(),
+            )
+            .await
+        })
+        .await?;
+    Ok(Json(page))
 }
 
 async fn followings(
@@ -87,16 +92,21 @@ async fn followings(
     query: QueryMap,
 ) -> ApiResult<Json<Page<Friendship>>> {
     let req = query.page()?;
-    Ok(Json(
-        friendships::list(
-            &state.db,
-            state.replica.for_read(&state.db, caller.id()),
-            &state.cache,
-            user,
-            Direction::Followings,
-            &req,
-            caller.id(),
-        )
-        .await?,
-    ))
+    let (db, cache, req) = (&state.db, &state.cache, &req);
+    let page = state
+        .replica
+        .read_with(db, caller.id(), |read| async move {
+            friendships::list(
+                db,
+                &read,
+                cache,
+                user,
+                Direction::Followings,
+                req,
+                caller.id(),
+            )
+            .await
+        })
+        .await?;
+    Ok(Json(page))
 }

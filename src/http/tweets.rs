@@ -191,15 +191,13 @@ async fn detail(
     let has_liked = !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
         .await?
         .is_empty();
-    let mut comments = comments::page(
-        &state.db,
-        state.replica.for_read(&state.db, viewer),
-        &state.cache,
-        id,
-        &PageRequest::first(DETAIL_NEWEST),
-        viewer,
-    )
-    .await?;
+    let (db, cache, first) = (&state.db, &state.cache, &PageRequest::first(DETAIL_NEWEST));
+    let mut comments = state
+        .replica
+        .read_with(db, viewer, |read| async move {
+            Ok(comments::page(db, &read, cache, id, first, viewer).await?)
+        })
+        .await?;
     comments.truncate(DETAIL_NEWEST);
     let likes =
         likes::newest_tweet_likes(&state.db, &state.cache, id, DETAIL_NEWEST as i64).await?;

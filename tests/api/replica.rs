@@ -98,3 +98,22 @@ async fn a_replica_that_replays_nothing_is_never_found_fresh(db: PgPool) {
     monitor.await.expect("monitor");
     replica.drop_now().await;
 }
+
+#[sqlx::test]
+async fn a_replica_read_that_fails_is_answered_by_the_primary(db: PgPool) {
+    // A replica that refuses connections (nothing listens on port 1).
+    let app = TestApp::with(db, |c| {
+        c.database_replica_url = Some("postgres://postgres@127.0.0.1:1/none".into());
+    })
+    .await;
+    let (alice, _) = app.signup("alice").await;
+    app.state.replica.set_fresh(true);
+    let res = app
+        .get(&format!("/api/friendships/{alice}/followers/"), None)
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert!(
+        !app.state.replica.fresh(),
+        "marked stale until the monitor finds it fresh"
+    );
+}
