@@ -140,25 +140,28 @@ impl Session {
         }
     }
 
+    /// `CLUSTER {args}` on any master; `None` for a single server.
+    async fn cluster<T: redis::FromRedisValue>(&mut self, args: &[&str]) -> RedisResult<Option<T>> {
+        let Conn::Cluster(c) = &mut self.conn else {
+            return Ok(None);
+        };
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg(args);
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary);
+        let reply = c.route_command(cmd, routing).await?;
+        Ok(Some(T::from_redis_value(reply)?))
+    }
+
     /// The masters of a cluster with the slot ranges each serves (from `CLUSTER NODES`);
     /// `None` for a single server.
     ///
     /// # Errors
     /// The cluster could not be asked, or answered something unreadable.
     pub async fn masters(&mut self) -> RedisResult<Option<Vec<Master>>> {
-        let Conn::Cluster(c) = &mut self.conn else {
-            return Ok(None);
-        };
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("NODES");
-        let text: String = redis::FromRedisValue::from_redis_value(
-            c.route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-            )
-            .await?,
-        )?;
-        Ok(Some(parse_nodes(&text)))
+        Ok(self
+            .cluster::<String>(&["NODES"])
+            .await?
+            .map(|t| parse_nodes(&t)))
     }
 
     /// Every node of a cluster (`CLUSTER NODES`): id, address, whether it is a master;
@@ -167,19 +170,10 @@ impl Session {
     /// # Errors
     /// The cluster could not be asked.
     pub async fn nodes(&mut self) -> RedisResult<Option<Vec<Node>>> {
-        let Conn::Cluster(c) = &mut self.conn else {
-            return Ok(None);
-        };
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("NODES");
-        let text: String = redis::FromRedisValue::from_redis_value(
-            c.route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-            )
-            .await?,
-        )?;
-        Ok(Some(parse_all_nodes(&text)))
+        Ok(self
+            .cluster::<String>(&["NODES"])
+            .await?
+            .map(|t| parse_all_nodes(&t)))
     }
 
     /// [`Session::masters`] on an owned session (a future that borrows nothing).
@@ -195,19 +189,7 @@ impl Session {
     /// # Errors
     /// The cluster could not be asked.
     pub async fn slot_of(&mut self, key: &str) -> RedisResult<Option<u16>> {
-        let Conn::Cluster(c) = &mut self.conn else {
-            return Ok(None);
-        };
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("KEYSLOT").arg(key);
-        let slot: u16 = redis::FromRedisValue::from_redis_value(
-            c.route_command(
-                cmd,
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::RandomPrimary),
-            )
-            .await?,
-        )?;
-        Ok(Some(slot))
+        self.cluster::<u16>(&["KEYSLOT", key]).await
     }
 
     async fn pipeline(&mut self, pipeline: &Pipeline, count: usize) -> RedisResult<Vec<Value>> {

@@ -60,52 +60,37 @@ async fn unfollow(
 }
 
 async fn followers(
-    State(state): State<AppState>,
+    state: State<AppState>,
     caller: MaybeAuth,
-    PathId(user): PathId,
+    user: PathId,
     query: QueryMap,
 ) -> ApiResult<Json<Page<Friendship>>> {
-    let req = query.page()?;
-    let (db, cache, req) = (&state.db, &state.cache, &req);
-    let page = state
-        .replica
-        .read_with(db, caller.id(), |read| async move {
-            friendships::list(
-                db,
-                &read,
-                cache,
-                user,
-                Direction::Followers,
-                req,
-                caller.id(),
-            )
-            .await
-        })
-        .await?;
-    Ok(Json(page))
+    list(state, caller, user, query, Direction::Followers).await
 }
 
 async fn followings(
+    state: State<AppState>,
+    caller: MaybeAuth,
+    user: PathId,
+    query: QueryMap,
+) -> ApiResult<Json<Page<Friendship>>> {
+    list(state, caller, user, query, Direction::Followings).await
+}
+
+/// A page of followers or followings, from the replica when it may serve this caller.
+async fn list(
     State(state): State<AppState>,
     caller: MaybeAuth,
     PathId(user): PathId,
     query: QueryMap,
+    direction: Direction,
 ) -> ApiResult<Json<Page<Friendship>>> {
     let req = query.page()?;
     let (db, cache, req) = (&state.db, &state.cache, &req);
     let page = state
         .replica
         .read_with(db, caller.id(), |read| async move {
-            friendships::list(
-                db,
-                &read,
-                cache,
-                user,
-                Direction::Followings,
-                req,
-                caller.id(),
-            )
-            .await
+            friendships::list(db, &read, cache, user, direction, req, caller.id()).await
         })
         .await?;
     Ok(Json(page))
