@@ -218,14 +218,19 @@ impl Worker {
     pub fn announce(&self) {
         self.wake.notify_one();
         let (cache, db) = (self.cache.clone(), self.db.clone());
-        tokio::spawn(async move {
-            if cache.publish(TOPIC, "").await.is_err() {
-                let _ = sqlx::query("select pg_notify($1, '')")
-                    .bind(CHANNEL)
-                    .execute(&db)
-                    .await;
-            }
-        });
+        tokio::spawn(async move { wake_others(&cache, &db).await });
+    }
+}
+
+/// Wakes the job runners of every process after a commit that queued jobs: the `jobs` pub/sub
+/// topic, or, with Redis unavailable, a `pg_notify` in a transaction of its own. Best effort
+/// (runners poll every second); for processes without runners of their own (`chirp replay`).
+pub async fn wake_others(cache: &Cache, db: &PgPool) {
+    if cache.publish(TOPIC, "").await.is_err() {
+        let _ = sqlx::query("select pg_notify($1, '')")
+            .bind(CHANNEL)
+            .execute(db)
+            .await;
     }
 }
 

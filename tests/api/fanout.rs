@@ -186,21 +186,7 @@ async fn a_write_wakes_other_workers_through_redis_and_never_notifies_inside_its
     use futures_util::StreamExt;
     let app = TestApp::new(db.clone()).await;
     let (_, token) = app.signup("poster").await;
-    let config = &app.state.config;
-    let url = config
-        .redis_cluster
-        .first()
-        .cloned()
-        .unwrap_or_else(|| config.redis_url.clone());
-    let mut pubsub = redis::Client::open(url)
-        .unwrap()
-        .get_async_pubsub()
-        .await
-        .unwrap();
-    pubsub
-        .subscribe(app.state.cache.topic(chirp::jobs::TOPIC).unwrap())
-        .await
-        .unwrap();
+    let mut pubsub = app.subscribe(chirp::jobs::TOPIC).await;
     let mut listener = sqlx::postgres::PgListener::connect_with(&db).await.unwrap();
     listener.listen(chirp::jobs::CHANNEL).await.unwrap();
 

@@ -200,6 +200,27 @@ impl TestApp {
         chirp::cache::Session::new(conn, None)
     }
 
+    /// A subscription to one of this app's pub/sub topics (`{p}:{bus}:{topic}`), on the Redis
+    /// (or any node of the Redis Cluster) it uses.
+    pub async fn subscribe(&self, topic: &str) -> redis::aio::PubSub {
+        let config = &self.state.config;
+        let url = config
+            .redis_cluster
+            .first()
+            .cloned()
+            .unwrap_or_else(|| config.redis_url.clone());
+        let mut pubsub = redis::Client::open(url)
+            .expect("url")
+            .get_async_pubsub()
+            .await
+            .expect("pubsub");
+        pubsub
+            .subscribe(self.state.cache.topic(topic).expect("cache on"))
+            .await
+            .expect("subscribe");
+        pubsub
+    }
+
     pub fn list_key(&self, timeline: Timeline) -> String {
         self.state
             .cache

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use futures_util::StreamExt;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
@@ -721,10 +723,21 @@ async fn chirp_replay_posts_real_tweets_that_reach_the_streams(db: PgPool) {
         rate: 1000.0,
         limit: 0,
     };
+    let mut wakes = app.subscribe(chirp::jobs::TOPIC).await;
     let done = chirp::import::replay::run(app.db(), &app.state.cache, &replay)
         .await
         .expect("replay");
     assert_eq!((done.posted, done.failed), (3, 0));
+    // Each post wakes the workers of other processes (replay runs none of its own).
+    let mut messages = wakes.on_message();
+    for _ in 0..3 {
+        let woke = tokio::time::timeout(Duration::from_secs(5), messages.next()).await;
+        assert!(
+            matches!(woke, Ok(Some(_))),
+            "a replayed post woke no worker"
+        );
+    }
+    drop(messages);
     let mut got = Vec::new();
     while let Some(ev) = s.next(Duration::from_secs(2)).await {
         got.push(ev);
