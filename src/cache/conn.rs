@@ -92,27 +92,10 @@ impl Session {
     /// # Errors
     /// Any node failed.
     pub async fn on_every_master(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
-        self.on_all(cmd, MultipleNodeRoutingInfo::AllMasters).await
-    }
-
-    /// Sends `cmd` to every node of a cluster, replicas too (or the one server) and returns
-    /// each reply.
-    ///
-    /// # Errors
-    /// Any node failed.
-    pub async fn on_every_node(&mut self, cmd: &Cmd) -> RedisResult<Vec<Value>> {
-        self.on_all(cmd, MultipleNodeRoutingInfo::AllNodes).await
-    }
-
-    async fn on_all(
-        &mut self,
-        cmd: &Cmd,
-        nodes: MultipleNodeRoutingInfo,
-    ) -> RedisResult<Vec<Value>> {
         match &mut self.conn {
             Conn::Single(c) => Ok(vec![c.req_packed_command(cmd).await?]),
             Conn::Cluster(c) => {
-                let routing = RoutingInfo::MultiNode((nodes, None));
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let reply = c.route_command(cmd.clone(), routing).await?;
                 Ok(match reply {
                     Value::Map(pairs) => pairs.into_iter().map(|(_, v)| v).collect(),
@@ -263,8 +246,6 @@ impl ConnectionLike for Session {
 pub struct Master {
     /// `(host, port)`.
     pub addr: (String, u16),
-    /// The node id.
-    pub id: String,
     /// Inclusive slot ranges.
     pub slots: Vec<(u16, u16)>,
 }
@@ -338,7 +319,6 @@ fn parse_nodes(text: &str) -> Vec<Master> {
             }
             Some(Master {
                 addr: (host.to_owned(), port.parse().ok()?),
-                id: (*fields.first()?).to_owned(),
                 slots,
             })
         })
