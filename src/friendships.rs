@@ -118,6 +118,8 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
 pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResult<u64> {
     check_target(db, me, target).await?;
     let mut tx = db.begin().await?;
+    // Waits for the fan-out batches of `target` in flight (see `newsfeeds::fanout`).
+    crate::newsfeeds::lock_followers(&mut tx, target, true).await?;
     let deleted =
         sqlx::query("delete from friendships where from_user_id = $1 and to_user_id = $2")
             .bind(me)

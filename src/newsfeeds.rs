@@ -145,12 +145,16 @@ pub async fn delete_for_tweet(
 /// remain, the job first queues one `fanout_part` job per part (cut at friendship timestamps,
 /// in one transaction with its own progress moved past them) and wakes the workers, which run
 /// the parts side by side (Twitter's timeline service splits a celebrity's fan-out the same
-/// way). Followers who follow later get the tweet from their follow's backfill.
+/// way). Smaller fan-outs run alone: two parts side by side on one 2-core machine took as long
+/// as one after the other (their inserts contend; BENCHMARKS.md). Followers who follow later
+/// get the tweet from their follow's backfill.
 ///
-/// Each batch locks its friendship rows (`for share`), so an unfollow of one of them waits for
-/// the batch to commit and its unmerge then sees the batch's rows; the lists' removal
-/// generations are read under that lock, so a merge that lands after the unmerge drops the list
-/// instead of bringing the tweet back. Merges of other fan-outs do not disturb it.
+/// Each batch holds the author's followers lock shared ([`lock_followers`]), so an unfollow of
+/// the author waits for the batch to commit and its unmerge then sees the batch's rows; the
+/// lists' removal generations are read under that lock, so a merge that lands after the unmerge
+/// drops the list instead of bringing the tweet back. Merges of other fan-outs do not disturb
+/// it. The batch's merges are applied after its commit to the lists that exist then
+/// ([`crate::cache::Cache::stage_merges`]).
 ///
 /// # Errors
 /// Postgres failed; the job is retried from the last recorded batch.
@@ -195,12 +199,12 @@ pub async fn fanout(
         let Some((author, created_at)) = tweet else {
             break; // deleted meanwhile
         };
+        lock_followers(&mut tx, author, false).await?;
         let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
             "select from_user_id, created_at from friendships
              where to_user_id = $1 and created_at > coalesce($2, '-infinity')
                and created_at <= coalesce($4, 'infinity')
-             order by created_at limit $3
-             for share",
+             order by created_at limit $3",
         )
         .bind(author)
         .bind(progress)
@@ -217,9 +221,8 @@ pub async fn fanout(
             .iter()
             .map(|f| Timeline::Newsfeed(*f).key())
             .collect();
-        let guards = worker.cache.removal_generations(&lists).await.ok();
         let arrived_at = chrono::Utc::now();
-        let rows: Vec<(i64, i64)> = sqlx::query_as(
+        let insert = sqlx::query_as(
             "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
              select f, $2, $3, $4 from unnest($1::bigint[]) as f
              on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
@@ -229,9 +232,11 @@ pub async fn fanout(
         .bind(tweet_id)
         .bind(created_at)
         .bind(arrived_at)
-        .fetch_all(&mut *tx)
-        .await
-        .context("inserting a batch of newsfeed rows")?;
+        .fetch_all(&mut *tx);
+        // The guards are read while the batch's friendships are locked, beside the insert.
+        let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
+        let guards = guards.ok();
+        let rows: Vec<(i64, i64)> = rows.context("inserting a batch of newsfeed rows")?;
         let arrivals: Vec<(i64, i64, Timestamp)> =
             rows.iter().map(|(f, id)| (*f, *id, arrived_at)).collect();
         let row_of: HashMap<i64, i64> = rows.into_iter().collect();
@@ -250,7 +255,7 @@ pub async fn fanout(
                 Some(timeline.guarded_merge(guard, &[entry]))
             })
             .collect();
-        let staged = worker.cache.stage(&mut tx, &updates).await?;
+        let staged = worker.cache.stage_merges(&mut tx, updates).await?;
         // The progress commits with the batch: a retry resumes exactly after it.
         jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
         tx.commit().await.context("committing a fan-out batch")?;
@@ -276,49 +281,92 @@ pub async fn fanout(
     Ok(())
 }
 
+/// Takes the transaction-scoped advisory lock on `author`'s followers: shared by fan-out
+/// batches (parts of one fan-out run side by side), exclusive for an unfollow of `author`, so
+/// an unfollow and a batch that could list the follower never overlap. One lock instead of a
+/// row lock on each of a batch's friendships: `FOR SHARE` wrote a lock into every friendship
+/// tuple (and the WAL) of every batch.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_followers(
+    tx: &mut PgConnection,
+    author: i64,
+    exclusive: bool,
+) -> sqlx::Result<()> {
+    let sql = if exclusive {
+        "select pg_advisory_xact_lock(hashtextextended('followers:' || $1, 0))"
+    } else {
+        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || $1, 0))"
+    };
+    sqlx::query(sql).bind(author).execute(tx).await.map(|_| ())
+}
+
 /// Batches per part of a split fan-out (see [`fanout`]).
 pub const PART_BATCHES: usize = 8;
 
-/// Splits what remains of a big fan-out into `fanout_part` jobs (see [`fanout`]); returns the
-/// friendship timestamp the parts end at (the job's new progress), or `None` if it is small
-/// enough to run alone (or the tweet is gone).
+/// Splits what remains of a big fan-out (more than two parts of [`PART_BATCHES`] batches) into
+/// `fanout_part` jobs (see [`fanout`]); returns the friendship timestamp the parts end at (the
+/// job's new progress), or `None` if it is small enough to run alone (or the tweet is gone).
+///
+/// The author's `followers_count` decides whether to look at all (counting the followers took
+/// 5 ms of every fan-out of the most-followed imported account, which is never split); the
+/// parts are then cut by walking the `(to_user_id, created_at)` index one part at a time.
 async fn split_fanout(
     worker: &Worker,
     job_id: i64,
     tweet_id: i64,
     progress: Option<Timestamp>,
 ) -> anyhow::Result<Option<Timestamp>> {
-    let part = (PART_BATCHES * worker.batch_size).max(1) as i64;
     let mut tx = worker.db.begin().await?;
-    let author: Option<i64> =
-        sqlx::query_scalar("select user_id from tweets where id = $1 for key share")
-            .bind(tweet_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .context("locking the tweet")?;
-    let Some(author) = author else {
+    let author: Option<(i64, i64)> = sqlx::query_as(
+        "select t.user_id, u.followers_count from tweets t join users u on u.id = t.user_id
+         where t.id = $1 for key share of t",
+    )
+    .bind(tweet_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .context("locking the tweet")?;
+    let Some((author, followers)) = author else {
         return Ok(None);
     };
-    // The last friendship of every part, and of the remainder.
-    let ends: Vec<Timestamp> = sqlx::query_scalar(
-        "select created_at from (
-             select created_at, row_number() over (order by created_at) as n,
-                    count(*) over () as total
-             from friendships
+    let part = (PART_BATCHES * worker.batch_size).max(1);
+    if usize::try_from(followers).unwrap_or(0) <= 2 * part {
+        return Ok(None);
+    }
+    // The last friendship of every full part, then of the remainder.
+    let mut ends: Vec<Timestamp> = Vec::new();
+    let mut after = progress;
+    loop {
+        let end: Option<Timestamp> = sqlx::query_scalar(
+            "select created_at from friendships
              where to_user_id = $1 and created_at > coalesce($2, '-infinity')
-         ) f
-         where total > 2 * $3 and (n % $3 = 0 or n = total)
-         order by created_at",
+             order by created_at offset $3 limit 1",
+        )
+        .bind(author)
+        .bind(after)
+        .bind(part as i64 - 1)
+        .fetch_optional(&mut *tx)
+        .await
+        .context("cutting a fan-out into parts")?;
+        let Some(end) = end else { break };
+        ends.push(end);
+        after = Some(end);
+    }
+    let rest: Option<Timestamp> = sqlx::query_scalar(
+        "select max(created_at) from friendships
+         where to_user_id = $1 and created_at > coalesce($2, '-infinity')",
     )
     .bind(author)
-    .bind(progress)
-    .bind(part)
-    .fetch_all(&mut *tx)
+    .bind(after)
+    .fetch_one(&mut *tx)
     .await
     .context("cutting a fan-out into parts")?;
-    let Some(&last) = ends.last() else {
+    ends.extend(rest);
+    if ends.len() < 2 {
         return Ok(None);
-    };
+    }
+    let last = ends[ends.len() - 1];
     let mut start = progress;
     for &end in &ends {
         let job = jobs::Job::FanoutPart {

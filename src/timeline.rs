@@ -124,6 +124,23 @@ impl Timeline {
         }
     }
 
+    /// Whether the owner of this timeline exists: a list, circle or user id may be unknown (or
+    /// a list deleted), and the miss path must not cache an empty timeline for it. Handlers ask
+    /// only when a page is empty: a page with entries proves its owner (deleting a list deletes
+    /// its rows and drops its cached timeline in the same transaction; circles and users are
+    /// never deleted), so a warm page needs no Postgres query.
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn owner_exists(self, db: &PgPool, cache: &Cache) -> sqlx::Result<bool> {
+        Ok(match self {
+            Timeline::Newsfeed(_) => true, // the authenticated viewer's own
+            Timeline::UserTweets(user) => !users::load_many(db, cache, &[user]).await?.is_empty(),
+            Timeline::List(list) => lists::get(db, list).await?.is_some(),
+            Timeline::Circle(circle) => circles::get(db, circle).await?.is_some(),
+        })
+    }
+
     /// Entries older than `gt` that arrived after `gt` (see [`read`]); only fan-out timelines
     /// (newsfeeds, lists) have them (a user's own and a circle's tweets are listed in the
     /// transaction that writes them).
@@ -415,6 +432,14 @@ async fn load_window(
     let _loading = flight.acquire().await;
     if let Some(window) = cache.range(list, lt, gt, want).await? {
         return Ok(window); // another request loaded it while we waited
+    }
+    if !timeline.owner_exists(db, cache).await? {
+        // Nothing to cache: the caller answers the empty page with a 404.
+        return Ok(Window {
+            complete: true,
+            floor: None,
+            items: Vec::new(),
+        });
     }
     // Start the load before the snapshot: a write committed after the snapshot bumps the
     // generation, and FILL then refuses to store the stale load.

@@ -4,8 +4,8 @@
 //! A cached list is a sorted set scored by `created_at` in microseconds (as the home timelines of
 //! Redis in Action ch. 8 and Mastodon's FeedManager are). The member `#` with score `-inf` marks a
 //! *complete* list: it holds every item, not only the newest window. It is always the lowest
-//! rank, so a script finds it (or the floor) with `ZRANGE 0 0`, which is O(1) also on a
-//! listpack-encoded set, where `ZSCORE` would scan the whole list. Trimming removes the lowest
+//! rank, so a script (or the read path's `MULTI`, [`super::Cache::range`]) finds it (or the
+//! floor) with `ZRANGE 0 0`, which is O(1) also on a listpack-encoded set, where `ZSCORE` would scan the whole list. Trimming removes the lowest
 //! ranks first, so a list that grows past the limit loses the marker before any real entry and
 //! stops claiming completeness. An incomplete list holds exactly the items not older than its
 //! lowest entry (its *floor*); everything older is read from Postgres.
@@ -22,37 +22,6 @@
 use std::sync::LazyLock;
 
 use redis::Script;
-
-/// `RANGE list | max min count` → nil if the list is not cached, else
-/// `[complete "1"|"0", floor score or "", member, score, member, score, ...]` with the newest
-/// `count` entries strictly between `min` and `max` (`+inf` / `-inf` for no bound).
-pub static RANGE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #lowest == 0 then return false end
-local out = {'0', ''}
-if lowest[1] == '#' then
-  out[1] = '1'
-else
-  out[2] = lowest[2]
-end
-local max = ARGV[1] == '+inf' and '+inf' or '(' .. ARGV[1]
-local min = ARGV[2] == '-inf' and '-inf' or '(' .. ARGV[2]
-local count = tonumber(ARGV[3])
-local items = redis.call('ZRANGE', KEYS[1], max, min, 'BYSCORE', 'REV', 'LIMIT', 0, count + 1, 'WITHSCORES')
-local n = 0
-for i = 1, #items, 2 do
-  if items[i] ~= '#' and n < count then
-    out[#out + 1] = items[i]
-    out[#out + 1] = items[i + 1]
-    n = n + 1
-  end
-end
-return out
-"#,
-    )
-});
 
 /// Lua helpers shared by the scripts that write generations. A generation hash is created with
 /// both counters at the server's current time in µs (a nonce), never at 0, so a hash that was
@@ -357,9 +326,8 @@ return {ok and 1 or 0, best, best_rem, best_reset, retry}
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 14] {
+pub fn all() -> [&'static Script; 13] {
     [
-        &RANGE,
         &BEGIN_LOAD,
         &FILL,
         &MERGE,

@@ -15,7 +15,7 @@ use sqlx::{PgConnection, PgPool};
 use crate::cache::counts::Versioned;
 use crate::cache::objects::{TOMBSTONE, encode_user, pipe_put_tweet};
 use crate::cache::rank::RANK_TTL_SECS;
-use crate::cache::{AfterCommit, Cache, Keys, ListKey, Scored, scripts};
+use crate::cache::{AfterCommit, Cache, CacheUnavailable, Keys, ListKey, Scored, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
 
 /// How a merge is guarded against a removal that raced it (see [`scripts::MERGE`]).
@@ -106,6 +106,9 @@ pub struct Staged {
     outbox_id: Option<i64>,
     pipe: redis::Pipeline,
     commands: usize,
+    /// Merges planned only after the commit, for the lists that exist then
+    /// ([`Cache::stage_merges`]).
+    deferred: Vec<Update>,
 }
 
 impl Staged {
@@ -115,11 +118,19 @@ impl Staged {
             outbox_id: None,
             pipe: redis::pipe(),
             commands: 0,
+            deferred: Vec::new(),
         }
     }
 }
 
 impl Update {
+    /// The repair of a merge into `list`: drop it (a late merge could land after a removal).
+    fn merge_repair(keys: &Keys, list: ListKey) -> Repair {
+        Repair::Invalidate {
+            key: keys.list(list),
+        }
+    }
+
     /// Adds this update's Redis commands to `pipe` and returns the repairs that stand for it in
     /// the outbox: one `match`, so the two can not drift apart.
     fn plan(&self, keys: &Keys, ttl: u64, limit: usize, pipe: &mut redis::Pipeline) -> Vec<Repair> {
@@ -148,7 +159,7 @@ impl Update {
                     inv.arg(*score).arg(member);
                 }
                 pipe.invoke_script(&inv).ignore();
-                vec![Repair::Invalidate { key }]
+                vec![Update::merge_repair(keys, *list)]
             }
             Update::Remove { list, members } => {
                 let key = keys.list(*list);
@@ -317,16 +328,71 @@ impl Cache {
         let Some((pipe, repairs)) = self.plan(updates) else {
             return Ok(Staged::none());
         };
-        let id: i64 =
-            sqlx::query_scalar("insert into cache_outbox (repairs) values ($1) returning id")
-                .bind(sqlx::types::Json(&repairs))
-                .fetch_one(tx)
-                .await?;
         Ok(Staged {
-            outbox_id: Some(id),
+            outbox_id: Some(record(tx, &repairs).await?),
             pipe,
             commands: updates.len(),
+            deferred: Vec::new(),
         })
+    }
+
+    /// [`Cache::stage`] for a fan-out batch, whose merges go to many followers' lists of which
+    /// most are not cached: the repairs are recorded in the transaction as usual, but the merges
+    /// are planned after the commit, and only for the lists that exist then ([`Cache::finish`]
+    /// asks with `EXISTS`, a fraction of a `MERGE` call's cost inside Redis). Skipping the others
+    /// changes nothing: a merge into a list with neither its entries nor its generation hash
+    /// does nothing, and a load that begins later (creating the hash with `BEGIN_LOAD` before
+    /// its snapshot) reads the committed rows.
+    ///
+    /// # Errors
+    /// The outbox insert failed (the transaction should be rolled back).
+    pub async fn stage_merges(
+        &self,
+        tx: &mut PgConnection,
+        updates: Vec<Update>,
+    ) -> Result<Staged, sqlx::Error> {
+        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
+            return Ok(Staged::none());
+        };
+        if updates.is_empty() {
+            return Ok(Staged::none());
+        }
+        let (mut pipe, mut repairs, mut deferred) = (redis::pipe(), Vec::new(), Vec::new());
+        let mut commands = 0;
+        for update in updates {
+            match &update {
+                Update::Merge { list, .. } => {
+                    repairs.push(Update::merge_repair(keys, *list));
+                    deferred.push(update);
+                }
+                _ => {
+                    repairs.extend(update.plan(keys, ttl, self.list_limit(), &mut pipe));
+                    commands += 1;
+                }
+            }
+        }
+        Ok(Staged {
+            outbox_id: Some(record(tx, &repairs).await?),
+            pipe,
+            commands,
+            deferred,
+        })
+    }
+
+    /// Which of the lists of `merges` exist (their entries or their generation hash), in
+    /// order: two `EXISTS` per list in one pipeline.
+    async fn lists_exist(&self, merges: &[Update]) -> Result<Vec<bool>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        let mut pipe = redis::pipe();
+        for update in merges {
+            if let Update::Merge { list, .. } = update {
+                let key = keys.list(*list);
+                pipe.cmd("EXISTS").arg(&key);
+                pipe.cmd("EXISTS").arg(Keys::gen_of(&key));
+            }
+        }
+        let flags: Vec<i64> = self.run_bulk(&pipe, merges.len()).await?;
+        Ok(flags.chunks(2).map(|c| c.iter().any(|f| *f > 0)).collect())
     }
 
     /// Applies staged updates after their transaction committed. On success the outbox row is
@@ -341,11 +407,22 @@ impl Cache {
             AfterCommit::Crash => return,
             AfterCommit::Gate(gate) => drop(gate.lock().await),
         }
-        if self
-            .run_durable::<()>(&staged.pipe, staged.commands)
-            .await
-            .is_err()
-        {
+        let (mut pipe, mut commands) = (staged.pipe, staged.commands);
+        if !staged.deferred.is_empty() {
+            let (Ok(exist), Some(keys), Some(ttl)) = (
+                self.lists_exist(&staged.deferred).await,
+                self.keys(),
+                self.ttl(),
+            ) else {
+                tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+                return;
+            };
+            for (update, _) in staged.deferred.iter().zip(exist).filter(|(_, e)| *e) {
+                update.plan(keys, ttl, self.list_limit(), &mut pipe);
+                commands += 1;
+            }
+        }
+        if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
             tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
             return;
         }
@@ -366,4 +443,12 @@ impl Cache {
             let _ = self.run::<()>(&pipe).await;
         }
     }
+}
+
+/// Inserts the outbox row of `repairs` in the write's transaction; returns its id.
+async fn record(tx: &mut PgConnection, repairs: &[Repair]) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("insert into cache_outbox (repairs) values ($1) returning id")
+        .bind(sqlx::types::Json(repairs))
+        .fetch_one(tx)
+        .await
 }

@@ -124,15 +124,11 @@ async fn circle_tweets(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    exists(&state, id).await?;
-    let items = timeline::read(
-        &state.db,
-        &state.cache,
-        Timeline::Circle(id),
-        &req,
-        caller.id(),
-    )
-    .await?;
+    let timeline = Timeline::Circle(id);
+    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
+    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
+        return Err(ApiError::NotFound);
+    }
     Ok(timeline_body(items, &req, false))
 }
 

@@ -142,16 +142,10 @@ async fn list_timeline(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    if lists::get(&state.db, id).await?.is_none() {
+    let timeline = Timeline::List(id);
+    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
+    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
         return Err(ApiError::NotFound);
     }
-    let items = timeline::read(
-        &state.db,
-        &state.cache,
-        Timeline::List(id),
-        &req,
-        caller.id(),
-    )
-    .await?;
     Ok(timeline_body(items, &req, false))
 }

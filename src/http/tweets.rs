@@ -22,7 +22,6 @@ use crate::state::AppState;
 use crate::time::{self, Timestamp};
 use crate::timeline::{self, Item, Timeline};
 use crate::tweets::{self, NewTweet, Tweet, TweetJson};
-use crate::users;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -42,15 +41,12 @@ async fn list(
 ) -> ApiResult<JsonBody> {
     let user_id = query.required_id("user_id")?;
     let req = query.page()?;
-    // The user object cache makes this check free on the warm path.
-    if users::load_many(&state.db, &state.cache, &[user_id])
-        .await?
-        .is_empty()
-    {
-        return Err(ApiError::NotFound);
-    }
     let timeline = Timeline::UserTweets(user_id);
     let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
+    // Only an empty page asks whether the user exists (see `Timeline::owner_exists`).
+    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
+        return Err(ApiError::NotFound);
+    }
     Ok(timeline_body(items, &req, false))
 }
 
@@ -188,19 +184,33 @@ async fn detail(
         .await?
         .ok_or(ApiError::NotFound)?;
     let viewer = caller.id();
-    let has_liked = !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
-        .await?
-        .is_empty();
+    let has_liked = counts.likes > 0
+        && !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
+            .await?
+            .is_empty();
     let (db, cache, first) = (&state.db, &state.cache, &PageRequest::first(DETAIL_NEWEST));
-    let mut comments = state
-        .replica
-        .read_with(db, viewer, |read| async move {
-            Ok(comments::page(db, &read, cache, id, first, viewer).await?)
-        })
-        .await?;
-    comments.truncate(DETAIL_NEWEST);
-    let likes =
-        likes::newest_tweet_likes(&state.db, &state.cache, id, DETAIL_NEWEST as i64).await?;
+    // The tweet's exact counters (read with it) say which lists can be empty: most tweets have
+    // no comments or no likes, and those detail pages need no Postgres query at all.
+    let newest_comments = async {
+        if counts.comments == 0 {
+            return Ok(Vec::new());
+        }
+        let mut comments = state
+            .replica
+            .read_with(db, viewer, |read| async move {
+                Ok(comments::page(db, &read, cache, id, first, viewer).await?)
+            })
+            .await?;
+        comments.truncate(DETAIL_NEWEST);
+        ApiResult::Ok(comments)
+    };
+    let newest_likes = async {
+        if counts.likes == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(likes::newest_tweet_likes(db, cache, id, DETAIL_NEWEST as i64).await?)
+    };
+    let (comments, likes) = tokio::try_join!(newest_comments, newest_likes)?;
     Ok(Json(TweetDetail {
         tweet: Tweet::new(record, author.into(), &counts, has_liked),
         comments,

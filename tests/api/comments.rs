@@ -1,6 +1,6 @@
 use crate::helpers::CountsOf;
 use axum::http::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, page_all};
@@ -256,4 +256,69 @@ async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
         )
         .await;
     assert_eq!(res.status, StatusCode::BAD_REQUEST);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn the_detail_shows_each_comment_and_like_as_they_come_and_go(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("alice").await;
+    let (_, tb) = app.quick_user("bob").await;
+    let tweet = app.tweet(&ta, "quiet").await["id"].as_i64().unwrap();
+    let uri = format!("/api/tweets/{tweet}/");
+    // (comments_count, comment contents, likes_count, likers, has_liked for bob)
+    let seen = |body: Value| {
+        let names = |list: &Value, pick: fn(&Value) -> String| -> Vec<String> {
+            list.as_array().unwrap().iter().map(pick).collect()
+        };
+        (
+            body["comments_count"].as_i64().unwrap(),
+            names(&body["comments"], |c| {
+                c["content"].as_str().unwrap().to_owned()
+            }),
+            body["likes_count"].as_i64().unwrap(),
+            names(&body["likes"], |l| {
+                l["user"]["username"].as_str().unwrap().to_owned()
+            }),
+            body["has_liked"].as_bool().unwrap(),
+        )
+    };
+    let none = || (0, vec![], 0, vec![], false);
+    // Twice: the second read is served from the cached tweet and counters.
+    for _ in 0..2 {
+        assert_eq!(seen(app.get(&uri, Some(&tb)).await.body), none());
+    }
+    let comment = app
+        .post(
+            "/api/comments/",
+            Some(&tb),
+            json!({"tweet_id": tweet, "content": "hello"}),
+        )
+        .await
+        .body["id"]
+        .as_i64()
+        .unwrap();
+    app.post(
+        "/api/likes/",
+        Some(&tb),
+        json!({"content_type": "tweet", "object_id": tweet}),
+    )
+    .await;
+    assert_eq!(
+        seen(app.get(&uri, Some(&tb)).await.body),
+        (1, vec!["hello".into()], 1, vec!["bob".into()], true)
+    );
+    app.request(
+        Method::DELETE,
+        &format!("/api/comments/{comment}/"),
+        Some(&tb),
+        None,
+    )
+    .await;
+    app.post(
+        "/api/likes/cancel/",
+        Some(&tb),
+        json!({"content_type": "tweet", "object_id": tweet}),
+    )
+    .await;
+    assert_eq!(seen(app.get(&uri, Some(&tb)).await.body), none());
 }

@@ -345,3 +345,48 @@ async fn the_real_snap_circles_import_as_4065_lists_and_twice_adds_nothing(db: P
         "again: nothing added"
     );
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn timelines_of_unknown_or_deleted_owners_are_a_404_and_cache_nothing(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, owner) = app.signup("owner").await;
+    let (writer, tw) = app.signup("writer").await;
+    let id = app.tweet(&tw, "listed").await["id"].as_i64().unwrap();
+    let list = new_list(&app, &owner, "readers").await;
+    add(&app, &owner, list, writer).await;
+    app.drain().await;
+    // Twice: the second page comes from the cached timeline, with no existence query.
+    for _ in 0..2 {
+        let res = app.get(&format!("/api/lists/{list}/timeline/"), None).await;
+        assert_eq!(tweet_ids(&res.body), vec![id]);
+    }
+    assert!(app.cached_members(Timeline::List(list)).await.is_some());
+
+    app.request(
+        Method::DELETE,
+        &format!("/api/lists/{list}/"),
+        Some(&owner),
+        None,
+    )
+    .await;
+    for uri in [
+        format!("/api/lists/{list}/timeline/"),
+        "/api/lists/999999/timeline/".to_owned(),
+        "/api/circles/999999/tweets/".to_owned(),
+        "/api/tweets/?user_id=999999".to_owned(),
+    ] {
+        assert_eq!(
+            app.get(&uri, None).await.status,
+            StatusCode::NOT_FOUND,
+            "{uri}"
+        );
+    }
+    for timeline in [
+        Timeline::List(list),
+        Timeline::List(999999),
+        Timeline::Circle(999999),
+        Timeline::UserTweets(999999),
+    ] {
+        assert_eq!(app.cached_members(timeline).await, None, "{timeline:?}");
+    }
+}

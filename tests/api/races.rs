@@ -434,3 +434,79 @@ async fn unfollow_then_quick_refollow_keeps_the_backfilled_tweets(db: PgPool) {
         "in Postgres too"
     );
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_unfollow_waits_for_the_fan_out_batch_in_flight_and_unmerges_its_row(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.drain().await;
+    let id = app.tweet(&ta, "in flight").await["id"].as_i64().unwrap();
+
+    // A fan-out batch of alice's in flight: it holds her followers lock (shared) and has
+    // inserted bob's row, not yet committed.
+    let mut batch = app.db().begin().await.unwrap();
+    chirp::newsfeeds::lock_followers(&mut batch, alice, false)
+        .await
+        .unwrap();
+    sqlx::query(
+        "insert into newsfeeds (user_id, tweet_id, created_at)
+         select $1, id, created_at from tweets where id = $2",
+    )
+    .bind(bob)
+    .bind(id)
+    .execute(&mut *batch)
+    .await
+    .unwrap();
+
+    let uri = format!("/api/friendships/{alice}/unfollow/");
+    let unfollow = app.post(&uri, Some(&tb), json!({}));
+    let release = async {
+        // The unfollow waits for the batch's lock; then the batch commits.
+        lock_waiters(&app, 1).await;
+        batch.commit().await.unwrap();
+    };
+    let (res, ()) = tokio::join!(unfollow, release);
+    assert_eq!(res.status, StatusCode::OK);
+
+    // Its unmerge runs after the batch's commit and takes the row out again.
+    app.drain().await;
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        Vec::<i64>::new()
+    );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_fan_out_refuses_the_fill_of_a_feed_whose_load_began_before_its_commit(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.drain().await;
+
+    // A reader of bob's (uncached) feed begins its load and takes its snapshot.
+    let feed = Timeline::Newsfeed(bob);
+    let generation = app.state.cache.begin_load(feed.key()).await.unwrap();
+    let snapshot = chirp::newsfeeds::entries(app.db(), bob, 100).await.unwrap();
+
+    // The fan-out commits meanwhile: the feed has no entries in Redis, but it is being loaded.
+    let id = app.tweet(&ta, "during the load").await["id"]
+        .as_i64()
+        .unwrap();
+    app.drain().await;
+
+    let scored: Vec<_> = snapshot.iter().map(|e| feed.scored(e)).collect();
+    let stored = app
+        .state
+        .cache
+        .fill(feed.key(), &generation, true, &scored)
+        .await
+        .unwrap();
+    assert!(!stored, "the stale load must not be stored");
+    assert_eq!(
+        tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
+        vec![id]
+    );
+}
