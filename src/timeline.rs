@@ -22,7 +22,7 @@ use std::sync::atomic::Ordering;
 use sqlx::PgPool;
 
 use crate::cache::lists::{pack_ids, unpack_ids};
-use crate::cache::objects::{Cached, CachedTweet};
+use crate::cache::objects::{Cached, CachedTweet, CachedUser};
 use crate::cache::{Cache, CacheUnavailable, Guard, ListKey, Owner, Scored, Update, Window};
 use crate::model::{Place, TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
@@ -219,6 +219,24 @@ impl TweetBody {
     }
 }
 
+/// The author of a timeline item: typed (read from Postgres) or as cached (its public fields
+/// spliced into a page as they are, parsed only if a caller needs the fields).
+#[derive(Debug, Clone, PartialEq)]
+pub enum AuthorBody {
+    Record(UserRecord),
+    Cached(CachedUser),
+}
+
+impl AuthorBody {
+    /// The typed user; `None` if a cached one does not parse (a corrupted value).
+    pub fn into_record(self) -> Option<UserRecord> {
+        match self {
+            AuthorBody::Record(u) => Some(u),
+            AuthorBody::Cached(u) => u.record(),
+        }
+    }
+}
+
 /// One hydrated timeline item.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Item {
@@ -226,7 +244,7 @@ pub struct Item {
     pub id: i64,
     pub created_at: Timestamp,
     pub tweet: TweetBody,
-    pub author: UserRecord,
+    pub author: AuthorBody,
     pub counts: TweetCounts,
     /// Whether the viewer liked the tweet (false for anonymous readers).
     pub has_liked: bool,
@@ -280,14 +298,14 @@ impl From<FeedRow> for Item {
                 coordinates: r.coordinates,
                 place: r.place,
             }),
-            author: UserRecord {
+            author: AuthorBody::Record(UserRecord {
                 id: r.author_id,
                 username: r.username,
                 nickname: r.nickname,
                 avatar_url: r.avatar_url,
                 version: r.version,
                 created_at: r.author_created_at,
-            },
+            }),
             counts: r.counts,
             has_liked: false,
         }
@@ -511,18 +529,23 @@ async fn hydrate(
                 .map(|(t, c)| (t.id, (TweetBody::Record(t), c))),
         );
     }
-    let mut authors: HashMap<i64, UserRecord> = HashMap::with_capacity(author_ids.len());
+    let mut authors: HashMap<i64, AuthorBody> = HashMap::with_capacity(author_ids.len());
     let mut missing_authors = Vec::new();
     for (id, user) in author_ids.iter().zip(fetched.users) {
         match user {
             Some(u) => {
-                authors.insert(*id, u);
+                authors.insert(*id, AuthorBody::Cached(u));
             }
             None => missing_authors.push(*id),
         }
     }
     // Misses were found in the pipeline above: go straight to Postgres for them.
-    authors.extend(users::load_uncached(db, cache, &missing_authors).await?);
+    authors.extend(
+        users::load_uncached(db, cache, &missing_authors)
+            .await?
+            .into_iter()
+            .map(|(id, u)| (id, AuthorBody::Record(u))),
+    );
     let liked = match viewer {
         // The pipeline asked the viewer's liked set: `fetched.liked` is its answer.
         Some(user) => likes::liked_given(db, cache, user, &ids, fetched.liked).await?,

@@ -6,14 +6,14 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgPool};
 
-use crate::cache::objects::Cached;
+use crate::cache::objects::{Cached, CachedTweet};
 use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
 use crate::jobs::{self, Job};
 use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
-use crate::timeline::{FeedRow, Item, ListEntry, Timeline, TweetBody};
+use crate::timeline::{AuthorBody, FeedRow, Item, ListEntry, Timeline, TweetBody};
 use crate::users::{self, User};
 use crate::{circles, lists, newsfeeds, notifications, streams};
 
@@ -79,7 +79,7 @@ impl Tweet {
         let record = item.tweet.into_record()?;
         Some(Tweet::new(
             record,
-            item.author.into(),
+            item.author.into_record()?.into(),
             &item.counts,
             item.has_liked,
         ))
@@ -93,31 +93,34 @@ impl Tweet {
 #[derive(Debug)]
 pub enum TweetJson {
     Typed(Box<Tweet>),
-    Spliced(String),
+    /// `{"user":…,"comments_count":…,"likes_count":…,"has_liked":…,` and the tweet's members.
+    Spliced {
+        user: String,
+        counts: TweetCounts,
+        has_liked: bool,
+        tweet: CachedTweet,
+    },
 }
 
 impl TweetJson {
     /// The tweet object of a hydrated timeline item; `None` if its cached fields are corrupt.
     pub fn from_item(item: Item) -> Option<Self> {
-        let TweetBody::Cached(cached) = &item.tweet else {
+        let TweetBody::Cached(tweet) = item.tweet else {
             return Tweet::from_item(item).map(|t| TweetJson::Typed(Box::new(t)));
         };
-        let user = serde_json::to_string(&User::from(item.author)).ok()?;
-        let mut json = String::with_capacity(cached.members.len() + user.len() + 80);
-        json.push_str("{\"user\":");
-        json.push_str(&user);
-        json.push_str(",\"comments_count\":");
-        json.push_str(itoa::Buffer::new().format(item.counts.comments));
-        json.push_str(",\"likes_count\":");
-        json.push_str(itoa::Buffer::new().format(item.counts.likes));
-        json.push_str(if item.has_liked {
-            ",\"has_liked\":true,"
-        } else {
-            ",\"has_liked\":false,"
-        });
-        json.push_str(&cached.members);
-        json.push('}');
-        Some(TweetJson::Spliced(json))
+        let user = match item.author {
+            AuthorBody::Cached(u) => match u.public_json() {
+                Some(json) => json,
+                None => serde_json::to_string(&User::from(u.record()?)).ok()?,
+            },
+            AuthorBody::Record(u) => serde_json::to_string(&User::from(u)).ok()?,
+        };
+        Some(TweetJson::Spliced {
+            user,
+            counts: item.counts,
+            has_liked: item.has_liked,
+            tweet,
+        })
     }
 
     /// Appends the JSON object to `out`.
@@ -127,7 +130,26 @@ impl TweetJson {
             TweetJson::Typed(t) => {
                 let _ = serde_json::to_writer(&mut *out, t);
             }
-            TweetJson::Spliced(json) => out.extend_from_slice(json.as_bytes()),
+            TweetJson::Spliced {
+                user,
+                counts,
+                has_liked,
+                tweet,
+            } => {
+                out.extend_from_slice(b"{\"user\":");
+                out.extend_from_slice(user.as_bytes());
+                out.extend_from_slice(b",\"comments_count\":");
+                out.extend_from_slice(itoa::Buffer::new().format(counts.comments).as_bytes());
+                out.extend_from_slice(b",\"likes_count\":");
+                out.extend_from_slice(itoa::Buffer::new().format(counts.likes).as_bytes());
+                out.extend_from_slice(if *has_liked {
+                    b",\"has_liked\":true,"
+                } else {
+                    b",\"has_liked\":false,"
+                });
+                out.extend_from_slice(tweet.members.as_bytes());
+                out.push(b'}');
+            }
         }
     }
 }
@@ -136,9 +158,14 @@ impl Serialize for TweetJson {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
             TweetJson::Typed(t) => t.serialize(s),
-            TweetJson::Spliced(json) => RawValue::from_string(json.clone())
-                .map_err(serde::ser::Error::custom)?
-                .serialize(s),
+            TweetJson::Spliced { .. } => {
+                let mut out = Vec::new();
+                self.write(&mut out);
+                let json = String::from_utf8(out).map_err(serde::ser::Error::custom)?;
+                RawValue::from_string(json)
+                    .map_err(serde::ser::Error::custom)?
+                    .serialize(s)
+            }
         }
     }
 }

@@ -92,9 +92,11 @@ impl CachedTweet {
         format!("2|{}|{}", self.user_id, self.members)
     }
 
-    fn decode(value: &str) -> Option<Self> {
+    /// A stored value; the members keep its buffer (the prefix is drained, nothing copied
+    /// into a new allocation).
+    fn decode(mut value: String) -> Option<Self> {
         if value.starts_with('{') {
-            return serde_json::from_str::<TweetRecord>(value)
+            return serde_json::from_str::<TweetRecord>(&value)
                 .ok()
                 .map(|t| CachedTweet::of(&t));
         }
@@ -110,10 +112,55 @@ impl CachedTweet {
             .next()?
             .parse()
             .ok()?;
+        let user_id = user.parse().ok()?;
+        let prefix = value.len() - members.len();
+        value.drain(..prefix);
         Some(CachedTweet {
             id,
-            user_id: user.parse().ok()?,
-            members: members.to_owned(),
+            user_id,
+            members: value,
+        })
+    }
+}
+
+/// A user object as cached: the stored `UserRecord` JSON (see [`encode_user`]), shared by every
+/// item of a page that has this author. Timeline pages splice its public fields (`id`,
+/// `username`, `nickname`, `avatar_url`: the leading members of the stored object) into the
+/// response as they are ([`CachedUser::public_json`]), like [`CachedTweet`]: no parsing or
+/// re-escaping per author. Typed paths parse it on demand ([`CachedUser::record`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CachedUser {
+    pub id: i64,
+    json: std::sync::Arc<str>,
+}
+
+impl CachedUser {
+    /// The public `User` object: the stored object up to its `version` member, closed. `None`
+    /// if the stored JSON is not in that shape (then parse it with [`CachedUser::record`]).
+    /// A `,"version":` inside a string value would have its quotes escaped, so the one found
+    /// (searching from the end, where `version` and `created_at` are) is the member.
+    pub fn public_json(&self) -> Option<String> {
+        let head = &self.json[..self.json.rfind(",\"version\":")?];
+        if !head.starts_with("{\"id\":") {
+            return None;
+        }
+        let mut json = String::with_capacity(head.len() + 1);
+        json.push_str(head);
+        json.push('}');
+        Some(json)
+    }
+
+    /// The typed user (parses the stored JSON); `None` if it does not parse.
+    pub fn record(&self) -> Option<UserRecord> {
+        serde_json::from_str(&self.json).ok()
+    }
+
+    /// A stored value (`"{version}|{json}"`) of user `id`; `None` for a floor or garbage.
+    fn decode(id: i64, value: &str) -> Option<Self> {
+        let (_, json) = value.split_once('|')?;
+        json.starts_with('{').then(|| CachedUser {
+            id,
+            json: json.into(),
         })
     }
 }
@@ -145,7 +192,7 @@ pub enum LikedAmong {
 pub struct Fetched {
     pub tweets: Vec<Cached<CachedTweet>>,
     pub counts: Vec<Option<TweetCounts>>,
-    pub users: Vec<Option<UserRecord>>,
+    pub users: Vec<Option<CachedUser>>,
     /// What the viewer's liked set says; `None` without a viewer.
     pub liked: Option<LikedAmong>,
 }
@@ -355,7 +402,8 @@ impl Cache {
         } else {
             strings(next("users")?)?
                 .into_iter()
-                .map(decode_user)
+                .zip(user_ids)
+                .map(|(v, id)| v.and_then(|v| CachedUser::decode(*id, &v)))
                 .collect()
         };
         let liked = match viewer {
@@ -430,9 +478,9 @@ pub fn decode_stored_user(value: &str) -> Option<UserRecord> {
 }
 
 fn decode_tweet(v: Option<String>) -> Cached<CachedTweet> {
-    match v.as_deref() {
+    match v {
         None => Cached::Miss,
-        Some(TOMBSTONE) => Cached::Deleted,
+        Some(t) if t == TOMBSTONE => Cached::Deleted,
         Some(value) => CachedTweet::decode(value).map_or(Cached::Miss, Cached::Hit),
     }
 }
@@ -478,10 +526,36 @@ mod tests {
         );
         assert_eq!(cached.record(), Some(tweet.clone()));
         let stored = cached.encode();
-        assert_eq!(CachedTweet::decode(&stored), Some(cached.clone()));
+        assert_eq!(CachedTweet::decode(stored.clone()), Some(cached.clone()));
         let older = serde_json::to_string(&tweet).unwrap();
-        assert_eq!(CachedTweet::decode(&older), Some(cached));
-        assert_eq!(CachedTweet::decode("3|1|x"), None);
+        assert_eq!(CachedTweet::decode(older), Some(cached));
+        assert_eq!(CachedTweet::decode("3|1|x".to_owned()), None);
         assert!(matches!(decode_tweet(Some("-".into())), Cached::Deleted));
+    }
+
+    #[test]
+    fn a_cached_users_public_json_is_cut_from_the_stored_object() {
+        for nickname in [None, Some(r#"a ,"version":1 \ "x" | ü"#.to_owned())] {
+            let user = UserRecord {
+                id: 42,
+                username: "alice".to_owned(),
+                nickname: nickname.clone(),
+                avatar_url: Some("/media/a.png".to_owned()),
+                version: 7,
+                created_at: crate::time::from_micros(1_763_900_000_123_456),
+            };
+            let stored = encode_user(&user).unwrap();
+            let cached = CachedUser::decode(42, &stored).unwrap();
+            let public = serde_json::to_string(&crate::users::User::from(user.clone())).unwrap();
+            assert_eq!(cached.public_json(), Some(public), "{nickname:?}");
+            assert_eq!(cached.record(), Some(user));
+        }
+        assert_eq!(CachedUser::decode(42, "7|"), None, "a floor is a miss");
+        let odd = CachedUser::decode(42, r#"7|{"username":"x","id":42,"version":7}"#).unwrap();
+        assert_eq!(
+            odd.public_json(),
+            None,
+            "another member order is parsed instead"
+        );
     }
 }
