@@ -14,7 +14,7 @@
 //! bumped by every write, and `r`, bumped by every removal or invalidation. A loader creates the
 //! hash with [`BEGIN_LOAD`] *before* its Postgres snapshot and [`FILL`] stores the load only if
 //! neither counter moved, so a load never loses a concurrent write. A fan-out merge is guarded by
-//! `r` alone (read under the friendship lock): merges do not conflict with merges, only with an
+//! `r` alone (read under the followers lock): merges do not conflict with merges, only with an
 //! unmerge or delete that may have removed what the merge would add. Writes bump the hash only
 //! if the list or the hash exists (cached or being loaded): a fan-out to followers whose feed is
 //! not cached creates no key.
