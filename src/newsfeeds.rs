@@ -233,7 +233,7 @@ pub async fn fanout(
         .bind(created_at)
         .bind(arrived_at)
         .fetch_all(&mut *tx);
-        // The guards are read while the batch's friendships are locked, beside the insert.
+        // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
         let guards = guards.ok();
         let rows: Vec<(i64, i64)> = rows.context("inserting a batch of newsfeed rows")?;

@@ -3,8 +3,9 @@
 //! new variant with its member codec and its SQL; the read path below does not change.
 //!
 //! The read path (Redis in Action ch. 8's timelines, Mastodon's `FeedManager`):
-//! 1. Read the requested range from the cached sorted set (one round trip).
-//! 2. On a miss, take the list's single-flight lock, start a load (its generation), load the
+//! 1. Read the requested range from the cached sorted set (one round trip, `MULTI`/`EXEC`).
+//! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
+//!    list, circle or user gets nothing cached), start a load (its generation), load the
 //!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
 //!    `FILL` (refused if anything was written since), and answer from what was loaded.
 //! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the

@@ -5,9 +5,9 @@
 //! Redis in Action ch. 8 and Mastodon's FeedManager are). The member `#` with score `-inf` marks a
 //! *complete* list: it holds every item, not only the newest window. It is always the lowest
 //! rank, so a script (or the read path's `MULTI`, [`super::Cache::range`]) finds it (or the
-//! floor) with `ZRANGE 0 0`, which is O(1) also on a listpack-encoded set, where `ZSCORE` would scan the whole list. Trimming removes the lowest
-//! ranks first, so a list that grows past the limit loses the marker before any real entry and
-//! stops claiming completeness. An incomplete list holds exactly the items not older than its
+//! floor) with `ZRANGE 0 0`, which is O(1) also on a listpack-encoded set, where `ZSCORE` would
+//! scan the whole list. Trimming removes the lowest ranks first, so a list that grows past the
+//! limit loses the marker before any real entry and stops claiming completeness. An incomplete list holds exactly the items not older than its
 //! lowest entry (its *floor*); everything older is read from Postgres.
 //!
 //! **Generations.** Each list (and liked set) has a hash `{list}:gen` with two counters: `w`,
