@@ -203,28 +203,9 @@ async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
     let (_, ta) = app.quick_user("alice").await;
     let (_, tb) = app.quick_user("bob").await;
     let tweet = app.tweet(&ta, "doomed").await["id"].as_i64().unwrap();
-    let comment = app
-        .post(
-            "/api/comments/",
-            Some(&tb),
-            json!({"tweet_id": tweet, "content": "c"}),
-        )
-        .await
-        .body["id"]
-        .as_i64()
-        .unwrap();
-    app.post(
-        "/api/likes/",
-        Some(&tb),
-        json!({"content_type": "tweet", "object_id": tweet}),
-    )
-    .await;
-    app.post(
-        "/api/likes/",
-        Some(&ta),
-        json!({"content_type": "comment", "object_id": comment}),
-    )
-    .await;
+    let comment = app.comment(&tb, tweet, "c").await;
+    app.like(&tb, "tweet", tweet).await;
+    app.like(&ta, "comment", comment).await;
     assert!(app.cached_counts(CountsOf::Tweet(tweet)).await.is_some());
 
     app.request(
@@ -287,22 +268,8 @@ async fn the_detail_shows_each_comment_and_like_as_they_come_and_go(db: PgPool) 
     for _ in 0..2 {
         assert_eq!(seen(app.get(&uri, Some(&tb)).await.body), none());
     }
-    let comment = app
-        .post(
-            "/api/comments/",
-            Some(&tb),
-            json!({"tweet_id": tweet, "content": "hello"}),
-        )
-        .await
-        .body["id"]
-        .as_i64()
-        .unwrap();
-    app.post(
-        "/api/likes/",
-        Some(&tb),
-        json!({"content_type": "tweet", "object_id": tweet}),
-    )
-    .await;
+    let comment = app.comment(&tb, tweet, "hello").await;
+    app.like(&tb, "tweet", tweet).await;
     assert_eq!(
         seen(app.get(&uri, Some(&tb)).await.body),
         (1, vec!["hello".into()], 1, vec!["bob".into()], true)

@@ -165,6 +165,31 @@ impl TestApp {
         res.body
     }
 
+    /// Comments on a tweet and returns the comment's id.
+    pub async fn comment(&self, token: &str, tweet: i64, content: &str) -> i64 {
+        let res = self
+            .post(
+                "/api/comments/",
+                Some(token),
+                json!({"tweet_id": tweet, "content": content}),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        res.body["id"].as_i64().expect("id")
+    }
+
+    /// Likes a `tweet` or a `comment`.
+    pub async fn like(&self, token: &str, kind: &str, id: i64) {
+        let res = self
+            .post(
+                "/api/likes/",
+                Some(token),
+                json!({"content_type": kind, "object_id": id}),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    }
+
     pub async fn follow(&self, token: &str, target: i64) {
         let res = self
             .post(

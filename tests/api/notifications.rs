@@ -72,22 +72,8 @@ async fn each_verb_notifies_once_and_never_for_your_own_actions(db: PgPool) {
             .await;
         assert_eq!(res.status, StatusCode::CREATED);
     }
-    let own = app
-        .post(
-            "/api/comments/",
-            Some(&ta),
-            json!({"tweet_id": tweet, "content": "mine"}),
-        )
-        .await
-        .body["id"]
-        .as_i64()
-        .unwrap();
-    app.post(
-        "/api/likes/",
-        Some(&tb),
-        json!({"content_type": "comment", "object_id": own}),
-    )
-    .await;
+    let own = app.comment(&ta, tweet, "mine").await;
+    app.like(&tb, "comment", own).await;
     // Her own like and comment notify nobody.
     app.post("/api/likes/", Some(&ta), like.clone()).await;
 
