@@ -9,11 +9,11 @@ use serde_json::{Value, json};
 use crate::circles::{self, Circle, CircleRow};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
-use crate::http::tweets::{JsonBody, timeline_body};
+use crate::http::tweets::{JsonBody, owned_timeline_page};
 use crate::lists::{Added, Member};
 use crate::pagination::Page;
 use crate::state::AppState;
-use crate::timeline::{self, Timeline};
+use crate::timeline::Timeline;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -124,12 +124,7 @@ async fn circle_tweets(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    let timeline = Timeline::Circle(id);
-    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
-    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
-        return Err(ApiError::NotFound);
-    }
-    Ok(timeline_body(items, &req, false))
+    owned_timeline_page(&state, Timeline::Circle(id), &req, caller.id()).await
 }
 
 async fn rank(

@@ -8,11 +8,11 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
-use crate::http::tweets::{JsonBody, timeline_body};
+use crate::http::tweets::{JsonBody, owned_timeline_page};
 use crate::lists::{self, Added, List, ListRow, Member};
 use crate::pagination::Page;
 use crate::state::AppState;
-use crate::timeline::{self, Timeline};
+use crate::timeline::Timeline;
 use crate::users;
 
 pub fn router() -> Router<AppState> {
@@ -142,10 +142,5 @@ async fn list_timeline(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    let timeline = Timeline::List(id);
-    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
-    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
-        return Err(ApiError::NotFound);
-    }
-    Ok(timeline_body(items, &req, false))
+    owned_timeline_page(&state, Timeline::List(id), &req, caller.id()).await
 }

@@ -41,13 +41,7 @@ async fn list(
 ) -> ApiResult<JsonBody> {
     let user_id = query.required_id("user_id")?;
     let req = query.page()?;
-    let timeline = Timeline::UserTweets(user_id);
-    let items = timeline::read(&state.db, &state.cache, timeline, &req, caller.id()).await?;
-    // Only an empty page asks whether the user exists (see `Timeline::owner_exists`).
-    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
-        return Err(ApiError::NotFound);
-    }
-    Ok(timeline_body(items, &req, false))
+    owned_timeline_page(&state, Timeline::UserTweets(user_id), &req, caller.id()).await
 }
 
 /// A page of timeline items as tweet objects (`has_liked` came with the hydration; cached
@@ -80,6 +74,25 @@ impl IntoResponse for JsonBody {
 /// [`Page`]): each result the tweet object, or with `newsfeed` the `NewsFeed` object
 /// `{"id", "created_at", "tweet"}` (its id is the newsfeed row's). Spliced tweets are copied
 /// into the body as they are, so a warm page costs no JSON parsing and almost no serialising.
+/// A page of a timeline that has an owner to check (a user's tweets, a list, a circle): 404 if
+/// the page is empty and the owner does not exist. Only an empty page asks (see
+/// [`Timeline::owner_exists`]).
+///
+/// # Errors
+/// 404 for an unknown owner; Postgres failed.
+pub(crate) async fn owned_timeline_page(
+    state: &AppState,
+    timeline: Timeline,
+    req: &PageRequest,
+    viewer: Option<i64>,
+) -> ApiResult<JsonBody> {
+    let items = timeline::read(&state.db, &state.cache, timeline, req, viewer).await?;
+    if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
+        return Err(ApiError::NotFound);
+    }
+    Ok(timeline_body(items, req, false))
+}
+
 pub(crate) fn timeline_body(items: Vec<Item>, req: &PageRequest, newsfeed: bool) -> JsonBody {
     let page = tweet_page(items, req);
     let mut out = Vec::with_capacity(48 + RESULT_BYTES * page.results.len());
