@@ -921,7 +921,7 @@ async fn cached_after(
             let mut rows: Vec<MessageRow> = window
                 .items
                 .iter()
-                .filter_map(|(member, _)| decode(channel, member))
+                .filter_map(|member| decode(channel, member))
                 .collect();
             rows.reverse();
             let contiguous = rows

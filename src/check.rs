@@ -422,8 +422,8 @@ async fn compare_timeline(
     let complete = items.iter().any(|(m, _)| m == b"#");
     let mut cached: Vec<ListEntry> = Vec::with_capacity(items.len());
     for (member, score) in items.iter().filter(|(m, _)| m != b"#") {
-        match timeline.parse(member, *score) {
-            Some(e) => cached.push(e),
+        match timeline.parse(member) {
+            Some(m) => cached.push(m.at(crate::time::from_micros(*score))),
             None => return Ok(Some(format!("unreadable member {member:?}"))),
         }
     }

@@ -17,7 +17,7 @@
 //!
 //! Any Redis failure makes the whole read fall back to one joined Postgres query.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
@@ -61,7 +61,8 @@ impl Timeline {
     /// author_id)` in a newsfeed and of `(tweet_id, author_id)` in a list or circle; the
     /// decimal `tweet_id` in a user's tweets (the author is the list's owner; Redis stores an
     /// integer-looking member as an integer in a listpack).
-    pub fn member(self, entry: &ListEntry) -> Vec<u8> {
+    pub fn member(self, entry: impl Into<ListMember>) -> Vec<u8> {
+        let entry: ListMember = entry.into();
         match self {
             Timeline::Newsfeed(_) => pack_ids(&[entry.id, entry.tweet_id, entry.author_id]),
             Timeline::UserTweets(_) => entry.tweet_id.to_string().into_bytes(),
@@ -69,10 +70,9 @@ impl Timeline {
         }
     }
 
-    /// Decodes a member of this timeline's list with its score (µs); `None` for the marker or
-    /// a member of another encoding.
-    pub fn parse(self, member: &[u8], score: i64) -> Option<ListEntry> {
-        let created_at = time::from_micros(score);
+    /// Decodes a member of this timeline's list; `None` for the marker or a member of another
+    /// encoding. (Its score, the item's time, is not read: hydration takes it from the tweet.)
+    pub fn parse(self, member: &[u8]) -> Option<ListMember> {
         let (id, tweet_id, author_id) = match self {
             Timeline::Newsfeed(_) => {
                 let [id, tweet_id, author_id] = unpack_ids::<3>(member)?;
@@ -87,11 +87,10 @@ impl Timeline {
                 (tweet_id, tweet_id, author_id)
             }
         };
-        Some(ListEntry {
+        Some(ListMember {
             id,
             tweet_id,
             author_id,
-            created_at,
         })
     }
 
@@ -186,6 +185,45 @@ pub struct ListEntry {
     pub created_at: Timestamp,
 }
 
+/// What the member of a cached list entry encodes: a [`ListEntry`] without its time. Every
+/// timeline entry's time is its tweet's `created_at` (the list's score), so a cached page takes
+/// it from the hydrated tweet instead of asking Redis for the scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListMember {
+    /// See [`ListEntry::id`].
+    pub id: i64,
+    pub tweet_id: i64,
+    pub author_id: i64,
+}
+
+impl ListMember {
+    /// The entry of this member at `created_at` (its score).
+    pub fn at(self, created_at: Timestamp) -> ListEntry {
+        ListEntry {
+            id: self.id,
+            tweet_id: self.tweet_id,
+            author_id: self.author_id,
+            created_at,
+        }
+    }
+}
+
+impl From<&ListEntry> for ListMember {
+    fn from(e: &ListEntry) -> Self {
+        ListMember {
+            id: e.id,
+            tweet_id: e.tweet_id,
+            author_id: e.author_id,
+        }
+    }
+}
+
+impl From<&ListMember> for ListMember {
+    fn from(m: &ListMember) -> Self {
+        *m
+    }
+}
+
 /// The tweet of a timeline item: typed (read from Postgres) or as cached (ready JSON members,
 /// parsed only if a caller needs the fields).
 #[derive(Debug, Clone, PartialEq)]
@@ -208,6 +246,14 @@ impl TweetBody {
         match self {
             TweetBody::Record(t) => t.user_id,
             TweetBody::Cached(t) => t.user_id,
+        }
+    }
+
+    /// When the tweet was posted: also the time of every timeline entry of it.
+    pub fn created_at(&self) -> Timestamp {
+        match self {
+            TweetBody::Record(t) => t.created_at,
+            TweetBody::Cached(t) => t.created_at,
         }
     }
 
@@ -401,10 +447,10 @@ async fn read_cached(
             load_window(db, cache, timeline, req).await?
         }
     };
-    let entries: Vec<ListEntry> = window
+    let entries: Vec<ListMember> = window
         .items
         .iter()
-        .filter_map(|(member, score)| timeline.parse(member, *score))
+        .filter_map(|member| timeline.parse(member))
         .collect();
     // The cache answers alone if it had a full page, holds everything, or the page ends above
     // the floor of its window.
@@ -481,7 +527,7 @@ async fn load_window(
             .zip(scored)
             .filter(|(e, _)| req.contains(e.created_at))
             .take(want)
-            .map(|(_, (score, member))| (member, score))
+            .map(|(_, (_, member))| member)
             .collect(),
     })
 }
@@ -491,9 +537,9 @@ async fn load_window(
 async fn hydrate(
     db: &PgPool,
     cache: &Cache,
-    entries: &[ListEntry],
+    entries: &[ListMember],
     viewer: Option<i64>,
-) -> Result<(Vec<Item>, Vec<ListEntry>), ReadError> {
+) -> Result<(Vec<Item>, Vec<ListMember>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
     let mut author_ids: Vec<i64> = entries.iter().map(|e| e.author_id).collect();
     author_ids.sort_unstable();
@@ -501,16 +547,19 @@ async fn hydrate(
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache.fetch_for_hydration(&ids, &author_ids, viewer).await?;
 
-    let mut tweets: HashMap<i64, (TweetBody, TweetCounts)> = HashMap::with_capacity(ids.len());
+    // Everything below is aligned with `ids` (the entries) or with the sorted `author_ids`: a
+    // page is at most a few dozen items, so positions and binary search beat hashing.
+    let mut tweets: Vec<Option<(TweetBody, TweetCounts)>> = Vec::with_capacity(ids.len());
     let mut misses = Vec::new();
     for ((id, tweet), count) in ids.iter().zip(fetched.tweets).zip(fetched.counts) {
-        match (tweet, count) {
-            (Cached::Deleted, _) => {}
-            (Cached::Hit(t), Some(c)) => {
-                tweets.insert(*id, (TweetBody::Cached(t), c));
+        tweets.push(match (tweet, count) {
+            (Cached::Deleted, _) => None,
+            (Cached::Hit(t), Some(c)) => Some((TweetBody::Cached(t), c)),
+            _ => {
+                misses.push(*id);
+                None
             }
-            _ => misses.push(*id),
-        }
+        });
     }
     if !misses.is_empty() {
         let loaded: Vec<(TweetRecord, TweetCounts)> = tweets::rows_by_ids(db, &misses)
@@ -524,57 +573,63 @@ async fn hydrate(
             .filter(|id| !loaded.iter().any(|(t, _)| t.id == *id))
             .collect();
         cache.put_tweets(&loaded, &absent).await;
-        tweets.extend(
-            loaded
-                .into_iter()
-                .map(|(t, c)| (t.id, (TweetBody::Record(t), c))),
-        );
-    }
-    let mut authors: HashMap<i64, AuthorBody> = HashMap::with_capacity(author_ids.len());
-    let mut missing_authors = Vec::new();
-    for (id, user) in author_ids.iter().zip(fetched.users) {
-        match user {
-            Some(u) => {
-                authors.insert(*id, AuthorBody::Cached(u));
+        for (tweet, counts) in loaded {
+            // The first entry of this tweet gets it; a repeat finds it among the items below.
+            if let Some(i) = ids
+                .iter()
+                .zip(&tweets)
+                .position(|(id, t)| *id == tweet.id && t.is_none())
+            {
+                tweets[i] = Some((TweetBody::Record(tweet), counts));
             }
-            None => missing_authors.push(*id),
         }
     }
+    let mut authors: Vec<Option<AuthorBody>> = fetched
+        .users
+        .into_iter()
+        .map(|u| u.map(AuthorBody::Cached))
+        .collect();
+    authors.resize(author_ids.len(), None);
+    let missing_authors: Vec<i64> = author_ids
+        .iter()
+        .zip(&authors)
+        .filter(|(_, a)| a.is_none())
+        .map(|(id, _)| *id)
+        .collect();
     // Misses were found in the pipeline above: go straight to Postgres for them.
-    authors.extend(
-        users::load_uncached(db, cache, &missing_authors)
-            .await?
-            .into_iter()
-            .map(|(id, u)| (id, AuthorBody::Record(u))),
-    );
+    for (id, user) in users::load_uncached(db, cache, &missing_authors).await? {
+        if let Ok(i) = author_ids.binary_search(&id) {
+            authors[i] = Some(AuthorBody::Record(user));
+        }
+    }
     let liked = match viewer {
         // The pipeline asked the viewer's liked set: `fetched.liked` is its answer.
         Some(user) => likes::liked_given(db, cache, user, &ids, fetched.liked).await?,
         None => HashSet::new(),
     };
 
-    let mut items = Vec::with_capacity(entries.len());
+    let mut items: Vec<Item> = Vec::with_capacity(entries.len());
     let mut gone = Vec::new();
-    // Where each tweet went: a tweet is moved into its first item, not cloned (a page lists a
-    // tweet once; should it list one twice, the second item clones the first).
-    let mut placed: HashMap<i64, usize> = HashMap::with_capacity(entries.len());
-    for e in entries {
-        let found = match tweets.remove(&e.tweet_id) {
-            Some((tweet, counts)) => authors
-                .get(&tweet.user_id())
-                .map(|a| (tweet, counts, a.clone())),
-            None => placed.get(&e.tweet_id).map(|&i| {
-                let first: &Item = &items[i];
-                (first.tweet.clone(), first.counts, first.author.clone())
-            }),
+    for (e, tweet) in entries.iter().zip(tweets) {
+        let author_of = |user_id: i64| {
+            author_ids
+                .binary_search(&user_id)
+                .ok()
+                .and_then(|i| authors[i].clone())
         };
-        if found.is_some() {
-            placed.entry(e.tweet_id).or_insert(items.len());
-        }
+        let found = match tweet {
+            // A tweet is moved into its first item, not cloned.
+            Some((tweet, counts)) => author_of(tweet.user_id()).map(|a| (tweet, counts, a)),
+            // A page lists a tweet once; should it list one twice, the repeat clones the first.
+            None => items
+                .iter()
+                .find(|i| i.tweet.id() == e.tweet_id)
+                .map(|first| (first.tweet.clone(), first.counts, first.author.clone())),
+        };
         match found {
             Some((tweet, counts, author)) => items.push(Item {
                 id: e.id,
-                created_at: e.created_at,
+                created_at: tweet.created_at(),
                 tweet,
                 author,
                 counts,
@@ -598,7 +653,8 @@ pub async fn hydrate_entries(
     entries: &[ListEntry],
     viewer: Option<i64>,
 ) -> sqlx::Result<Option<Vec<Item>>> {
-    match hydrate(db, cache, entries, viewer).await {
+    let members: Vec<ListMember> = entries.iter().map(ListMember::from).collect();
+    match hydrate(db, cache, &members, viewer).await {
         Ok((items, _gone)) => Ok(Some(items)),
         Err(ReadError::Cache) => Ok(None),
         Err(ReadError::Db(e)) => Err(e),

@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgPool};
 
-use crate::cache::objects::{Cached, CachedTweet};
+use crate::cache::objects::{Cached, CachedTweet, CachedUser};
 use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
@@ -95,11 +95,19 @@ pub enum TweetJson {
     Typed(Box<Tweet>),
     /// `{"user":…,"comments_count":…,"likes_count":…,"has_liked":…,` and the tweet's members.
     Spliced {
-        user: String,
+        user: UserJson,
         counts: TweetCounts,
         has_liked: bool,
         tweet: CachedTweet,
     },
+}
+
+/// The author of a spliced tweet: a cached user's public members (shared with the page's other
+/// items by this author, not copied), or JSON serialised for it.
+#[derive(Debug)]
+pub enum UserJson {
+    Head(CachedUser),
+    Json(String),
 }
 
 impl TweetJson {
@@ -109,11 +117,11 @@ impl TweetJson {
             return Tweet::from_item(item).map(|t| TweetJson::Typed(Box::new(t)));
         };
         let user = match item.author {
-            AuthorBody::Cached(u) => match u.public_json() {
-                Some(json) => json,
-                None => serde_json::to_string(&User::from(u.record()?)).ok()?,
-            },
-            AuthorBody::Record(u) => serde_json::to_string(&User::from(u)).ok()?,
+            AuthorBody::Cached(u) if u.public_head().is_some() => UserJson::Head(u),
+            AuthorBody::Cached(u) => {
+                UserJson::Json(serde_json::to_string(&User::from(u.record()?)).ok()?)
+            }
+            AuthorBody::Record(u) => UserJson::Json(serde_json::to_string(&User::from(u)).ok()?),
         };
         Some(TweetJson::Spliced {
             user,
@@ -121,6 +129,19 @@ impl TweetJson {
             has_liked: item.has_liked,
             tweet,
         })
+    }
+
+    /// The tweet's `created_at` as its JSON string's text, when the tweet is spliced from the
+    /// cache: its members hold it formatted (`"id":17,"created_at":"…"` lead them), so a newsfeed
+    /// item, whose time is its tweet's, copies it instead of formatting it again (chrono's
+    /// formatting was 4 % of a warm newsfeed page; callgrind).
+    pub fn created_at_text(&self) -> Option<&str> {
+        let TweetJson::Spliced { tweet, .. } = self else {
+            return None;
+        };
+        let (_, rest) = tweet.members.split_once(',')?;
+        let text = rest.strip_prefix("\"created_at\":\"")?;
+        text.find('"').map(|end| &text[..end])
     }
 
     /// Appends the JSON object to `out`.
@@ -137,7 +158,13 @@ impl TweetJson {
                 tweet,
             } => {
                 out.extend_from_slice(b"{\"user\":");
-                out.extend_from_slice(user.as_bytes());
+                match user {
+                    UserJson::Head(u) => {
+                        out.extend_from_slice(u.public_head().unwrap_or("{").as_bytes());
+                        out.push(b'}');
+                    }
+                    UserJson::Json(json) => out.extend_from_slice(json.as_bytes()),
+                }
                 out.extend_from_slice(b",\"comments_count\":");
                 out.extend_from_slice(itoa::Buffer::new().format(counts.comments).as_bytes());
                 out.extend_from_slice(b",\"likes_count\":");

@@ -88,6 +88,28 @@ pub struct Keys {
     prefix: String,
 }
 
+/// The kinds of per-object cache entries that hydration reads in bulk ([`Keys::pipe_mget`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Object {
+    /// A tweet object, `{p}:{t17}:tweet`.
+    Tweet,
+    /// A tweet's counts, `{p}:{t17}:cnt`.
+    TweetCounts,
+    /// A user object, `{p}:{u42}:user`.
+    User,
+}
+
+impl Object {
+    /// The hash tag's letter and the key's name.
+    fn parts(self) -> (&'static str, &'static str) {
+        match self {
+            Object::Tweet => ("t", "tweet"),
+            Object::TweetCounts => ("t", "cnt"),
+            Object::User => ("u", "user"),
+        }
+    }
+}
+
 impl Keys {
     /// Keys under `prefix` (e.g. `chirp`).
     ///
@@ -133,6 +155,26 @@ impl Keys {
         key
     }
 
+    /// Appends `MGET` of the objects `ids` of one kind to `pipe`, each key built in one reused
+    /// buffer: hydration asks for dozens per page, and a `String` and a `Vec` of them per page
+    /// showed up in its profile.
+    pub fn pipe_mget(&self, pipe: &mut redis::Pipeline, object: Object, ids: &[i64]) {
+        let (tag, name) = object.parts();
+        // What comes before and after the id, built once ([`Keys::tagged`]'s layout).
+        let head = format!("{}:{{{tag}", self.prefix);
+        let tail = format!("}}:{name}");
+        let mut key = String::with_capacity(head.len() + tail.len() + 20);
+        let mut digits = itoa::Buffer::new();
+        pipe.cmd("MGET");
+        for id in ids {
+            key.clear();
+            key.push_str(&head);
+            key.push_str(digits.format(*id));
+            key.push_str(&tail);
+            pipe.arg(key.as_bytes());
+        }
+    }
+
     /// The version hash of a rank (same slot as the rank).
     pub fn versions_of(list_key: &str) -> String {
         format!("{list_key}:ver")
@@ -145,17 +187,23 @@ impl Keys {
 
     /// A tweet object.
     pub fn tweet(&self, id: i64) -> String {
-        self.tagged("t", id, "tweet")
+        self.object(Object::Tweet, id)
     }
 
     /// A tweet's counts.
     pub fn tweet_counts(&self, id: i64) -> String {
-        self.tagged("t", id, "cnt")
+        self.object(Object::TweetCounts, id)
     }
 
     /// A user object.
     pub fn user(&self, id: i64) -> String {
-        self.tagged("u", id, "user")
+        self.object(Object::User, id)
+    }
+
+    /// The key of an object cache entry.
+    pub fn object(&self, object: Object, id: i64) -> String {
+        let (tag, name) = object.parts();
+        self.tagged(tag, id, name)
     }
 
     /// A user's profile counts.
@@ -228,6 +276,21 @@ mod tests {
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
         assert_eq!(keys.tweet(7), "p:{t7}:tweet");
         assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
+        for object in [Object::Tweet, Object::TweetCounts, Object::User] {
+            let ids = [7, 1_234_567_890_123, 42];
+            let (mut bulk, mut one_by_one) = (redis::pipe(), redis::pipe());
+            keys.pipe_mget(&mut bulk, object, &ids);
+            one_by_one.cmd("MGET").arg(
+                ids.iter()
+                    .map(|id| keys.object(object, *id))
+                    .collect::<Vec<_>>(),
+            );
+            assert_eq!(
+                bulk.get_packed_pipeline(),
+                one_by_one.get_packed_pipeline(),
+                "{object:?}"
+            );
+        }
         assert_eq!(keys.token(&[0xab, 0x01]), "p:{kab01}:token");
         assert!(Keys::new("a{b").is_err());
         assert!(Keys::new("a:b").is_err());

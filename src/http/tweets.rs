@@ -109,7 +109,14 @@ pub(crate) fn timeline_body(items: Vec<Item>, req: &PageRequest, newsfeed: bool)
             out.extend_from_slice(b"{\"id\":");
             out.extend_from_slice(itoa::Buffer::new().format(*id).as_bytes());
             out.extend_from_slice(b",\"created_at\":\"");
-            out.extend_from_slice(time::format(created_at).as_bytes());
+            // An item's time is its tweet's `created_at` (`timeline::hydrate`).
+            match tweet.created_at_text() {
+                Some(text) => {
+                    debug_assert_eq!(text, time::format(created_at));
+                    out.extend_from_slice(text.as_bytes());
+                }
+                None => out.extend_from_slice(time::format(created_at).as_bytes()),
+            }
             out.extend_from_slice(b"\",\"tweet\":");
             tweet.write(&mut out);
             out.push(b'}');

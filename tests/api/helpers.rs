@@ -282,7 +282,7 @@ impl TestApp {
             .expect("zrange");
         Some(
             raw.iter()
-                .map(|m| match list.parse(m, 0) {
+                .map(|m| match list.parse(m) {
                     _ if m == b"#" => "#".to_owned(),
                     Some(e) => match list {
                         Timeline::Newsfeed(_) => format!("{}:{}:{}", e.id, e.tweet_id, e.author_id),
