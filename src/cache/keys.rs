@@ -142,17 +142,20 @@ impl Keys {
     /// `{prefix}:{{tag}{id}}:{name}`, built without `format!` (hydration builds dozens of keys
     /// per page).
     fn tagged(&self, tag: &str, id: i64, name: &str) -> String {
-        let mut digits = itoa::Buffer::new();
-        let id = digits.format(id);
-        let mut key =
-            String::with_capacity(self.prefix.len() + tag.len() + id.len() + name.len() + 4);
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + name.len() + 24);
+        self.tagged_into(&mut key, tag, id, name);
+        key
+    }
+
+    /// [`Keys::tagged`] written into `key` (cleared first).
+    fn tagged_into(&self, key: &mut String, tag: &str, id: i64, name: &str) {
+        key.clear();
         key.push_str(&self.prefix);
         key.push_str(":{");
         key.push_str(tag);
-        key.push_str(id);
+        key.push_str(itoa::Buffer::new().format(id));
         key.push_str("}:");
         key.push_str(name);
-        key
     }
 
     /// Appends `MGET` of the objects `ids` of one kind to `pipe`, each key built in one reused
@@ -160,17 +163,10 @@ impl Keys {
     /// showed up in its profile.
     pub fn pipe_mget(&self, pipe: &mut redis::Pipeline, object: Object, ids: &[i64]) {
         let (tag, name) = object.parts();
-        // What comes before and after the id, built once ([`Keys::tagged`]'s layout).
-        let head = format!("{}:{{{tag}", self.prefix);
-        let tail = format!("}}:{name}");
-        let mut key = String::with_capacity(head.len() + tail.len() + 20);
-        let mut digits = itoa::Buffer::new();
+        let mut key = String::with_capacity(self.prefix.len() + tag.len() + name.len() + 24);
         pipe.cmd("MGET");
         for id in ids {
-            key.clear();
-            key.push_str(&head);
-            key.push_str(digits.format(*id));
-            key.push_str(&tail);
+            self.tagged_into(&mut key, tag, *id, name);
             pipe.arg(key.as_bytes());
         }
     }

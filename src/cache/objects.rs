@@ -174,11 +174,6 @@ impl CachedUser {
         self.public_end.map(|end| &self.json[..end])
     }
 
-    /// The public `User` object as JSON; see [`CachedUser::public_head`].
-    pub fn public_json(&self) -> Option<String> {
-        self.public_head().map(|head| format!("{head}}}"))
-    }
-
     /// The typed user (parses the stored JSON); `None` if it does not parse.
     pub fn record(&self) -> Option<UserRecord> {
         serde_json::from_str(&self.json).ok()
@@ -597,13 +592,17 @@ mod tests {
             let stored = encode_user(&user).unwrap();
             let cached = CachedUser::decode(42, &stored).unwrap();
             let public = serde_json::to_string(&crate::users::User::from(user.clone())).unwrap();
-            assert_eq!(cached.public_json(), Some(public), "{nickname:?}");
+            assert_eq!(
+                cached.public_head().map(|head| format!("{head}}}")),
+                Some(public),
+                "{nickname:?}"
+            );
             assert_eq!(cached.record(), Some(user));
         }
         assert_eq!(CachedUser::decode(42, "7|"), None, "a floor is a miss");
         let odd = CachedUser::decode(42, r#"7|{"username":"x","id":42,"version":7}"#).unwrap();
         assert_eq!(
-            odd.public_json(),
+            odd.public_head(),
             None,
             "another member order is parsed instead"
         );
