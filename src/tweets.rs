@@ -160,6 +160,7 @@ impl TweetJson {
                 out.extend_from_slice(b"{\"user\":");
                 match user {
                     UserJson::Head(u) => {
+                        // `from_item` builds `Head` only for a user that has a public head.
                         out.extend_from_slice(u.public_head().unwrap_or("{").as_bytes());
                         out.push(b'}');
                     }
