@@ -74,7 +74,7 @@ pub struct Window {
     /// Members newest first, strictly inside the requested bounds. Without their scores:
     /// every reader can tell an entry's time from what the member names (a timeline's from the
     /// tweet, a chat backlog's from the message), and a page of 20 then parses 21 replies
-    /// fewer (redis-rs spends about 800 instructions on each; BENCHMARKS.md).
+    /// fewer (redis-rs spends 800–1,000 instructions on each; BENCHMARKS.md).
     pub items: Vec<Vec<u8>>,
 }
 
