@@ -162,6 +162,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub token_cache_secs: u64,
 
+    /// Seconds a process keeps a tweet or user object it read from Redis in its own memory (its
+    /// near cache; 0: off). A delete or profile change reaches every process before it
+    /// answers; this bounds what a process that missed it (frozen, cut off) could still show.
+    #[arg(long, global = true, env = "CHIRP_OBJECT_CACHE_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub object_cache_secs: u64,
+
     /// Followers per fan-out batch (one set-based insert per batch).
     #[arg(long, global = true, env = "CHIRP_FANOUT_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

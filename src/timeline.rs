@@ -9,7 +9,8 @@
 //!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
 //!    `FILL` (refused if anything was written since), and answer from what was loaded.
 //! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the
-//!    viewer's liked set; misses with one Postgres query per kind. Entries whose tweet was
+//!    viewer's liked set (tweets and authors this process holds in its near cache,
+//!    [`crate::cache::near`], are not asked for); misses with one Postgres query per kind. Entries whose tweet was
 //!    deleted are removed and the read is retried.
 //! 4. If the cached window ends before the page does (the list is incomplete and the cursor
 //!    reaches below its floor), continue in Postgres with `created_at < floor`: the list holds

@@ -186,6 +186,20 @@ impl Keys {
         self.object(Object::Tweet, id)
     }
 
+    /// The object and id of a key built by [`Keys::object`] (any prefix); `None` for other
+    /// keys.
+    pub fn parse_object(key: &str) -> Option<(Object, i64)> {
+        let (head, name) = key.rsplit_once(':')?;
+        let (_, tag) = head.rsplit_once(":{")?;
+        let tag = tag.strip_suffix('}')?;
+        let (letter, id) = tag.split_at_checked(1)?;
+        let id: i64 = id.parse().ok()?;
+        [Object::Tweet, Object::TweetCounts, Object::User]
+            .into_iter()
+            .find(|o| o.parts() == (letter, name))
+            .map(|o| (o, id))
+    }
+
     /// A tweet's counts.
     pub fn tweet_counts(&self, id: i64) -> String {
         self.object(Object::TweetCounts, id)

@@ -20,6 +20,7 @@ pub mod epoch;
 pub mod keys;
 pub mod limits;
 pub mod lists;
+pub mod near;
 pub mod objects;
 pub mod outbox;
 pub mod pubsub;
@@ -121,6 +122,8 @@ struct Inner {
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     stats: Stats,
     after_commit: Mutex<AfterCommit>,
+    /// Tweet and user objects in this process's memory ([`near`]).
+    objects: Arc<near::Near<objects::NearId, objects::NearObject>>,
 }
 
 /// Handle to the Redis cache; cheap to clone. With `CHIRP_CACHE=off` it is disabled and every
@@ -202,6 +205,11 @@ impl Cache {
                 flights: Mutex::new(HashMap::new()),
                 stats: Stats::default(),
                 after_commit: Mutex::new(AfterCommit::Apply),
+                objects: near::Near::new(
+                    objects::OBJECTS_TOPIC,
+                    Duration::from_secs(config.object_cache_secs),
+                    objects::NEAR_CAPACITY,
+                ),
             })),
         })
     }
@@ -236,6 +244,23 @@ impl Cache {
     /// Work counters (`None` when disabled).
     pub fn stats(&self) -> Option<&Stats> {
         self.inner.as_ref().map(|i| &i.stats)
+    }
+
+    /// The near cache of tweet and user objects (`None` with the cache off).
+    pub fn near_objects(&self) -> Option<&near::Near<objects::NearId, objects::NearObject>> {
+        self.inner.as_ref().map(|i| &*i.objects)
+    }
+
+    /// Lets the near cache of objects listen for evictions on this process's subscriber (call
+    /// once, while the state is built).
+    pub fn attach_near_objects(
+        &self,
+        subscriber: &Arc<pubsub::Subscriber>,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if let Some(inner) = &self.inner {
+            inner.objects.attach(subscriber, self, stop);
+        }
     }
 
     /// Sets what the post-commit step does (a test hook; see [`AfterCommit`]).

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use crate::cache::counts::Versioned;
 use crate::cache::keys::Object;
+use crate::cache::near::NearKey;
 use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey, keys, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserRecord};
 
@@ -18,6 +19,56 @@ pub const TOMBSTONE: &str = "-";
 pub const LIKED_MARKER: i64 = -1;
 /// The member of a liked set that says "too many likes to cache: ask Postgres per page".
 pub const TOO_MANY_MARKER: i64 = -2;
+
+/// The pub/sub topic of near-cache evictions of objects: `{p}:{bus}:objects`, payload
+/// `"{nonce} t17 u42 …"` (see [`super::near`]).
+pub const OBJECTS_TOPIC: &str = "objects";
+
+/// How many tweet and user objects a process keeps in its near cache (about 0.5 KB each).
+pub const NEAR_CAPACITY: usize = 50_000;
+
+/// An object a process may keep in its near cache: a tweet (`t17` in eviction messages) or a
+/// user (`u42`). Tweets' public fields never change (a delete evicts them); a user changes
+/// with a new version (its [`super::Update::UserChanged`] evicts it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NearId {
+    Tweet(i64),
+    User(i64),
+}
+
+impl NearKey for NearId {
+    fn to_message(&self) -> String {
+        match self {
+            NearId::Tweet(id) => format!("t{id}"),
+            NearId::User(id) => format!("u{id}"),
+        }
+    }
+    fn from_message(text: &str) -> Option<Self> {
+        match text.split_at_checked(1)? {
+            ("t", id) => id.parse().ok().map(NearId::Tweet),
+            ("u", id) => id.parse().ok().map(NearId::User),
+            _ => None,
+        }
+    }
+}
+
+impl NearId {
+    /// The object a key written by the outbox relay caches, if one a near cache may hold.
+    pub fn of_key(key: &str) -> Option<Self> {
+        match Keys::parse_object(key)? {
+            (Object::Tweet, id) => Some(NearId::Tweet(id)),
+            (Object::User, id) => Some(NearId::User(id)),
+            (Object::TweetCounts, _) => None,
+        }
+    }
+}
+
+/// A near-cached object (cheap to clone: the JSON is shared).
+#[derive(Debug, Clone)]
+pub enum NearObject {
+    Tweet(CachedTweet),
+    User(CachedUser),
+}
 
 /// What the cache knows of one object.
 #[derive(Debug, Clone, PartialEq)]
@@ -43,7 +94,8 @@ pub struct CachedTweet {
     pub id: i64,
     pub user_id: i64,
     pub created_at: crate::time::Timestamp,
-    pub members: String,
+    /// Shared: a near-cached tweet is cloned into every page that lists it.
+    pub members: std::sync::Arc<str>,
 }
 
 /// The public fields of a tweet, as [`CachedTweet::members`] holds them.
@@ -77,7 +129,7 @@ impl CachedTweet {
             .strip_prefix('{')
             .and_then(|j| j.strip_suffix('}'))
             .unwrap_or_default()
-            .to_owned();
+            .into();
         CachedTweet {
             id: tweet.id,
             user_id: tweet.user_id,
@@ -101,8 +153,7 @@ impl CachedTweet {
         )
     }
 
-    /// A stored value; the members keep its buffer (the prefix is drained, nothing copied
-    /// into a new allocation).
+    /// A stored value.
     fn decode(mut value: String) -> Option<Self> {
         if value.starts_with('{') {
             return serde_json::from_str::<TweetRecord>(&value)
@@ -140,7 +191,7 @@ impl CachedTweet {
             id,
             user_id,
             created_at,
-            members: value,
+            members: value.into(),
         })
     }
 }
@@ -393,6 +444,9 @@ impl Cache {
     }
 
     /// Tweet objects, their counts, the authors and the viewer's likes of them, in one pipeline.
+    /// Tweets and authors this process holds in its near cache ([`super::near`]) are taken
+    /// from there and not asked for: a warm page then asks Redis only for the counts and the
+    /// likes (about half of its key lookups and values).
     pub async fn fetch_for_hydration(
         &self,
         tweet_ids: &[i64],
@@ -400,14 +454,48 @@ impl Cache {
         viewer: Option<i64>,
     ) -> Result<Fetched, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
+        let near = self.near_objects().ok_or(CacheUnavailable)?;
         if tweet_ids.is_empty() {
             return Ok(Fetched::default());
         }
+        let lookup = near.begin(self);
+        let wanted: Vec<NearId> = (tweet_ids.iter().map(|id| NearId::Tweet(*id)))
+            .chain(user_ids.iter().map(|id| NearId::User(*id)))
+            .collect();
+        let held = near
+            .get_many(self, &wanted)
+            .unwrap_or_else(|| vec![None; wanted.len()]);
+        let (held_tweets, held_users) = held.split_at(tweet_ids.len());
+        let mut tweets: Vec<Cached<CachedTweet>> = held_tweets
+            .iter()
+            .map(|o| match o {
+                Some(NearObject::Tweet(t)) => Cached::Hit(t.clone()),
+                _ => Cached::Miss,
+            })
+            .collect();
+        let mut users: Vec<Option<CachedUser>> = held_users
+            .iter()
+            .map(|o| match o {
+                Some(NearObject::User(u)) => Some(u.clone()),
+                _ => None,
+            })
+            .collect();
+        let ask_tweets: Vec<i64> = (tweet_ids.iter().zip(&tweets))
+            .filter(|(_, t)| matches!(t, Cached::Miss))
+            .map(|(id, _)| *id)
+            .collect();
+        let ask_users: Vec<i64> = (user_ids.iter().zip(&users))
+            .filter(|(_, u)| u.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+
         let mut pipe = redis::pipe();
-        keys.pipe_mget(&mut pipe, Object::Tweet, tweet_ids);
+        if !ask_tweets.is_empty() {
+            keys.pipe_mget(&mut pipe, Object::Tweet, &ask_tweets);
+        }
         keys.pipe_mget(&mut pipe, Object::TweetCounts, tweet_ids);
-        if !user_ids.is_empty() {
-            keys.pipe_mget(&mut pipe, Object::User, user_ids);
+        if !ask_users.is_empty() {
+            keys.pipe_mget(&mut pipe, Object::User, &ask_users);
         }
         if let Some(v) = viewer {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
@@ -423,23 +511,31 @@ impl Cache {
         let strings = |v: redis::Value| {
             redis::from_redis_value::<Vec<Option<String>>>(v).map_err(|_| CacheUnavailable)
         };
-        let tweets = strings(next("tweets")?)?
-            .into_iter()
-            .map(decode_tweet)
-            .collect();
+        let mut found = Vec::new();
+        if !ask_tweets.is_empty() {
+            let mut asked = strings(next("tweets")?)?.into_iter().map(decode_tweet);
+            for t in tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
+                *t = asked.next().unwrap_or(Cached::Miss);
+                if let Cached::Hit(tweet) = t {
+                    found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
+                }
+            }
+        }
         let counts = strings(next("counts")?)?
             .into_iter()
             .map(|v| v.as_deref().and_then(TweetCounts::decode))
             .collect();
-        let users = if user_ids.is_empty() {
-            Vec::new()
-        } else {
-            strings(next("users")?)?
-                .into_iter()
-                .zip(user_ids)
-                .map(|(v, id)| v.and_then(|v| CachedUser::decode(*id, &v)))
-                .collect()
-        };
+        if !ask_users.is_empty() {
+            let mut asked = strings(next("users")?)?.into_iter().zip(&ask_users);
+            for u in users.iter_mut().filter(|u| u.is_none()) {
+                *u = asked
+                    .next()
+                    .and_then(|(v, id)| v.and_then(|v| CachedUser::decode(*id, &v)));
+                if let Some(user) = u {
+                    found.push((NearId::User(user.id), NearObject::User(user.clone())));
+                }
+            }
+        }
         let liked = match viewer {
             None => None,
             Some(_) => {
@@ -448,6 +544,9 @@ impl Cache {
                 Some(liked_from_flags(tweet_ids, flags))
             }
         };
+        if !found.is_empty() {
+            near.insert(self, lookup, found);
+        }
         Ok(Fetched {
             tweets,
             counts,
@@ -534,6 +633,25 @@ fn decode_user(v: Option<String>) -> Option<UserRecord> {
 mod tests {
     use super::*;
     use crate::model::Place;
+
+    #[test]
+    fn near_ids_travel_as_messages_and_come_from_their_keys() {
+        for id in [NearId::Tweet(17), NearId::User(42), NearId::Tweet(i64::MAX)] {
+            assert_eq!(NearId::from_message(&id.to_message()), Some(id));
+        }
+        for bad in ["", "t", "x17", "t-", "u4 2"] {
+            assert_eq!(NearId::from_message(bad), None, "{bad:?}");
+        }
+        let keys = Keys::new("p").unwrap();
+        assert_eq!(NearId::of_key(&keys.tweet(17)), Some(NearId::Tweet(17)));
+        assert_eq!(NearId::of_key(&keys.user(42)), Some(NearId::User(42)));
+        assert_eq!(NearId::of_key(&keys.tweet_counts(17)), None);
+        assert_eq!(NearId::of_key(&keys.user_counts(42)), None);
+        assert_eq!(
+            NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),
+            None
+        );
+    }
 
     #[test]
     fn a_cached_tweet_round_trips_and_reads_the_older_format() {

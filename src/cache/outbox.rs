@@ -63,6 +63,7 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
         let mut replicated = true;
         let mut applied = Vec::with_capacity(rows.len());
         let mut revoked = Vec::new();
+        let mut evicted = Vec::new();
         for (id, Json(raw)) in &rows {
             let repairs: Vec<Repair> = match serde_json::from_value(raw.clone()) {
                 Ok(r) => r,
@@ -79,6 +80,7 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
                     revoked.push(hex.to_owned());
                 }
             }
+            evicted.extend(super::update::near_evictions(&repairs));
             queued += repairs.len();
             applied.push(*id);
             if queued >= REPAIRS_PER_PIPELINE {
@@ -86,6 +88,13 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
             }
         }
         replicated &= flush(cache, &mut pipe, &mut queued).await?;
+        // Deletes and profile changes whose process died before announcing them: every
+        // process's near cache of objects.
+        if let Some(near) = cache.near_objects() {
+            near.evict_everywhere(cache, &evicted)
+                .await
+                .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
+        }
         // Logouts whose process died before announcing them: every process's token memory.
         for hex in revoked.drain(..) {
             tokens::broadcast(cache, &hex)

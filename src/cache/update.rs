@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::counts::Versioned;
-use crate::cache::objects::{TOMBSTONE, encode_user, pipe_put_tweet};
+use crate::cache::objects::{NearId, TOMBSTONE, encode_user, pipe_put_tweet};
 use crate::cache::rank::RANK_TTL_SECS;
 use crate::cache::{AfterCommit, Cache, CacheUnavailable, Keys, ListKey, Scored, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};
@@ -109,6 +109,9 @@ pub struct Staged {
     /// Merges planned only after the commit, for the lists that exist then
     /// ([`Cache::stage_merges`]).
     deferred: Vec<Update>,
+    /// Objects the updates change, to evict from every process's near cache once Redis holds
+    /// their new state.
+    evict: Vec<NearId>,
 }
 
 impl Staged {
@@ -119,8 +122,21 @@ impl Staged {
             pipe: redis::pipe(),
             commands: 0,
             deferred: Vec::new(),
+            evict: Vec::new(),
         }
     }
+}
+
+/// The near-cached objects whose Redis entry these repairs change (a tweet's tombstone, a
+/// user's new version): what to evict from every process's memory after them.
+pub fn near_evictions(repairs: &[Repair]) -> Vec<NearId> {
+    repairs
+        .iter()
+        .filter_map(|r| match r {
+            Repair::Tombstone { key } | Repair::SetIfNewer { key, .. } => NearId::of_key(key),
+            _ => None,
+        })
+        .collect()
 }
 
 impl Update {
@@ -330,6 +346,7 @@ impl Cache {
         };
         Ok(Staged {
             outbox_id: Some(record(tx, &repairs).await?),
+            evict: near_evictions(&repairs),
             pipe,
             commands: updates.len(),
             deferred: Vec::new(),
@@ -373,6 +390,7 @@ impl Cache {
         }
         Ok(Staged {
             outbox_id: Some(record(tx, &repairs).await?),
+            evict: near_evictions(&repairs),
             pipe,
             commands,
             deferred,
@@ -424,6 +442,16 @@ impl Cache {
         }
         if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
             tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+            return;
+        }
+        // Redis holds the new state: now no process may answer from its old memory.
+        if let Some(near) = self.near_objects()
+            && near.evict_everywhere(self, &staged.evict).await.is_err()
+        {
+            tracing::debug!(
+                outbox_id = id,
+                "near-cache eviction left to the outbox relay"
+            );
             return;
         }
         if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")

@@ -84,8 +84,17 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         "tokens": {
             "held": state.tokens.len(),
             "answered": state.tokens.stats.hits.load(Ordering::Relaxed),
-            "revocations": state.tokens.stats.revocations.load(Ordering::Relaxed),
+            "revocations": state.tokens.stats.evictions.load(Ordering::Relaxed),
             "unconfirmed": state.tokens.stats.unconfirmed.load(Ordering::Relaxed),
+        },
+        "near_objects": match state.cache.near_objects() {
+            Some(near) => json!({
+                "held": near.len(),
+                "answered": near.stats.hits.load(Ordering::Relaxed),
+                "evictions": near.stats.evictions.load(Ordering::Relaxed),
+                "unconfirmed": near.stats.unconfirmed.load(Ordering::Relaxed),
+            }),
+            None => json!("off"),
         },
     });
     (status, Json(body))

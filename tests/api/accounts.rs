@@ -310,7 +310,7 @@ async fn a_logout_in_one_process_is_refused_at_once_by_another_that_holds_the_to
         );
     }
     assert_eq!(b.state.tokens.stats.unconfirmed.load(Ordering::Relaxed), 0);
-    assert!(a.state.tokens.stats.revocations.load(Ordering::Relaxed) >= 10);
+    assert!(a.state.tokens.stats.evictions.load(Ordering::Relaxed) >= 10);
     assert!(a.state.tokens.is_empty(), "{} held", a.state.tokens.len());
 }
 

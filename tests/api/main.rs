@@ -15,6 +15,7 @@ mod likes;
 mod limits;
 mod lists;
 mod media;
+mod near;
 mod notifications;
 mod outbox;
 mod pagination;

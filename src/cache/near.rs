@@ -1,0 +1,359 @@
+//! Near caches: a bounded memory, in each process, of values read from Redis that change
+//! rarely (bearer tokens; tweet and user objects), so that a warm request skips their Redis
+//! round trip or key lookups, with invalidation that stays immediate across processes. (The
+//! name and the shape are those of Hazelcast's and Coherence's near caches; Facebook's TAO keeps
+//! a per-host tier invalidated by messages in the same way.)
+//!
+//! **Invalidation.** A writer commits in Postgres, writes Redis (a tombstone, a newer version),
+//! and then calls [`Near::evict_everywhere`]: it publishes the keys on `{p}:{bus}:{topic}` and
+//! waits until every subscribed process has dropped them from its memory and acknowledged (an
+//! `SADD` of its name to `{p}:{r<nonce>}:acks`; `PUBLISH` says how many subscribers received
+//! the message), at most [`ACK_WAIT`]. Only then does the write answer, so once a client has
+//! seen it succeed no process answers from the old value. The outbox relay does the same for
+//! the writes of a process that died before it could ([`broadcast`]).
+//!
+//! **When memory is not trusted.** A process trusts its memory only while its subscription
+//! stands: a message published while it is down would be missed, so a broken subscription
+//! also clears the memory, as do a fence or a recovery of the cache (Redis came back, maybe
+//! with other data). A value found by a lookup that raced an eviction is not stored (the
+//! eviction counter moved meanwhile). Entries live at most the cache's TTL, the bound on what a
+//! process that neither heard nor acknowledged an eviction (frozen for longer than
+//! [`ACK_WAIT`]) could still answer.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crate::cache::pubsub::Subscriber;
+use crate::cache::{Cache, CacheUnavailable};
+
+/// How long a writer waits for every subscribed process to acknowledge an eviction.
+pub const ACK_WAIT: Duration = Duration::from_millis(500);
+
+/// A key of a near cache, as it travels in an eviction message (no spaces).
+pub trait NearKey: Eq + Hash + Copy + Send + Sync + 'static {
+    /// The key in a message.
+    fn to_message(&self) -> String;
+    /// The key from a message; `None` if malformed.
+    fn from_message(text: &str) -> Option<Self>;
+}
+
+/// Counters of a near cache since start (for `/healthz` and tests).
+#[derive(Debug, Default)]
+pub struct NearStats {
+    /// Values answered from this process's memory.
+    pub hits: AtomicU64,
+    /// Evictions this process applied (its own and other processes').
+    pub evictions: AtomicU64,
+    /// Writes whose eviction not every subscriber acknowledged within [`ACK_WAIT`].
+    pub unconfirmed: AtomicU64,
+}
+
+/// What [`Near::begin`] saw: hand it back to [`Near::insert`].
+#[derive(Debug, Clone, Copy)]
+pub struct Lookup(u64, u64);
+
+/// The subscription a near cache listens on.
+struct Link {
+    subscriber: Weak<Subscriber>,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// One near cache: up to `capacity` values for at most `ttl` each; see the module docs.
+pub struct Near<K, V> {
+    topic: &'static str,
+    entries: Mutex<HashMap<K, (V, Instant)>>,
+    ttl: Duration,
+    capacity: usize,
+    /// Bumped by every eviction heard and every loss of trust.
+    epoch: AtomicU64,
+    /// The cache's fences plus recoveries the memory was last checked against.
+    fences: AtomicU64,
+    link: OnceLock<Link>,
+    /// This process's name in acknowledgement sets (random).
+    me: u64,
+    /// The counters.
+    pub stats: NearStats,
+}
+
+impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
+    /// A near cache whose evictions travel on `topic`; a zero `ttl` or `capacity` disables it.
+    /// It answers nothing until [`Near::attach`]ed to the process's subscriber.
+    pub fn new(topic: &'static str, ttl: Duration, capacity: usize) -> Arc<Self> {
+        Arc::new(Near {
+            topic,
+            entries: Mutex::new(HashMap::new()),
+            ttl,
+            capacity,
+            epoch: AtomicU64::new(0),
+            fences: AtomicU64::new(0),
+            link: OnceLock::new(),
+            me: rand::random(),
+            stats: NearStats::default(),
+        })
+    }
+
+    /// Listens for evictions on `subscriber` (its route is added here; `stop` ends the
+    /// subscription). Call once, while the state is built.
+    pub fn attach(
+        self: &Arc<Self>,
+        subscriber: &Arc<Subscriber>,
+        cache: &Cache,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        if !self.enabled() || !cache.enabled() {
+            return;
+        }
+        let link = Link {
+            subscriber: Arc::downgrade(subscriber),
+            stop,
+        };
+        if self.link.set(link).is_err() {
+            return;
+        }
+        let (on_message, on_lost) = (Arc::downgrade(self), Arc::downgrade(self));
+        let cache = cache.clone();
+        subscriber.route(
+            self.topic,
+            move |payload| {
+                if let Some(me) = on_message.upgrade() {
+                    me.heard(&cache, payload);
+                }
+            },
+            move || {
+                if let Some(me) = on_lost.upgrade() {
+                    me.forget(None);
+                }
+            },
+        );
+    }
+
+    fn enabled(&self) -> bool {
+        !self.ttl.is_zero() && self.capacity > 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, (V, Instant)>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn subscribed(&self) -> bool {
+        self.link
+            .get()
+            .and_then(|l| l.subscriber.upgrade())
+            .is_some_and(|s| s.subscribed())
+    }
+
+    /// Whether this process may answer from memory now; starts the subscription on first use.
+    fn trusted(&self, cache: &Cache) -> bool {
+        let Some(link) = self.link.get() else {
+            return false;
+        };
+        let Some(subscriber) = link.subscriber.upgrade() else {
+            return false;
+        };
+        if !subscriber.subscribed() {
+            subscriber.start(cache, &link.stop);
+            return false;
+        }
+        if !cache.available() {
+            return false;
+        }
+        let fences = fence_count(cache);
+        if self.fences.swap(fences, Ordering::AcqRel) != fences {
+            self.forget(None);
+            return false;
+        }
+        true
+    }
+
+    /// The value of each key if this process may answer from memory (`None` where it holds
+    /// none); `None` if it may not answer at all.
+    pub fn get_many(&self, cache: &Cache, keys: &[K]) -> Option<Vec<Option<V>>> {
+        if !self.trusted(cache) {
+            return None;
+        }
+        let now = Instant::now();
+        let entries = self.lock();
+        let found: Vec<Option<V>> = keys
+            .iter()
+            .map(|k| match entries.get(k) {
+                Some((v, at)) if now.duration_since(*at) < self.ttl => Some(v.clone()),
+                _ => None,
+            })
+            .collect();
+        drop(entries);
+        let hits = found.iter().filter(|v| v.is_some()).count() as u64;
+        self.stats.hits.fetch_add(hits, Ordering::Relaxed);
+        Some(found)
+    }
+
+    /// The value of one key, if this process may answer from memory and holds it.
+    pub fn get(&self, cache: &Cache, key: &K) -> Option<V> {
+        self.get_many(cache, std::slice::from_ref(key))?.pop()?
+    }
+
+    /// Call before looking values up in Redis or Postgres.
+    pub fn begin(&self, cache: &Cache) -> Lookup {
+        Lookup(self.epoch.load(Ordering::Acquire), fence_count(cache))
+    }
+
+    /// Remembers values found by a lookup that began at `lookup`, unless an eviction was heard
+    /// (or the subscription broke) since, or the subscription is down.
+    pub fn insert(&self, cache: &Cache, lookup: Lookup, values: impl IntoIterator<Item = (K, V)>) {
+        if !self.enabled() || !self.subscribed() {
+            return;
+        }
+        let mut entries = self.lock();
+        // Checked under the lock that `forget` takes too: an eviction is either counted
+        // before this check or removes the entry after this insert.
+        if self.epoch.load(Ordering::Acquire) != lookup.0 || fence_count(cache) != lookup.1 {
+            return;
+        }
+        let now = Instant::now();
+        for (key, value) in values {
+            if entries.len() >= self.capacity {
+                // Full: drop the expired entries, and everything if that frees less than a
+                // tenth (so a full memory costs one scan per tenth of its capacity inserted,
+                // never one per insert).
+                let ttl = self.ttl;
+                entries.retain(|_, (_, at)| now.duration_since(*at) < ttl);
+                if entries.len() > self.capacity - self.capacity / 10 {
+                    entries.clear();
+                }
+            }
+            entries.insert(key, (value, now));
+        }
+    }
+
+    /// Forgets some keys, or every one (`None`), and counts it as an eviction for lookups in
+    /// flight (under the lock `insert` checks the count with, so none of them stores what it
+    /// found before).
+    fn forget(&self, keys: Option<&[K]>) {
+        let mut entries = self.lock();
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        match keys {
+            Some(keys) => {
+                for key in keys {
+                    entries.remove(key);
+                }
+            }
+            None => entries.clear(),
+        }
+    }
+
+    /// An eviction message from any process (this one included), `"{nonce} {key} {key}…"`:
+    /// forget the keys, then acknowledge.
+    fn heard(&self, cache: &Cache, payload: &str) {
+        let mut words = payload.split(' ');
+        let Some(nonce) = words.next() else { return };
+        let keys: Vec<K> = words.filter_map(K::from_message).collect();
+        self.forget(Some(&keys));
+        self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        let Some(key) = ack_key(cache, nonce) else {
+            return;
+        };
+        let (cache, me) = (cache.clone(), self.me);
+        tokio::spawn(async move {
+            // A set of process names, not a counter: an acknowledgement sent twice (a retried
+            // pipeline) counts once.
+            let mut pipe = redis::pipe();
+            pipe.cmd("SADD")
+                .arg(&key)
+                .arg(me)
+                .ignore()
+                .cmd("EXPIRE")
+                .arg(&key)
+                .arg(60)
+                .ignore();
+            let _ = cache.run_unchecked::<()>(&pipe, 1).await;
+        });
+    }
+
+    /// Evicts `keys` from every process's memory and waits (at most [`ACK_WAIT`]) until every
+    /// subscribed process acknowledged. Call after the write committed and Redis holds the new
+    /// state. Returns whether every process confirmed.
+    ///
+    /// # Errors
+    /// The eviction could not be published (Redis down): leave it to the outbox relay.
+    pub async fn evict_everywhere(
+        &self,
+        cache: &Cache,
+        keys: &[K],
+    ) -> Result<bool, CacheUnavailable> {
+        if keys.is_empty() {
+            return Ok(true);
+        }
+        self.forget(Some(keys));
+        if !cache.enabled() {
+            return Ok(true);
+        }
+        let words: Vec<String> = keys.iter().map(K::to_message).collect();
+        let result = broadcast(cache, self.topic, &words).await;
+        if !matches!(result, Ok(true)) {
+            self.stats.unconfirmed.fetch_add(1, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// How many values this process holds now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn fence_count(cache: &Cache) -> u64 {
+    cache.stats().map_or(0, |s| {
+        s.fences.load(Ordering::Acquire) + s.recoveries.load(Ordering::Acquire)
+    })
+}
+
+/// Publishes the eviction of `keys` (each in its [`NearKey::to_message`] form) on `topic` and
+/// waits (at most [`ACK_WAIT`]) until every process subscribed now has dropped them. Also used
+/// by the outbox relay for writes whose process died before announcing them. Returns whether
+/// every process confirmed (one that did not stops trusting its memory within the near cache's
+/// TTL).
+///
+/// # Errors
+/// The eviction could not be published (Redis off or down).
+pub async fn broadcast(
+    cache: &Cache,
+    topic: &str,
+    keys: &[String],
+) -> Result<bool, CacheUnavailable> {
+    let nonce = format!("{:016x}", rand::random::<u64>());
+    let receivers = cache
+        .publish_counted(topic, &format!("{nonce} {}", keys.join(" ")))
+        .await?;
+    let key = ack_key(cache, &nonce).ok_or(CacheUnavailable)?;
+    let deadline = Instant::now() + ACK_WAIT;
+    loop {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SCARD").arg(&key);
+        let acks = cache.run_unchecked::<(u64,)>(&pipe, 1).await;
+        if acks.is_ok_and(|(n,)| n >= receivers) {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            tracing::warn!(
+                topic,
+                receivers,
+                "not every process confirmed an eviction from its near cache within \
+                 {ACK_WAIT:?}; one that missed it forgets the value within the cache's TTL"
+            );
+            return Ok(false);
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// `{p}:{r<nonce>}:acks`.
+fn ack_key(cache: &Cache, nonce: &str) -> Option<String> {
+    Some(format!("{}:{{r{nonce}}}:acks", cache.keys()?.prefix()))
+}
