@@ -10,7 +10,7 @@ use chirp::cache::objects::NearId;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, eventually};
+use crate::helpers::{Proxy, TestApp, eventually};
 
 fn stats(app: &TestApp) -> &NearStats {
     &app.state.cache.near_objects().expect("cache on").stats
@@ -111,4 +111,32 @@ async fn with_the_object_cache_off_nothing_is_held_in_memory(db: PgPool) {
     let near = app.state.cache.near_objects().expect("cache on");
     assert!(near.is_empty());
     assert_eq!(near.stats.hits.load(Ordering::Relaxed), 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_process_cut_off_from_redis_forgets_its_objects_and_misses_no_delete(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let a = TestApp::with(db.clone(), |c| c.redis_url = proxy.url()).await;
+    let prefix = a.prefix.clone();
+    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let (_, token) = b.signup("alice").await;
+    let id = b.tweet(&token, "soon gone").await["id"]
+        .as_i64()
+        .expect("id");
+    let uri = format!("/api/tweets/{id}/");
+    held_in_memory(&a, &uri).await;
+    // A loses Redis (and its subscription): an eviction now can not reach it.
+    proxy.set_up(false);
+    eventually("a notices the broken subscription", async || {
+        a.state.cache.near_objects().expect("cache on").is_empty()
+    })
+    .await;
+    let res = b.request(Method::DELETE, &uri, Some(&token), None).await;
+    assert!(res.status.is_success(), "{}", res.body);
+    // A answers from Postgres while Redis is away, and from Redis once it is back: never from
+    // the memory that missed the eviction.
+    assert_eq!(a.get(&uri, None).await.status, StatusCode::NOT_FOUND);
+    proxy.set_up(true);
+    assert!(a.recover().await);
+    assert_eq!(a.get(&uri, None).await.status, StatusCode::NOT_FOUND);
 }
