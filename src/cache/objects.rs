@@ -153,8 +153,8 @@ impl CachedTweet {
         )
     }
 
-    /// A stored value.
-    fn decode(mut value: String) -> Option<Self> {
+    /// A stored value (the members are copied once, into the shared buffer).
+    fn decode(value: String) -> Option<Self> {
         if value.starts_with('{') {
             return serde_json::from_str::<TweetRecord>(&value)
                 .ok()
@@ -185,13 +185,11 @@ impl CachedTweet {
             Some(t) => t,
             None => created_at_member(members)?,
         };
-        let prefix = value.len() - members.len();
-        value.drain(..prefix);
         Some(CachedTweet {
             id,
             user_id,
             created_at,
-            members: value.into(),
+            members: members.into(),
         })
     }
 }
