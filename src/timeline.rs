@@ -473,7 +473,14 @@ async fn read_cached(
     }
     if !covered {
         stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-        let floor = window.floor.map(time::from_micros);
+        // Postgres continues below the lowest item of a full window (members it could not
+        // decode made the page short; the list holds more below them, and its floor, if read,
+        // lies further down), else below the list's floor.
+        let floor = if window.items.len() >= want {
+            items.last().map(|i| i.created_at)
+        } else {
+            window.floor.map(time::from_micros)
+        };
         let below = match (req.lt, floor) {
             (Some(lt), Some(floor)) => Some(lt.min(floor)),
             (lt, floor) => lt.or(floor),

@@ -46,6 +46,20 @@ pub enum Owner {
     Channel(i64),
 }
 
+impl Owner {
+    /// The hash tag's letters and id (`("u", 42)` for `{u42}`); `None` for a circle's day,
+    /// whose tag holds two numbers.
+    pub fn tag(self) -> Option<(&'static str, i64)> {
+        match self {
+            Owner::User(id) => Some(("u", id)),
+            Owner::List(id) => Some(("l", id)),
+            Owner::Circle(id) => Some(("c", id)),
+            Owner::Channel(id) => Some(("ch", id)),
+            Owner::CircleDay(..) => None,
+        }
+    }
+}
+
 impl fmt::Display for Owner {
     /// The hash tag's content.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,27 +144,34 @@ impl Keys {
 
     /// The key of a list or set.
     pub fn list(&self, list: ListKey) -> String {
-        match list.owner {
-            Owner::User(id) => self.tagged("u", id, list.name),
-            Owner::List(id) => self.tagged("l", id, list.name),
-            Owner::Circle(id) => self.tagged("c", id, list.name),
-            Owner::Channel(id) => self.tagged("ch", id, list.name),
-            Owner::CircleDay(..) => format!("{}:{{{}}}:{}", self.prefix, list.owner, list.name),
+        match list.owner.tag() {
+            Some((tag, id)) => self.tagged(tag, id, list.name),
+            None => format!("{}:{{{}}}:{}", self.prefix, list.owner, list.name),
         }
+    }
+
+    /// `{prefix}:{{tag}{id}}:{name}` under any prefix (what [`Keys::list`] builds for an owner
+    /// with [`Owner::tag`] `(tag, id)`), for repairs that store the prefix and ids.
+    pub fn tagged_key(prefix: &str, tag: &str, id: i64, name: &str) -> String {
+        let mut key = String::with_capacity(prefix.len() + tag.len() + name.len() + 24);
+        Self::write_tagged(&mut key, prefix, tag, id, name);
+        key
     }
 
     /// `{prefix}:{{tag}{id}}:{name}`, built without `format!` (hydration builds dozens of keys
     /// per page).
     fn tagged(&self, tag: &str, id: i64, name: &str) -> String {
-        let mut key = String::with_capacity(self.prefix.len() + tag.len() + name.len() + 24);
-        self.tagged_into(&mut key, tag, id, name);
-        key
+        Self::tagged_key(&self.prefix, tag, id, name)
     }
 
     /// [`Keys::tagged`] written into `key` (cleared first).
     fn tagged_into(&self, key: &mut String, tag: &str, id: i64, name: &str) {
+        Self::write_tagged(key, &self.prefix, tag, id, name);
+    }
+
+    fn write_tagged(key: &mut String, prefix: &str, tag: &str, id: i64, name: &str) {
         key.clear();
-        key.push_str(&self.prefix);
+        key.push_str(prefix);
         key.push_str(":{");
         key.push_str(tag);
         key.push_str(itoa::Buffer::new().format(id));

@@ -70,6 +70,9 @@ pub struct Window {
     /// The list holds every item, not only the newest window.
     pub complete: bool,
     /// The lowest score (µs) an incomplete list holds: it has every item at or above it.
+    /// `None` on an incomplete list when the window is a full page of `count` items read
+    /// without the floor (a page without a lower bound: see [`Cache::range`]); the list then
+    /// holds every item down to the lowest of them.
     pub floor: Option<i64>,
     /// Members newest first, strictly inside the requested bounds. Without their scores:
     /// every reader can tell an entry's time from what the member names (a timeline's from the
@@ -115,6 +118,14 @@ fn parse_score(s: &[u8]) -> Option<i64> {
 impl Cache {
     /// Reads the members of the newest `count` entries strictly between `gt` and `lt` (µs) of a
     /// cached list in one round trip. `Ok(None)`: the list is not cached.
+    ///
+    /// A page without a lower bound (`gt` unset: a first page, or one below a cursor) first asks
+    /// for its `count + 1` newest members alone: their lowest is the completeness marker when
+    /// the list holds everything, and `count + 1` real members make a full page, whose floor
+    /// nobody needs ([`Window::floor`] is `None`). Only a shorter reply without the marker (an
+    /// incomplete list ending inside the page, or no list) asks again for the floor, with the
+    /// atomic pair below. One command instead of `MULTI`, two `ZRANGE`s and `EXEC` (round 6,
+    /// BENCHMARKS.md).
     pub async fn range(
         &self,
         list: ListKey,
@@ -124,9 +135,32 @@ impl Cache {
     ) -> Result<Option<Window>, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
+        let max = lt.map_or_else(|| "+inf".to_owned(), |v| format!("({v}"));
+        if gt.is_none() {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ZRANGE")
+                .arg(&key)
+                .arg(&max)
+                .arg("-inf")
+                .arg("BYSCORE")
+                .arg("REV")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(count + 1);
+            let (mut items,): (Vec<Vec<u8>>,) = self.run(&pipe).await?;
+            let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
+            if complete || items.len() > count {
+                items.retain(|member| member != MARKER.as_bytes());
+                items.truncate(count);
+                return Ok(Some(Window {
+                    complete,
+                    floor: None,
+                    items,
+                }));
+            }
+        }
         // MULTI/EXEC of two plain reads: atomic like a script, at about half the Redis CPU of
         // the Lua script it replaces (measured: `INFO commandstats`, BENCHMARKS.md).
-        let max = lt.map_or_else(|| "+inf".to_owned(), |v| format!("({v}"));
         let min = gt.map_or_else(|| "-inf".to_owned(), |v| format!("({v}"));
         let mut pipe = redis::pipe();
         pipe.atomic()

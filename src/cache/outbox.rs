@@ -81,7 +81,7 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
                 }
             }
             evicted.extend(super::update::near_evictions(&repairs));
-            queued += repairs.len();
+            queued += repairs.iter().map(Repair::commands).sum::<usize>();
             applied.push(*id);
             if queued >= REPAIRS_PER_PIPELINE {
                 replicated &= flush(cache, &mut pipe, &mut queued).await?;

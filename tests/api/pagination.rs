@@ -1,11 +1,13 @@
 use axum::http::StatusCode;
 use chirp::config::CacheMode;
+use chirp::timeline::Timeline;
 use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, page_all, tweet_ids, urlencode};
 
-/// 45 tweets by alice (whom bob follows), oldest first; returns (app, alice id, bob token, ids newest first).
+/// 45 tweets by alice (whom bob follows), oldest first; returns (alice id, bob token, ids newest
+/// first).
 async fn setup(app: &TestApp) -> (i64, String, Vec<i64>) {
     let (alice, ta) = app.signup("alice").await;
     let (_, tb) = app.signup("bob").await;
@@ -51,6 +53,63 @@ async fn paging_gives_the_whole_list_across_a_small_cached_window(db: PgPool) {
         app.stat("fallbacks") > 0,
         "pages past the window came from Postgres"
     );
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_page_with_a_cached_member_it_can_not_decode_continues_right_below_it(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 10).await;
+    let (alice, tb, ids) = setup(&app).await;
+    let bob = app.get("/api/accounts/login_status/", Some(&tb)).await.body["user"]["id"]
+        .as_i64()
+        .expect("bob");
+    let feeds = [
+        (
+            Timeline::UserTweets(alice),
+            format!("/api/tweets/?user_id={alice}"),
+            None,
+        ),
+        (
+            Timeline::Newsfeed(bob),
+            "/api/newsfeeds/".to_owned(),
+            Some(tb.as_str()),
+        ),
+    ];
+    for (timeline, base, token) in &feeds {
+        // Cache the window of 10, then slip two members of no known encoding in right above
+        // the 3rd and the 4th newest.
+        assert_eq!(page_all(&app, base, *token, 45).await, ids);
+        let key = app.list_key(*timeline);
+        let mut r = app.redis().await;
+        let scores: Vec<(Vec<u8>, i64)> = redis::cmd("ZREVRANGE")
+            .arg(&key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(&mut r)
+            .await
+            .expect("zrange");
+        assert_eq!(scores.len(), 10, "an incomplete window of 10");
+        for (i, junk) in [(2, "not a member"), (3, "nor this")] {
+            assert!(scores[i - 1].1 - scores[i].1 > 1);
+            let _: i64 = redis::cmd("ZADD")
+                .arg(&key)
+                .arg(scores[i].1 + 1)
+                .arg(junk)
+                .query_async(&mut r)
+                .await
+                .expect("zadd");
+        }
+        // The first page of 5 (6 with the one that tells whether there is a next page) finds
+        // 4 it can decode in a full window: Postgres gives the next 2 from right below them,
+        // not from below the list's floor (a gap) nor from the top (repeats).
+        for size in [5, 3] {
+            assert_eq!(
+                page_all(&app, base, *token, size).await,
+                ids,
+                "{base}, {size}"
+            );
+        }
+    }
 }
 
 fn created(page: &Value, i: usize) -> String {
