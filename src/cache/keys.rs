@@ -164,11 +164,7 @@ impl Keys {
         Self::tagged_key(&self.prefix, tag, id, name)
     }
 
-    /// [`Keys::tagged`] written into `key` (cleared first).
-    fn tagged_into(&self, key: &mut String, tag: &str, id: i64, name: &str) {
-        Self::write_tagged(key, &self.prefix, tag, id, name);
-    }
-
+    /// [`Keys::tagged_key`] written into `key` (cleared first).
     fn write_tagged(key: &mut String, prefix: &str, tag: &str, id: i64, name: &str) {
         key.clear();
         key.push_str(prefix);
@@ -187,7 +183,7 @@ impl Keys {
         let mut key = String::with_capacity(self.prefix.len() + tag.len() + name.len() + 24);
         pipe.cmd("MGET");
         for id in ids {
-            self.tagged_into(&mut key, tag, *id, name);
+            Self::write_tagged(&mut key, &self.prefix, tag, *id, name);
             pipe.arg(key.as_bytes());
         }
     }

@@ -136,17 +136,21 @@ impl Cache {
         let inner = self.live()?;
         let key = inner.keys.list(list);
         let max = lt.map_or_else(|| "+inf".to_owned(), |v| format!("({v}"));
-        if gt.is_none() {
-            let mut pipe = redis::pipe();
+        // `ZRANGE key max min BYSCORE REV LIMIT 0 count+1`: the members of the page.
+        let members = |pipe: &mut redis::Pipeline, min: &str| {
             pipe.cmd("ZRANGE")
                 .arg(&key)
                 .arg(&max)
-                .arg("-inf")
+                .arg(min)
                 .arg("BYSCORE")
                 .arg("REV")
                 .arg("LIMIT")
                 .arg(0)
                 .arg(count + 1);
+        };
+        if gt.is_none() {
+            let mut pipe = redis::pipe();
+            members(&mut pipe, "-inf");
             let (mut items,): (Vec<Vec<u8>>,) = self.run(&pipe).await?;
             let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
             if complete || items.len() > count {
@@ -168,16 +172,8 @@ impl Cache {
             .arg(&key)
             .arg(0)
             .arg(0)
-            .arg("WITHSCORES")
-            .cmd("ZRANGE")
-            .arg(&key)
-            .arg(max)
-            .arg(min)
-            .arg("BYSCORE")
-            .arg("REV")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(count + 1);
+            .arg("WITHSCORES");
+        members(&mut pipe, &min);
         let (lowest, items): (Vec<Vec<u8>>, Vec<Vec<u8>>) = self.run(&pipe).await?;
         Ok(Window::parse(lowest, items, count))
     }
