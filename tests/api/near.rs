@@ -7,6 +7,7 @@ use axum::http::{Method, StatusCode};
 use chirp::cache::AfterCommit;
 use chirp::cache::near::NearStats;
 use chirp::cache::objects::NearId;
+use chirp::config::Config;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -34,7 +35,15 @@ async fn held_in_memory(app: &TestApp, uri: &str) {
 
 /// Two processes on one Redis prefix, and a tweet of alice's: `(a, b, alice, her token, tweet)`.
 async fn two_processes(db: PgPool) -> (TestApp, TestApp, i64, String, i64) {
-    let a = TestApp::new(db.clone()).await;
+    two_processes_with(db, |_| {}).await
+}
+
+/// [`two_processes`] with `tweak` applied to the first one's settings.
+async fn two_processes_with(
+    db: PgPool,
+    tweak: impl FnOnce(&mut Config),
+) -> (TestApp, TestApp, i64, String, i64) {
+    let a = TestApp::with(db.clone(), tweak).await;
     let prefix = a.prefix.clone();
     let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
     let (alice, token) = a.signup("alice").await;
@@ -116,13 +125,7 @@ async fn with_the_object_cache_off_nothing_is_held_in_memory(db: PgPool) {
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_process_cut_off_from_redis_forgets_its_objects_and_misses_no_delete(db: PgPool) {
     let proxy = Proxy::start().await;
-    let a = TestApp::with(db.clone(), |c| c.redis_url = proxy.url()).await;
-    let prefix = a.prefix.clone();
-    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
-    let (_, token) = b.signup("alice").await;
-    let id = b.tweet(&token, "soon gone").await["id"]
-        .as_i64()
-        .expect("id");
+    let (a, b, _, token, id) = two_processes_with(db, |c| c.redis_url = proxy.url()).await;
     let uri = format!("/api/tweets/{id}/");
     held_in_memory(&a, &uri).await;
     // A loses Redis (and its subscription): an eviction now can not reach it.
