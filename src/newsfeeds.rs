@@ -10,6 +10,7 @@
 //! order ends with the feed matching the friendship.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use anyhow::Context;
 use sqlx::{PgConnection, PgPool};
@@ -173,15 +174,13 @@ pub async fn fanout(
     }
     // The tweet object the streams send with each batch (cache-aside; `None`: deleted, or the
     // cache is off and there are no streams).
-    let object: Option<Option<(Tweet, TweetRecord)>> = if worker.cache.enabled() {
-        Some(
-            tweets::load(&worker.db, &worker.cache, tweet_id)
-                .await?
-                .map(|(record, counts, author)| {
-                    let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
-                    (tweet, record)
-                }),
-        )
+    let object: Option<Arc<(Tweet, TweetRecord)>> = if worker.cache.enabled() {
+        tweets::load(&worker.db, &worker.cache, tweet_id)
+            .await?
+            .map(|(record, counts, author)| {
+                let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+                Arc::new((tweet, record))
+            })
     } else {
         None
     };
@@ -259,17 +258,21 @@ pub async fn fanout(
         // The progress commits with the batch: a retry resumes exactly after it.
         jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
         tx.commit().await.context("committing a fan-out batch")?;
-        // The streams first (they only need the commit), then the cached newsfeeds, while the
-        // next batch is inserted (its merges touch other followers' lists; what a crash leaves
-        // undone, the batch's outbox row repairs).
-        if let Some(Some((tweet, record))) = &object {
-            streams::publish_arrivals(&worker.cache, tweet, record, &arrivals).await;
-        }
+        // The streams (they only need the commit), then the cached newsfeeds, in a task of
+        // their own while the next batch is inserted (its merges touch other followers' lists;
+        // what a crash leaves undone, the batch's outbox row repairs). One such task at a time;
+        // the publish used to hold the next batch back by about 1.5 ms.
         if let Some(previous) = cache_step.take() {
             let _ = previous.await;
         }
-        let (cache, db) = (worker.cache.clone(), worker.db.clone());
-        cache_step = Some(tokio::spawn(async move { cache.finish(&db, staged).await }));
+        let (cache, db, object) = (worker.cache.clone(), worker.db.clone(), object.clone());
+        cache_step = Some(tokio::spawn(async move {
+            if let Some(object) = object {
+                let (tweet, record) = &*object;
+                streams::publish_arrivals(&cache, tweet, record, &arrivals).await;
+            }
+            cache.finish(&db, staged).await
+        }));
         progress = Some(last);
         if batch.len() < worker.batch_size {
             break;

@@ -229,7 +229,9 @@ impl From<&ListMember> for ListMember {
 /// parsed only if a caller needs the fields).
 #[derive(Debug, Clone, PartialEq)]
 pub enum TweetBody {
-    Record(TweetRecord),
+    /// Boxed: an item is moved several times on its way into a page, and a record is several
+    /// times the size of a cached tweet (the moves' copies showed in the warm page's profile).
+    Record(Box<TweetRecord>),
     Cached(CachedTweet),
 }
 
@@ -261,7 +263,7 @@ impl TweetBody {
     /// The typed tweet; `None` if cached members do not parse (a corrupted value).
     pub fn into_record(self) -> Option<TweetRecord> {
         match self {
-            TweetBody::Record(t) => Some(t),
+            TweetBody::Record(t) => Some(*t),
             TweetBody::Cached(t) => t.record(),
         }
     }
@@ -271,7 +273,8 @@ impl TweetBody {
 /// spliced into a page as they are, parsed only if a caller needs the fields).
 #[derive(Debug, Clone, PartialEq)]
 pub enum AuthorBody {
-    Record(UserRecord),
+    /// Boxed, as [`TweetBody::Record`].
+    Record(Box<UserRecord>),
     Cached(CachedUser),
 }
 
@@ -279,7 +282,7 @@ impl AuthorBody {
     /// The typed user; `None` if a cached one does not parse (a corrupted value).
     pub fn into_record(self) -> Option<UserRecord> {
         match self {
-            AuthorBody::Record(u) => Some(u),
+            AuthorBody::Record(u) => Some(*u),
             AuthorBody::Cached(u) => u.record(),
         }
     }
@@ -336,7 +339,7 @@ impl From<FeedRow> for Item {
         Item {
             id: r.entry_id,
             created_at: r.created_at,
-            tweet: TweetBody::Record(TweetRecord {
+            tweet: TweetBody::Record(Box::new(TweetRecord {
                 id: r.tweet_id,
                 user_id: r.author_id,
                 content: r.content,
@@ -345,15 +348,15 @@ impl From<FeedRow> for Item {
                 photo_urls: r.photo_urls,
                 coordinates: r.coordinates,
                 place: r.place,
-            }),
-            author: AuthorBody::Record(UserRecord {
+            })),
+            author: AuthorBody::Record(Box::new(UserRecord {
                 id: r.author_id,
                 username: r.username,
                 nickname: r.nickname,
                 avatar_url: r.avatar_url,
                 version: r.version,
                 created_at: r.author_created_at,
-            }),
+            })),
             counts: r.counts,
             has_liked: false,
         }
@@ -588,7 +591,7 @@ async fn hydrate(
                 .zip(&tweets)
                 .position(|(id, t)| *id == tweet.id && t.is_none())
             {
-                tweets[i] = Some((TweetBody::Record(tweet), counts));
+                tweets[i] = Some((TweetBody::Record(Box::new(tweet)), counts));
             }
         }
     }
@@ -607,7 +610,7 @@ async fn hydrate(
     // Misses were found in the pipeline above: go straight to Postgres for them.
     for (id, user) in users::load_uncached(db, cache, &missing_authors).await? {
         if let Ok(i) = author_ids.binary_search(&id) {
-            authors[i] = Some(AuthorBody::Record(user));
+            authors[i] = Some(AuthorBody::Record(Box::new(user)));
         }
     }
     let liked = match viewer {

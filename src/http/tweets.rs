@@ -164,7 +164,10 @@ async fn create(
         coordinates,
         place: None,
     };
-    let created = tweets::create(&state.db, &state.cache, auth.user_id, &new).await;
+    let created = tweets::create(&state.db, &state.cache, auth.user_id, &new, || {
+        state.worker.announce()
+    })
+    .await;
     let (record, object) = match created {
         Ok(created) => created,
         Err(e) => {
@@ -172,7 +175,6 @@ async fn create(
             return Err(e.into());
         }
     };
-    state.worker.announce();
     let tweet = match object {
         Some(tweet) => tweet,
         None => {

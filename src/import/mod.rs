@@ -115,8 +115,8 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
     }
     phases.start("commit");
     tx.commit().await?;
-    phases.start("analyze");
-    load::analyze(db).await?;
+    phases.start("vacuum and analyze");
+    load::vacuum_analyze(db).await?;
     summary.phases = phases.finish();
     summary.tables = load::table_counts(db).await?;
     summary.tokens_written = tokens_written;

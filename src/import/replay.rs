@@ -113,13 +113,14 @@ pub async fn run(db: &PgPool, cache: &Cache, args: &ReplayArgs) -> anyhow::Resul
         let permit = in_flight.clone().acquire_owned().await?;
         let (db, cache, failed, pb) = (db.clone(), cache.clone(), failed.clone(), pb.clone());
         tasks.spawn(async move {
-            match tweets::create(&db, &cache, author, &new).await {
-                // Its fan-out job is queued: the workers of `chirp serve` / `chirp worker`.
-                Ok(_) => crate::jobs::wake_others(&cache, &db).await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "posting a replayed tweet failed");
-                    failed.fetch_add(1, Ordering::Relaxed);
-                }
+            // Its fan-out job is queued: wake the workers of `chirp serve` / `chirp worker`.
+            let wake = || {
+                let (cache, db) = (cache.clone(), db.clone());
+                tokio::spawn(async move { crate::jobs::wake_others(&cache, &db).await });
+            };
+            if let Err(e) = tweets::create(&db, &cache, author, &new, wake).await {
+                tracing::warn!(error = %e, "posting a replayed tweet failed");
+                failed.fetch_add(1, Ordering::Relaxed);
             }
             pb.inc(1);
             drop(permit);

@@ -103,6 +103,19 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
     };
 
     let summary = chirp::import::run(app.db(), &args).await.unwrap();
+    // Vacuumed, not only analyzed: the visibility map lets the followers' index-only scans
+    // skip the heap (an ANALYZE alone leaves `relallvisible` at 0).
+    let all_visible: Vec<(String, i32)> = sqlx::query_as(
+        "select relname::text, relallvisible from pg_class
+         where relname in ('friendships', 'newsfeeds', 'tweets', 'users') order by relname",
+    )
+    .fetch_all(app.db())
+    .await
+    .unwrap();
+    assert!(
+        all_visible.len() == 4 && all_visible.iter().all(|(_, pages)| *pages > 0),
+        "{all_visible:?}"
+    );
     assert_eq!(
         (
             summary.duplicate_edges,

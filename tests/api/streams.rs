@@ -243,6 +243,8 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
         full_name: "Somewhere".into(),
         bbox,
     };
+    // `create` tells its caller of each commit, to wake the fan-out runners.
+    let mut commits = 0;
     for (bbox, matches) in [
         ([10.0, 10.0, 20.0, 20.0], true),
         ([10.5, -5.0, 20.0, 5.0], false),
@@ -252,13 +254,15 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
             place: Some(place(bbox)),
             ..Default::default()
         };
-        let (t, _) = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new)
+        let committed = || commits += 1;
+        let (t, _) = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new, committed)
             .await
             .expect("create");
         if matches {
             expected.push(t.id);
         }
     }
+    assert_eq!(commits, 2);
     let last = post(&app, &bob, json!({"content": "the end"})).await;
     expected.push(last);
     let got = s.tweets_until(last).await;
@@ -535,9 +539,10 @@ async fn tweets_that_land_during_a_catch_up_are_sent_once_in_order(db: PgPool) {
                     content: format!("during catch-up {i}"),
                     ..Default::default()
                 };
-                let (t, _) = chirp::tweets::create(&app_state.db, &app_state.cache, me, &new)
-                    .await
-                    .expect("create");
+                let (t, _) =
+                    chirp::tweets::create(&app_state.db, &app_state.cache, me, &new, || ())
+                        .await
+                        .expect("create");
                 ids.push(t.id);
             }
             ids
