@@ -261,8 +261,9 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 /// wakes the job runners: [`crate::jobs::Worker::announce`]), so the fan-out to followers and
 /// lists starts while the author's cached lists (and the circle's tweets and rank) get the
 /// entry (read your writes), the tweet object and its zero counts are cached and the streams
-/// get it ([`streams::publish_created`]). Returns the stored record and the public `Tweet` (`None` if its author could not be
-/// loaded after the commit: the tweet stands, and the caller builds the object itself).
+/// get it ([`streams::publish_created`]). Returns the stored record and the public `Tweet`
+/// (`None` if its author could not be loaded after the commit: the tweet stands, and the
+/// caller builds the object itself).
 ///
 /// # Errors
 /// Postgres failed before the commit.
