@@ -915,7 +915,10 @@ async fn cached_after(
     }
     let key = backlog_key(channel);
     let upper = after.saturating_add(limit as i64 + 2);
-    match cache.range(key, Some(upper), Some(after), limit + 1).await {
+    match cache
+        .range(key, Some(upper), Some(after), limit + 1, false)
+        .await
+    {
         Ok(Some(window)) => {
             let covers = window.complete || window.floor.is_some_and(|f| f <= after + 1);
             let mut rows: Vec<MessageRow> = window

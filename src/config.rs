@@ -174,6 +174,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fanout_batch_size: u32,
 
+    /// Parts a fan-out of more than one batch is cut into, to run side by side on the job
+    /// runners (each part at least one batch and at most 8; a bigger account gets more parts).
+    /// 1 runs fan-outs of up to 8 batches in one job.
+    #[arg(long, global = true, env = "CHIRP_FANOUT_PARTS", default_value_t = 2,
+          value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub fanout_parts: u32,
+
     /// `off` serves everything from Postgres (baseline for benchmarks).
     #[arg(long, global = true, env = "CHIRP_CACHE", value_enum, default_value_t = CacheMode::On)]
     pub cache: CacheMode,

@@ -47,9 +47,9 @@ pub enum Job {
         progress: Option<Timestamp>,
         list_progress: Option<Timestamp>,
     },
-    /// One part of a big account's fan-out (see [`crate::newsfeeds::fanout`]): the followers
-    /// whose friendship is newer than `progress` and at most `until`. Parts of one tweet run
-    /// on several workers at once.
+    /// One part of a fan-out of more than one batch (see [`crate::newsfeeds::fanout`]): the
+    /// followers whose friendship is newer than `progress` and at most `until`. Parts of one
+    /// tweet run on several workers at once, beside the fan-out job, which runs the last.
     FanoutPart {
         tweet_id: i64,
         progress: Option<Timestamp>,
@@ -204,6 +204,9 @@ pub struct Worker {
     pub cache: Cache,
     /// Followers per fan-out batch (`CHIRP_FANOUT_BATCH_SIZE`).
     pub batch_size: usize,
+    /// Parts a fan-out of more than one batch is cut into (`CHIRP_FANOUT_PARTS`; see
+    /// [`crate::newsfeeds::fanout`]).
+    pub fanout_parts: usize,
     /// Tweets copied by a follow backfill (`CHIRP_CACHE_LIST_LIMIT`).
     pub backfill_limit: usize,
     /// Woken by in-process writers, by the `jobs` pub/sub topic and by `LISTEN chirp_jobs`.

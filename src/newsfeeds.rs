@@ -142,13 +142,14 @@ pub async fn delete_for_tweet(
 /// the followers' cached newsfeeds. `progress` is where an earlier run stopped; `until` bounds
 /// a part (a [`jobs::Job::FanoutPart`]).
 ///
-/// A big account's fan-out is shared: when more than two parts of [`PART_BATCHES`] batches
-/// remain, the job first queues one `fanout_part` job per part (cut at friendship timestamps,
-/// in one transaction with its own progress moved past them) and wakes the workers, which run
-/// the parts side by side (Twitter's timeline service splits a celebrity's fan-out the same
-/// way). Smaller fan-outs run alone: two parts side by side on one 2-core machine took as long
-/// as one after the other (their inserts contend; BENCHMARKS.md). Followers who follow later
-/// get the tweet from their follow's backfill.
+/// A fan-out of more than one batch is shared: the job cuts the followers into parts of
+/// [`part_size`] (cut at friendship timestamps), queues a `fanout_part` job for every part but
+/// the last (in one transaction with its own progress moved past them), wakes the runners and
+/// runs the last part itself, so `CHIRP_FANOUT_PARTS` runners insert side by side (Twitter's
+/// timeline service splits a celebrity's fan-out the same way). Two parts made the fan-out of
+/// the most-followed imported account (3,383 followers) about a quarter faster on a 2-core
+/// machine (BENCHMARKS.md, round 8).
+/// Followers who follow later get the tweet from their follow's backfill.
 ///
 /// Each batch holds the author's followers lock shared ([`lock_followers`]), so an unfollow of
 /// the author waits for the batch to commit and its unmerge then sees the batch's rows; the
@@ -186,6 +187,11 @@ pub async fn fanout(
     };
     // The previous batch's cache step, overlapping this batch's insert.
     let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
+    // A batch inserts with a plain `INSERT` (ON CONFLICT's speculative insertion cost about a
+    // fifth more: BENCHMARKS.md, round 8). A row that exists already (a follow's backfill that
+    // raced the batch, or an unfollow and follow that moved a friendship between parts) fails
+    // it: the batch is rolled back and runs again with `ON CONFLICT`, which returns that row.
+    let mut careful = false;
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
@@ -221,12 +227,16 @@ pub async fn fanout(
             .map(|f| Timeline::Newsfeed(*f).key())
             .collect();
         let arrived_at = chrono::Utc::now();
-        let insert = sqlx::query_as(
+        let insert = sqlx::query_as(if careful {
             "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
              select f, $2, $3, $4 from unnest($1::bigint[]) as f
              on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-             returning user_id, id",
-        )
+             returning user_id, id"
+        } else {
+            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+             select f, $2, $3, $4 from unnest($1::bigint[]) as f
+             returning user_id, id"
+        })
         .bind(&followers)
         .bind(tweet_id)
         .bind(created_at)
@@ -235,7 +245,14 @@ pub async fn fanout(
         // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
         let guards = guards.ok();
-        let rows: Vec<(i64, i64)> = rows.context("inserting a batch of newsfeed rows")?;
+        let rows: Vec<(i64, i64)> = match rows {
+            Err(e) if !careful && crate::db::violates(&e, "newsfeeds_pkey") => {
+                careful = true;
+                continue; // dropping `tx` rolls the batch back
+            }
+            rows => rows.context("inserting a batch of newsfeed rows")?,
+        };
+        careful = false;
         let arrivals: Vec<(i64, i64, Timestamp)> =
             rows.iter().map(|(f, id)| (*f, *id, arrived_at)).collect();
         let row_of: HashMap<i64, i64> = rows.into_iter().collect();
@@ -305,16 +322,27 @@ pub async fn lock_followers(
     sqlx::query(sql).bind(author).execute(tx).await.map(|_| ())
 }
 
-/// Batches per part of a split fan-out (see [`fanout`]).
+/// Most batches in one part of a split fan-out (see [`fanout`]).
 pub const PART_BATCHES: usize = 8;
 
-/// Splits what remains of a big fan-out (more than two parts of [`PART_BATCHES`] batches) into
-/// `fanout_part` jobs (see [`fanout`]); returns the friendship timestamp the parts end at (the
-/// job's new progress), or `None` if it is small enough to run alone (or the tweet is gone).
+/// Followers per part of a fan-out to `followers` (see [`fanout`]): an even share of
+/// `parts` parts, but at least one batch (a smaller part is not worth its job) and at most
+/// [`PART_BATCHES`] batches (a big account's parts stay short, so other jobs interleave).
+pub fn part_size(followers: usize, batch_size: usize, parts: usize) -> usize {
+    let batch = batch_size.max(1);
+    followers
+        .div_ceil(parts.max(1))
+        .clamp(batch, PART_BATCHES * batch)
+}
+
+/// Splits what remains of a fan-out of more than one part ([`part_size`]) into `fanout_part`
+/// jobs for all parts but the last (see [`fanout`]); returns the friendship timestamp where
+/// they end (the job's new progress: the job runs the last part), or `None` if it is small
+/// enough to run alone (or the tweet is gone).
 ///
-/// The author's `followers_count` decides whether to look at all (counting the followers took
-/// 5 ms of every fan-out of the most-followed imported account, which is never split); the
-/// parts are then cut by walking the `(to_user_id, created_at)` index one part at a time.
+/// The author's `followers_count` decides whether to look at all, and the part size; the parts
+/// are then cut by walking the `(to_user_id, created_at)` index one part at a time (a stale
+/// count only moves followers between the last part and the others).
 async fn split_fanout(
     worker: &Worker,
     job_id: i64,
@@ -333,14 +361,12 @@ async fn split_fanout(
     let Some((author, followers)) = author else {
         return Ok(None);
     };
-    let part = (PART_BATCHES * worker.batch_size).max(1);
-    if usize::try_from(followers).unwrap_or(0) <= 2 * part {
-        return Ok(None);
-    }
-    // The last friendship of every full part, then of the remainder.
+    let followers = usize::try_from(followers).unwrap_or(0);
+    let part = part_size(followers, worker.batch_size, worker.fanout_parts);
+    // The last friendship of every part but the last.
     let mut ends: Vec<Timestamp> = Vec::new();
     let mut after = progress;
-    loop {
+    for _ in 1..followers.div_ceil(part) {
         let end: Option<Timestamp> = sqlx::query_scalar(
             "select created_at from friendships
              where to_user_id = $1 and created_at > coalesce($2, '-infinity')
@@ -356,20 +382,9 @@ async fn split_fanout(
         ends.push(end);
         after = Some(end);
     }
-    let rest: Option<Timestamp> = sqlx::query_scalar(
-        "select max(created_at) from friendships
-         where to_user_id = $1 and created_at > coalesce($2, '-infinity')",
-    )
-    .bind(author)
-    .bind(after)
-    .fetch_one(&mut *tx)
-    .await
-    .context("cutting a fan-out into parts")?;
-    ends.extend(rest);
-    if ends.len() < 2 {
+    let Some(&last) = ends.last() else {
         return Ok(None);
-    }
-    let last = ends[ends.len() - 1];
+    };
     let mut start = progress;
     for &end in &ends {
         let job = jobs::Job::FanoutPart {
@@ -384,7 +399,7 @@ async fn split_fanout(
     tx.commit()
         .await
         .context("queueing the parts of a fan-out")?;
-    tracing::info!(parts = ends.len(), tweet_id, "fan-out split into parts");
+    tracing::debug!(parts = ends.len() + 1, tweet_id, "fan-out split into parts");
     worker.announce();
     Ok(Some(last))
 }

@@ -67,6 +67,7 @@ impl AppState {
             db: db.clone(),
             cache: cache.clone(),
             batch_size: config.fanout_batch_size as usize,
+            fanout_parts: config.fanout_parts as usize,
             backfill_limit: config.cache_list_limit as usize,
             wake: Arc::new(Notify::new()),
         };

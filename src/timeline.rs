@@ -441,7 +441,12 @@ async fn read_cached(
     let stats = cache.stats().ok_or(ReadError::Cache)?;
     let want = req.want();
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
-    let window = match cache.range(timeline.key(), lt, gt, want).await? {
+    // A newsfeed's viewer is its owner: a sample of their liked set comes with the range.
+    let owner_likes = matches!((timeline, viewer), (Timeline::Newsfeed(u), Some(v)) if u == v);
+    let window = match cache
+        .range(timeline.key(), lt, gt, want, owner_likes)
+        .await?
+    {
         Some(w) => {
             stats.hits.fetch_add(1, Ordering::Relaxed);
             w
@@ -462,7 +467,8 @@ async fn read_cached(
         || window.complete
         || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
 
-    let (mut items, gone) = hydrate(db, cache, &entries, viewer).await?;
+    let likes = window.owner_likes.as_deref();
+    let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes).await?;
     if !gone.is_empty() {
         let members = gone.iter().map(|e| timeline.member(e)).collect();
         // The delete's own outbox row covers these; this only saves the next reader the work.
@@ -506,7 +512,7 @@ async fn load_window(
     let list = timeline.key();
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
     let _loading = flight.acquire().await;
-    if let Some(window) = cache.range(list, lt, gt, want).await? {
+    if let Some(window) = cache.range(list, lt, gt, want, false).await? {
         return Ok(window); // another request loaded it while we waited
     }
     if !timeline.owner_exists(db, cache).await? {
@@ -515,6 +521,7 @@ async fn load_window(
             complete: true,
             floor: None,
             items: Vec::new(),
+            owner_likes: None,
         });
     }
     // Start the load before the snapshot: a write committed after the snapshot bumps the
@@ -540,23 +547,28 @@ async fn load_window(
             .take(want)
             .map(|(_, (_, member))| member)
             .collect(),
+        owner_likes: None,
     })
 }
 
 /// Hydrates entries from the object caches, falling back to Postgres for misses. Returns the
-/// items in order and the entries whose tweet no longer exists.
+/// items in order and the entries whose tweet no longer exists. `viewer_likes`: a sample of
+/// the viewer's liked set, if the range read took one ([`Window::owner_likes`]).
 async fn hydrate(
     db: &PgPool,
     cache: &Cache,
     entries: &[ListMember],
     viewer: Option<i64>,
+    viewer_likes: Option<&[i64]>,
 ) -> Result<(Vec<Item>, Vec<ListMember>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
     let mut author_ids: Vec<i64> = entries.iter().map(|e| e.author_id).collect();
     author_ids.sort_unstable();
     author_ids.dedup();
     // One round trip: tweets, their counts, their authors, the viewer's likes.
-    let fetched = cache.fetch_for_hydration(&ids, &author_ids, viewer).await?;
+    let fetched = cache
+        .fetch_for_hydration(&ids, &author_ids, viewer, viewer_likes)
+        .await?;
 
     // Everything below is aligned with `ids` (the entries) or with the sorted `author_ids`: a
     // page is at most a few dozen items, so positions and binary search beat hashing.
@@ -665,7 +677,7 @@ pub async fn hydrate_entries(
     viewer: Option<i64>,
 ) -> sqlx::Result<Option<Vec<Item>>> {
     let members: Vec<ListMember> = entries.iter().map(ListMember::from).collect();
-    match hydrate(db, cache, &members, viewer).await {
+    match hydrate(db, cache, &members, viewer, None).await {
         Ok((items, _gone)) => Ok(Some(items)),
         Err(ReadError::Cache) => Ok(None),
         Err(ReadError::Db(e)) => Err(e),

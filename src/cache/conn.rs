@@ -353,10 +353,12 @@ fn routing_key(cmd: &Cmd) -> Option<&[u8]> {
             }
             args.next()?
         }
-        // Multi-key commands: on their own unless they name one key (redis-rs splits them).
+        // Multi-key commands: with their slot's commands when every key is in one slot (one
+        // owner's keys: `EXISTS list gen`), else on their own (redis-rs splits them).
         b"MGET" | b"DEL" | b"UNLINK" | b"EXISTS" | b"TOUCH" => {
             let key = args.next()?;
-            if args.next().is_some() {
+            let slot = key_slot(key);
+            if args.any(|k| key_slot(k) != slot) {
                 return None;
             }
             key
@@ -638,6 +640,16 @@ mod tests {
         let mut mget = redis::cmd("MGET");
         mget.arg("p:{t7}:tweet").arg("p:{t8}:tweet");
         assert_eq!(slot(&mget), None);
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg("p:{u42}:home:gen").arg("p:{u42}:home");
+        assert_eq!(
+            slot(&exists),
+            Some(Slot::for_key("u42")),
+            "one owner's keys"
+        );
+        let mut del = redis::cmd("DEL");
+        del.arg("p:{u42}:home").arg("p:{u43}:home");
+        assert_eq!(slot(&del), None, "keys of two slots");
         let mut ping = redis::cmd("PING");
         ping.arg("x");
         assert_eq!(slot(&ping), None);

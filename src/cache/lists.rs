@@ -4,10 +4,14 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, scripts};
+use crate::cache::objects::LIKED_SAMPLE;
+use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 
 /// A list entry to store: `(score = created_at in µs, member bytes)`.
 pub type Scored = (i64, Vec<u8>);
+
+/// List members as Redis returns them, in its order.
+type Members = Vec<Vec<u8>>;
 
 /// The member that marks a cached list as complete (score `-inf`, so always the lowest rank);
 /// see [`scripts`].
@@ -79,6 +83,10 @@ pub struct Window {
     /// tweet, a chat backlog's from the message), and a page of 20 then parses 21 replies
     /// fewer (redis-rs spends 800–1,000 instructions on each; BENCHMARKS.md).
     pub items: Vec<Vec<u8>>,
+    /// Up to [`LIKED_SAMPLE`] members of the list owner's liked set (`SRANDMEMBER`: all of
+    /// them when it holds fewer), read in the same round trip when the read asked for it
+    /// (`with_owner_likes`), for [`Cache::fetch_for_hydration`].
+    pub owner_likes: Option<Vec<i64>>,
 }
 
 impl Window {
@@ -101,6 +109,7 @@ impl Window {
             complete,
             floor,
             items,
+            owner_likes: None,
         })
     }
 }
@@ -124,17 +133,28 @@ impl Cache {
     /// the list holds everything, and `count + 1` real members make a full page, whose floor
     /// nobody needs ([`Window::floor`] is `None`). Only a shorter reply without the marker (an
     /// incomplete list ending inside the page, or no list) asks again for the floor, with the
-    /// atomic pair below. One command instead of `MULTI`, two `ZRANGE`s and `EXEC` (round 6,
-    /// BENCHMARKS.md).
+    /// atomic pair below. One command (with the sample below, two in one pipeline) instead of
+    /// `MULTI`, two `ZRANGE`s and `EXEC` (round 6, BENCHMARKS.md).
+    ///
+    /// `with_owner_likes` (for a list owned by a user: a newsfeed, read by its owner) also asks
+    /// for up to [`LIKED_SAMPLE`] members of the owner's liked set in the same round trip
+    /// ([`Window::owner_likes`]): it shares the list's hash tag, and a viewer with fewer likes
+    /// than that then needs no `SMISMEMBER` of the page's tweets and its 22 replies (BENCHMARKS.md,
+    /// round 8).
     pub async fn range(
         &self,
         list: ListKey,
         lt: Option<i64>,
         gt: Option<i64>,
         count: usize,
+        with_owner_likes: bool,
     ) -> Result<Option<Window>, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
+        let liked = match list.owner {
+            Owner::User(user) if with_owner_likes => Some(inner.keys.liked(user)),
+            _ => None,
+        };
         let max = lt.map_or_else(|| "+inf".to_owned(), |v| format!("({v}"));
         // `ZRANGE key max min BYSCORE REV LIMIT 0 count+1`: the members of the page.
         let members = |pipe: &mut redis::Pipeline, min: &str| {
@@ -148,10 +168,22 @@ impl Cache {
                 .arg(0)
                 .arg(count + 1);
         };
+        let sample = |pipe: &mut redis::Pipeline| {
+            if let Some(liked) = &liked {
+                pipe.cmd("SRANDMEMBER").arg(liked).arg(LIKED_SAMPLE);
+            }
+        };
         if gt.is_none() {
             let mut pipe = redis::pipe();
             members(&mut pipe, "-inf");
-            let (mut items,): (Vec<Vec<u8>>,) = self.run(&pipe).await?;
+            sample(&mut pipe);
+            let (mut items, owner_likes): (Members, Option<Vec<i64>>) = if liked.is_some() {
+                let (items, likes) = self.run(&pipe).await?;
+                (items, Some(likes))
+            } else {
+                let (items,) = self.run(&pipe).await?;
+                (items, None)
+            };
             let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
             if complete || items.len() > count {
                 items.retain(|member| member != MARKER.as_bytes());
@@ -160,6 +192,7 @@ impl Cache {
                     complete,
                     floor: None,
                     items,
+                    owner_likes,
                 }));
             }
         }
@@ -174,8 +207,16 @@ impl Cache {
             .arg(0)
             .arg("WITHSCORES");
         members(&mut pipe, &min);
-        let (lowest, items): (Vec<Vec<u8>>, Vec<Vec<u8>>) = self.run(&pipe).await?;
-        Ok(Window::parse(lowest, items, count))
+        sample(&mut pipe);
+        let (lowest, items, owner_likes): (Members, Members, Option<Vec<i64>>) = if liked.is_some()
+        {
+            let (lowest, items, likes) = self.run(&pipe).await?;
+            (lowest, items, Some(likes))
+        } else {
+            let (lowest, items) = self.run(&pipe).await?;
+            (lowest, items, None)
+        };
+        Ok(Window::parse(lowest, items, count).map(|w| Window { owner_likes, ..w }))
     }
 
     /// Warns when Redis keeps sorted sets as listpacks only below the cache list limit: full

@@ -298,7 +298,7 @@ impl Cache {
         &self,
         ids: &[i64],
     ) -> Result<(Vec<Cached<CachedTweet>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
-        let f = self.fetch_for_hydration(ids, &[], None).await?;
+        let f = self.fetch_for_hydration(ids, &[], None, None).await?;
         Ok((f.tweets, f.counts))
     }
 
@@ -445,11 +445,17 @@ impl Cache {
     /// Tweets and authors this process holds in its near cache ([`super::near`]) are taken
     /// from there and not asked for: a warm page then asks Redis only for the counts and the
     /// likes (about half of its key lookups and values).
+    ///
+    /// `viewer_likes` is a sample of the viewer's liked set when the caller read one already
+    /// (a newsfeed's range read does: [`crate::cache::Window::owner_likes`]); if it is the
+    /// whole set, the page's likes come from it ([`liked_from_sample`]) without the
+    /// `SMISMEMBER` of the page's tweets.
     pub async fn fetch_for_hydration(
         &self,
         tweet_ids: &[i64],
         user_ids: &[i64],
         viewer: Option<i64>,
+        viewer_likes: Option<&[i64]>,
     ) -> Result<Fetched, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
         let near = self.near_objects().ok_or(CacheUnavailable)?;
@@ -495,7 +501,8 @@ impl Cache {
         if !ask_users.is_empty() {
             keys.pipe_mget(&mut pipe, Object::User, &ask_users);
         }
-        if let Some(v) = viewer {
+        let known = viewer_likes.and_then(|sample| liked_from_sample(tweet_ids, sample));
+        if let (Some(v), None) = (viewer, &known) {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
         }
         let mut values: Vec<redis::Value> = self.run::<Vec<redis::Value>>(&pipe).await?;
@@ -534,9 +541,10 @@ impl Cache {
                 }
             }
         }
-        let liked = match viewer {
-            None => None,
-            Some(_) => {
+        let liked = match (viewer, known) {
+            (None, _) => None,
+            (Some(_), Some(known)) => Some(known),
+            (Some(_), None) => {
                 let flags = redis::from_redis_value::<Vec<bool>>(next("liked")?)
                     .map_err(|_| CacheUnavailable)?;
                 Some(liked_from_flags(tweet_ids, flags))
@@ -577,6 +585,34 @@ fn pipe_liked(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, tweet_ids: &[i
         .arg(LIKED_MARKER)
         .arg(TOO_MANY_MARKER)
         .arg(tweet_ids);
+}
+
+/// Members of a liked set that a newsfeed read samples with its range (`SRANDMEMBER liked 8`,
+/// [`crate::cache::Window::owner_likes`]): a set with fewer comes whole, and a reader who liked
+/// fewer than 7 tweets needs no `SMISMEMBER` (22 replies fewer per page); one with more parses
+/// these 8 in vain.
+pub const LIKED_SAMPLE: usize = 8;
+
+/// What a sample of a user's liked set (`SRANDMEMBER liked` [`LIKED_SAMPLE`]) tells of
+/// `tweet_ids`: `None` if it may be only part of the set (ask with `SMISMEMBER`). An empty
+/// sample is a set that is not cached; the markers say the rest (see [`LIKED_MARKER`]).
+pub fn liked_from_sample(tweet_ids: &[i64], sample: &[i64]) -> Option<LikedAmong> {
+    if sample.is_empty() {
+        return Some(LikedAmong::Miss);
+    }
+    if sample.len() >= LIKED_SAMPLE || !sample.contains(&LIKED_MARKER) {
+        return None;
+    }
+    if sample.contains(&TOO_MANY_MARKER) {
+        return Some(LikedAmong::TooMany);
+    }
+    Some(LikedAmong::Liked(
+        tweet_ids
+            .iter()
+            .copied()
+            .filter(|id| sample.contains(id))
+            .collect(),
+    ))
 }
 
 /// Decodes `SMISMEMBER liked -1 -2 ids...`.
@@ -631,6 +667,34 @@ fn decode_user(v: Option<String>) -> Option<UserRecord> {
 mod tests {
     use super::*;
     use crate::model::Place;
+
+    #[test]
+    fn a_whole_liked_set_sample_answers_the_page_and_a_partial_one_does_not() {
+        let page = [10, 11, 12];
+        let liked = |s: &[i64]| match liked_from_sample(&page, s) {
+            Some(LikedAmong::Liked(ids)) => {
+                let mut ids: Vec<i64> = ids.into_iter().collect();
+                ids.sort_unstable();
+                Some(ids)
+            }
+            _ => None,
+        };
+        assert!(matches!(
+            liked_from_sample(&page, &[]),
+            Some(LikedAmong::Miss)
+        ));
+        assert_eq!(liked(&[LIKED_MARKER]), Some(vec![]), "liked nothing");
+        assert_eq!(liked(&[11, LIKED_MARKER, 99]), Some(vec![11]));
+        assert!(matches!(
+            liked_from_sample(&page, &[TOO_MANY_MARKER, LIKED_MARKER]),
+            Some(LikedAmong::TooMany)
+        ));
+        // Eight members may be part of a bigger set; a set without its marker is not trusted.
+        let eight: Vec<i64> = (0..7).chain([LIKED_MARKER]).collect();
+        assert_eq!(eight.len(), LIKED_SAMPLE);
+        assert!(liked_from_sample(&page, &eight).is_none());
+        assert!(liked_from_sample(&page, &[10]).is_none());
+    }
 
     #[test]
     fn near_ids_travel_as_messages_and_come_from_their_keys() {

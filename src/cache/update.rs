@@ -460,19 +460,18 @@ impl Cache {
     }
 
     /// Which of the lists of `merges` exist (their entries or their generation hash), in
-    /// order: two `EXISTS` per list in one pipeline.
+    /// order: one `EXISTS list gen` per list (both keys in the list's slot) in one pipeline.
     async fn lists_exist(&self, merges: &[Update]) -> Result<Vec<bool>, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
         let mut pipe = redis::pipe();
         for update in merges {
             if let Update::Merge { list, .. } = update {
                 let key = keys.list(*list);
-                pipe.cmd("EXISTS").arg(&key);
-                pipe.cmd("EXISTS").arg(Keys::gen_of(&key));
+                pipe.cmd("EXISTS").arg(Keys::gen_of(&key)).arg(key);
             }
         }
-        let flags: Vec<i64> = self.run_bulk(&pipe, merges.len()).await?;
-        Ok(flags.chunks(2).map(|c| c.iter().any(|f| *f > 0)).collect())
+        let counts: Vec<i64> = self.run_bulk(&pipe, merges.len()).await?;
+        Ok(counts.into_iter().map(|n| n > 0).collect())
     }
 
     /// Applies staged updates after their transaction committed. On success the outbox row is

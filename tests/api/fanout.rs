@@ -19,7 +19,12 @@ async fn followers(app: &TestApp, star: i64, n: usize) -> Vec<(i64, String)> {
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_tweet_reaches_more_followers_than_one_batch(db: PgPool) {
-    let app = TestApp::with(db, |c| c.fanout_batch_size = 3).await;
+    // One part: this test is about the batches of one job.
+    let app = TestApp::with(db, |c| {
+        c.fanout_batch_size = 3;
+        c.fanout_parts = 1;
+    })
+    .await;
     let (star, ts) = app.signup("star").await;
     let fans = followers(&app, star, 10).await;
     // Four fans have cached (empty) newsfeeds.
@@ -57,7 +62,11 @@ async fn a_tweet_reaches_more_followers_than_one_batch(db: PgPool) {
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_crashed_workers_job_is_reclaimed_and_finished_without_duplicates(db: PgPool) {
-    let app = TestApp::with(db, |c| c.fanout_batch_size = 2).await;
+    let app = TestApp::with(db, |c| {
+        c.fanout_batch_size = 2;
+        c.fanout_parts = 1;
+    })
+    .await;
     let (star, ts) = app.signup("star").await;
     let fans = followers(&app, star, 5).await;
     for (_, token) in &fans {
@@ -214,9 +223,103 @@ async fn without_redis_a_write_wakes_other_workers_with_a_notify_after_its_commi
     assert!(matches!(notified, Ok(Ok(_))), "{notified:?}");
 }
 
+/// The part jobs queued for `tweet`: `(progress, until_at)`, in order.
+async fn parts_of(
+    app: &TestApp,
+    tweet: i64,
+) -> Vec<(
+    Option<chrono::DateTime<chrono::Utc>>,
+    chrono::DateTime<chrono::Utc>,
+)> {
+    sqlx::query_as(
+        "select progress, until_at from jobs where kind = 'fanout_part' and tweet_id = $1
+         order by until_at",
+    )
+    .bind(tweet)
+    .fetch_all(app.db())
+    .await
+    .unwrap()
+}
+
+/// Which followers have a newsfeed row of `tweet`, as `(user, rows)`.
+async fn rows_per_reader(app: &TestApp, tweet: i64) -> Vec<(i64, i64)> {
+    sqlx::query_as(
+        "select user_id, count(*) from newsfeeds where tweet_id = $1 group by 1 order by 1",
+    )
+    .bind(tweet)
+    .fetch_all(app.db())
+    .await
+    .unwrap()
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn a_big_accounts_fan_out_is_split_into_parts_that_workers_share(db: PgPool) {
-    // Parts of 8 batches of 1: 20 followers are more than two parts.
+async fn a_fan_out_of_two_batches_is_shared_by_two_runners_and_the_job_runs_the_last_part(
+    db: PgPool,
+) {
+    // Batches of 3, two parts (the default): 10 followers are two parts of 5.
+    let app = TestApp::with(db, |c| c.fanout_batch_size = 3).await;
+    assert_eq!(app.state.config.fanout_parts, 2);
+    let (star, ts) = app.signup("star").await;
+    let fans = followers(&app, star, 10).await;
+    for (_, token) in &fans[..4] {
+        app.get("/api/newsfeeds/", Some(token)).await; // cached, empty
+    }
+    let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
+
+    // The tweet's job queues the first part and runs the second itself.
+    assert!(app.state.worker.run_one().await.unwrap());
+    let parts = parts_of(&app, id).await;
+    assert_eq!(parts.len(), 1, "{parts:?}");
+    assert_eq!(parts[0].0, None, "the part starts at the first follower");
+    let fifth: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "select created_at from friendships where to_user_id = $1 order by created_at
+         offset 4 limit 1",
+    )
+    .bind(star)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    assert_eq!(parts[0].1, fifth, "and ends at the fifth");
+    let done: Vec<i64> = rows_per_reader(&app, id)
+        .await
+        .into_iter()
+        .map(|(user, _)| user)
+        .collect();
+    let mut second_half: Vec<i64> = fans[5..].iter().map(|(f, _)| *f).collect();
+    second_half.push(star);
+    second_half.sort_unstable();
+    assert_eq!(
+        done, second_half,
+        "the job wrote the last five and the author"
+    );
+
+    // A second runner takes the part.
+    assert_eq!(app.drain().await, 1);
+    let rows = rows_per_reader(&app, id).await;
+    assert_eq!(rows.len(), 11, "10 followers and the author");
+    assert!(rows.iter().all(|(_, n)| *n == 1), "each once: {rows:?}");
+    for (i, (fan, token)) in fans.iter().enumerate() {
+        let cached = app.cached_members(Timeline::Newsfeed(*fan)).await;
+        if i < 4 {
+            let members = cached.expect("still cached");
+            assert_eq!(member_tweet(&members[0]), id, "{members:?}");
+        }
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            vec![id]
+        );
+    }
+    let left: i64 = sqlx::query_scalar("select count(*) from jobs")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "both jobs are done");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_big_accounts_fan_out_is_cut_into_parts_of_at_most_eight_batches(db: PgPool) {
+    // Batches of 1: 20 followers would be two parts of 10, but a part holds at most 8 batches:
+    // parts of 8, 8 and 4, the job itself running the last.
     let app = TestApp::with(db, |c| c.fanout_batch_size = 1).await;
     let (star, ts) = app.signup("star").await;
     let fans = followers(&app, star, 20).await;
@@ -225,44 +328,28 @@ async fn a_big_accounts_fan_out_is_split_into_parts_that_workers_share(db: PgPoo
     }
     let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
 
-    // The tweet's job cuts the followers into parts and queues one job per part.
     assert!(app.state.worker.run_one().await.unwrap());
-    let parts: Vec<(
-        Option<chrono::DateTime<chrono::Utc>>,
-        chrono::DateTime<chrono::Utc>,
-    )> = sqlx::query_as(
-        "select progress, until_at from jobs where kind = 'fanout_part' and tweet_id = $1
-             order by until_at",
-    )
-    .bind(id)
-    .fetch_all(app.db())
-    .await
-    .unwrap();
-    assert_eq!(parts.len(), 3, "8 + 8 + 4 followers");
+    let parts = parts_of(&app, id).await;
+    assert_eq!(parts.len(), 2, "8 + 8 queued, 4 done");
     assert_eq!(parts[0].0, None);
     assert_eq!(
         parts[1].0,
         Some(parts[0].1),
         "each part starts where the last ended"
     );
-    assert_eq!(parts[2].0, Some(parts[1].1));
+    assert_eq!(
+        rows_per_reader(&app, id).await.len(),
+        5,
+        "the last 4 and the author"
+    );
 
     // Two workers run the parts side by side.
     let (a, b) = (app.state.worker.clone(), app.state.worker.clone());
     let (ran_a, ran_b) = tokio::join!(a.run_until_idle(), b.run_until_idle());
-    assert_eq!(ran_a.unwrap() + ran_b.unwrap(), 3);
-    let (rows, users): (i64, i64) = sqlx::query_as(
-        "select count(*), count(distinct user_id) from newsfeeds where tweet_id = $1",
-    )
-    .bind(id)
-    .fetch_one(app.db())
-    .await
-    .unwrap();
-    assert_eq!(
-        (rows, users),
-        (21, 21),
-        "every follower and the author, once"
-    );
+    assert_eq!(ran_a.unwrap() + ran_b.unwrap(), 2);
+    let rows = rows_per_reader(&app, id).await;
+    assert_eq!(rows.len(), 21, "every follower and the author");
+    assert!(rows.iter().all(|(_, n)| *n == 1), "each once: {rows:?}");
     for (fan, token) in &fans {
         if let Some(members) = app.cached_members(Timeline::Newsfeed(*fan)).await {
             assert_eq!(member_tweet(&members[0]), id, "{members:?}");
@@ -272,4 +359,19 @@ async fn a_big_accounts_fan_out_is_split_into_parts_that_workers_share(db: PgPoo
             vec![id]
         );
     }
+}
+
+#[test]
+fn a_part_is_an_even_share_of_at_least_one_and_at_most_eight_batches() {
+    use chirp::newsfeeds::part_size;
+    assert_eq!(
+        part_size(3383, 1000, 2),
+        1692,
+        "the most-followed imported account"
+    );
+    assert_eq!(part_size(1500, 1000, 2), 1000, "at least one batch");
+    assert_eq!(part_size(900, 1000, 2), 1000, "one batch: not split");
+    assert_eq!(part_size(100_000, 1000, 2), 8000, "at most eight batches");
+    assert_eq!(part_size(3383, 1000, 1), 3383, "one part");
+    assert_eq!(part_size(10, 0, 0), 8, "zeros are taken as ones");
 }

@@ -478,3 +478,77 @@ async fn tokens_and_liked_sets_are_cached_and_kept_in_step(db: PgPool) {
         StatusCode::UNAUTHORIZED
     );
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_newsfeed_shows_its_readers_likes_with_few_many_or_no_cached_likes(db: PgPool) {
+    // A newsfeed read takes a sample of 8 members of its reader's liked set with its range:
+    // the whole set below 8 members, else part of it, and nothing while the set is not cached.
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.quick_user("alice").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    app.follow(&tb, alice).await;
+    let mut ids = Vec::new();
+    for i in 0..12 {
+        ids.push(
+            app.tweet(&ta, &format!("t{i}")).await["id"]
+                .as_i64()
+                .unwrap(),
+        );
+    }
+    app.drain().await;
+    let liked_in_feed = || async {
+        let page = app.get("/api/newsfeeds/", Some(&tb)).await.body;
+        let mut liked: Vec<i64> = page["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["tweet"]["has_liked"] == true)
+            .map(|r| r["tweet"]["id"].as_i64().unwrap())
+            .collect();
+        liked.sort_unstable();
+        liked
+    };
+    let keys = app.state.cache.keys().unwrap().clone();
+    let mut r = app.redis().await;
+
+    // Not cached: the read loads the set.
+    assert_eq!(liked_in_feed().await, Vec::<i64>::new());
+    let members: Vec<i64> = redis::cmd("SMEMBERS")
+        .arg(keys.liked(bob))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(members, vec![-1], "loaded by the newsfeed read");
+
+    // Three likes: the sample is the whole set.
+    for id in &ids[..3] {
+        app.like(&tb, "tweet", *id).await;
+    }
+    assert_eq!(liked_in_feed().await, ids[..3].to_vec());
+
+    // Ten likes: the sample is part of the set, and the page asks for its tweets.
+    for id in &ids[3..10] {
+        app.like(&tb, "tweet", *id).await;
+    }
+    let size: i64 = redis::cmd("SCARD")
+        .arg(keys.liked(bob))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(size, 11, "ten likes and the marker");
+    // Each read samples anew; a sample that holds the marker is still only part of the set.
+    for _ in 0..10 {
+        assert_eq!(liked_in_feed().await, ids[..10].to_vec());
+    }
+
+    // An unlike drops the set; the next read loads it again.
+    app.post(
+        "/api/likes/cancel/",
+        Some(&tb),
+        json!({"content_type": "tweet", "object_id": ids[0]}),
+    )
+    .await;
+    assert_eq!(liked_in_feed().await, ids[1..10].to_vec());
+    app.flush_cache().await;
+    assert_eq!(liked_in_feed().await, ids[1..10].to_vec());
+}
