@@ -252,6 +252,40 @@ async fn rows_per_reader(app: &TestApp, tweet: i64) -> Vec<(i64, i64)> {
     .unwrap()
 }
 
+/// A star with `fans` followers, the first `cached` of whom have cached (empty) newsfeeds, and
+/// the star's tweet, whose fan-out job is then run once (by one runner): `(star, fans, tweet)`.
+async fn star_posts_and_one_runner_starts(
+    app: &TestApp,
+    fans: usize,
+    cached: usize,
+) -> (i64, Vec<(i64, String)>, i64) {
+    let (star, ts) = app.signup("star").await;
+    let fans = followers(app, star, fans).await;
+    for (_, token) in &fans[..cached] {
+        app.get("/api/newsfeeds/", Some(token)).await;
+    }
+    let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
+    assert!(app.state.worker.run_one().await.unwrap());
+    (star, fans, id)
+}
+
+/// Every follower and the star have one row of `tweet`; every fan's newsfeed shows it, and the
+/// cached ones hold it.
+async fn every_fan_has_it_once(app: &TestApp, fans: &[(i64, String)], tweet: i64) {
+    let rows = rows_per_reader(app, tweet).await;
+    assert_eq!(rows.len(), fans.len() + 1, "every follower and the author");
+    assert!(rows.iter().all(|(_, n)| *n == 1), "each once: {rows:?}");
+    for (fan, token) in fans {
+        if let Some(members) = app.cached_members(Timeline::Newsfeed(*fan)).await {
+            assert_eq!(member_tweet(&members[0]), tweet, "{members:?}");
+        }
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            vec![tweet]
+        );
+    }
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_fan_out_of_two_batches_is_shared_by_two_runners_and_the_job_runs_the_last_part(
     db: PgPool,
@@ -259,15 +293,8 @@ async fn a_fan_out_of_two_batches_is_shared_by_two_runners_and_the_job_runs_the_
     // Batches of 3, two parts (the default): 10 followers are two parts of 5.
     let app = TestApp::with(db, |c| c.fanout_batch_size = 3).await;
     assert_eq!(app.state.config.fanout_parts, 2);
-    let (star, ts) = app.signup("star").await;
-    let fans = followers(&app, star, 10).await;
-    for (_, token) in &fans[..4] {
-        app.get("/api/newsfeeds/", Some(token)).await; // cached, empty
-    }
-    let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
-
     // The tweet's job queues the first part and runs the second itself.
-    assert!(app.state.worker.run_one().await.unwrap());
+    let (star, fans, id) = star_posts_and_one_runner_starts(&app, 10, 4).await;
     let parts = parts_of(&app, id).await;
     assert_eq!(parts.len(), 1, "{parts:?}");
     assert_eq!(parts[0].0, None, "the part starts at the first follower");
@@ -295,20 +322,11 @@ async fn a_fan_out_of_two_batches_is_shared_by_two_runners_and_the_job_runs_the_
 
     // A second runner takes the part.
     assert_eq!(app.drain().await, 1);
-    let rows = rows_per_reader(&app, id).await;
-    assert_eq!(rows.len(), 11, "10 followers and the author");
-    assert!(rows.iter().all(|(_, n)| *n == 1), "each once: {rows:?}");
-    for (i, (fan, token)) in fans.iter().enumerate() {
-        let cached = app.cached_members(Timeline::Newsfeed(*fan)).await;
-        if i < 4 {
-            let members = cached.expect("still cached");
-            assert_eq!(member_tweet(&members[0]), id, "{members:?}");
-        }
-        assert_eq!(
-            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
-            vec![id]
-        );
+    for (fan, _) in &fans[..4] {
+        let members = app.cached_members(Timeline::Newsfeed(*fan)).await;
+        assert!(members.is_some(), "still cached, before any read");
     }
+    every_fan_has_it_once(&app, &fans, id).await;
     let left: i64 = sqlx::query_scalar("select count(*) from jobs")
         .fetch_one(app.db())
         .await
@@ -321,14 +339,7 @@ async fn a_big_accounts_fan_out_is_cut_into_parts_of_at_most_eight_batches(db: P
     // Batches of 1: 20 followers would be two parts of 10, but a part holds at most 8 batches:
     // parts of 8, 8 and 4, the job itself running the last.
     let app = TestApp::with(db, |c| c.fanout_batch_size = 1).await;
-    let (star, ts) = app.signup("star").await;
-    let fans = followers(&app, star, 20).await;
-    for (_, token) in &fans[..5] {
-        app.get("/api/newsfeeds/", Some(token)).await; // cached, empty
-    }
-    let id = app.tweet(&ts, "to everyone").await["id"].as_i64().unwrap();
-
-    assert!(app.state.worker.run_one().await.unwrap());
+    let (_, fans, id) = star_posts_and_one_runner_starts(&app, 20, 5).await;
     let parts = parts_of(&app, id).await;
     assert_eq!(parts.len(), 2, "8 + 8 queued, 4 done");
     assert_eq!(parts[0].0, None);
@@ -347,18 +358,7 @@ async fn a_big_accounts_fan_out_is_cut_into_parts_of_at_most_eight_batches(db: P
     let (a, b) = (app.state.worker.clone(), app.state.worker.clone());
     let (ran_a, ran_b) = tokio::join!(a.run_until_idle(), b.run_until_idle());
     assert_eq!(ran_a.unwrap() + ran_b.unwrap(), 2);
-    let rows = rows_per_reader(&app, id).await;
-    assert_eq!(rows.len(), 21, "every follower and the author");
-    assert!(rows.iter().all(|(_, n)| *n == 1), "each once: {rows:?}");
-    for (fan, token) in &fans {
-        if let Some(members) = app.cached_members(Timeline::Newsfeed(*fan)).await {
-            assert_eq!(member_tweet(&members[0]), id, "{members:?}");
-        }
-        assert_eq!(
-            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
-            vec![id]
-        );
-    }
+    every_fan_has_it_once(&app, &fans, id).await;
 }
 
 #[test]
