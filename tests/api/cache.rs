@@ -63,14 +63,7 @@ async fn a_newsfeed_is_loaded_once_then_served_and_updated_in_redis(db: PgPool) 
 async fn cached_lists_are_trimmed_to_the_limit_and_paging_continues_in_postgres(db: PgPool) {
     let app = TestApp::with(db, |c| c.cache_list_limit = 10).await;
     let (alice, ta) = app.signup("alice").await;
-    let mut ids = Vec::new();
-    for i in 0..25 {
-        ids.push(
-            app.tweet(&ta, &format!("t{i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let mut ids = app.tweets(&ta, "t", 25).await;
     ids.reverse();
     let listing = format!("/api/tweets/?user_id={alice}");
     app.get(&listing, None).await; // load
@@ -140,14 +133,7 @@ async fn thirty_concurrent_cold_reads_load_once_and_leave_no_duplicates(db: PgPo
 async fn paging_survives_a_cache_flush_in_the_middle(db: PgPool) {
     let app = TestApp::with(db, |c| c.cache_list_limit = 8).await;
     let (alice, ta) = app.signup("alice").await;
-    let mut ids = Vec::new();
-    for i in 0..20 {
-        ids.push(
-            app.tweet(&ta, &format!("t{i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let mut ids = app.tweets(&ta, "t", 20).await;
     ids.reverse();
     let base = format!("/api/tweets/?user_id={alice}&page_size=6");
     let page1 = app.get(&base, None).await.body;

@@ -146,14 +146,7 @@ async fn follow_backfills_and_unfollow_unmerges_the_newsfeed(db: PgPool) {
     let (_, ta) = app.signup("alice").await;
     let (bob, tb) = app.signup("bob").await;
     let mine = app.tweet(&ta, "alice's own").await["id"].as_i64().unwrap();
-    let mut bobs = Vec::new();
-    for i in 0..5 {
-        bobs.push(
-            app.tweet(&tb, &format!("bob {i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let bobs = app.tweets(&tb, "bob ", 5).await;
     app.drain().await;
     // Cache alice's feed before she follows.
     assert_eq!(

@@ -165,6 +165,16 @@ impl TestApp {
         res.body
     }
 
+    /// Posts `n` tweets `"{prefix}0"`, `"{prefix}1"`, … and returns their ids, oldest first.
+    pub async fn tweets(&self, token: &str, prefix: &str, n: usize) -> Vec<i64> {
+        let mut ids = Vec::with_capacity(n);
+        for i in 0..n {
+            let tweet = self.tweet(token, &format!("{prefix}{i}")).await;
+            ids.push(tweet["id"].as_i64().expect("id"));
+        }
+        ids
+    }
+
     /// Comments on a tweet and returns the comment's id.
     pub async fn comment(&self, token: &str, tweet: i64, content: &str) -> i64 {
         let res = self

@@ -487,14 +487,7 @@ async fn a_newsfeed_shows_its_readers_likes_with_few_many_or_no_cached_likes(db:
     let (alice, ta) = app.quick_user("alice").await;
     let (bob, tb) = app.quick_user("bob").await;
     app.follow(&tb, alice).await;
-    let mut ids = Vec::new();
-    for i in 0..12 {
-        ids.push(
-            app.tweet(&ta, &format!("t{i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let ids = app.tweets(&ta, "t", 12).await;
     app.drain().await;
     let liked_in_feed = || async {
         let page = app.get("/api/newsfeeds/", Some(&tb)).await.body;

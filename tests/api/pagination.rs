@@ -12,14 +12,7 @@ async fn setup(app: &TestApp) -> (i64, String, Vec<i64>) {
     let (alice, ta) = app.signup("alice").await;
     let (_, tb) = app.signup("bob").await;
     app.follow(&tb, alice).await;
-    let mut ids = Vec::new();
-    for i in 0..45 {
-        ids.push(
-            app.tweet(&ta, &format!("tweet {i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let mut ids = app.tweets(&ta, "tweet ", 45).await;
     app.drain().await;
     ids.reverse();
     (alice, tb, ids)

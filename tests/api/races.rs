@@ -380,14 +380,7 @@ async fn unfollow_then_quick_refollow_keeps_the_backfilled_tweets(db: PgPool) {
     let (alice, ta) = app.signup("alice").await;
     let (bob, tb) = app.signup("bob").await;
     app.follow(&tb, alice).await;
-    let mut ids = Vec::new();
-    for i in 0..3 {
-        ids.push(
-            app.tweet(&ta, &format!("t{i}")).await["id"]
-                .as_i64()
-                .unwrap(),
-        );
-    }
+    let ids = app.tweets(&ta, "t", 3).await;
     app.drain().await;
     let unfollow = format!("/api/friendships/{alice}/unfollow/");
     assert_eq!(
