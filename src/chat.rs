@@ -916,7 +916,14 @@ async fn cached_after(
     let key = backlog_key(channel);
     let upper = after.saturating_add(limit as i64 + 2);
     match cache
-        .range(key, Some(upper), Some(after), limit + 1, false)
+        .range(
+            key,
+            Some(upper),
+            Some(after),
+            limit + 1,
+            false,
+            Default::default(),
+        )
         .await
     {
         Ok(Some(window)) => {

@@ -3,15 +3,19 @@
 //! new variant with its member codec and its SQL; the read path below does not change.
 //!
 //! The read path (Redis in Action ch. 8's timelines, Mastodon's `FeedManager`):
-//! 1. Read the requested range from the cached sorted set (one round trip, `MULTI`/`EXEC`).
+//! 1. Read the requested range from the cached sorted set (one round trip: a `ZRANGE`, or
+//!    `MULTI`/`EXEC` of two for a page with a lower bound). A page without a lower bound also
+//!    prefetches the counters of the tweets it showed the last time this process served it
+//!    ([`crate::cache::pages`]), in the same round trip.
 //! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
 //!    list, circle or user gets nothing cached), start a load (its generation), load the
 //!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
 //!    `FILL` (refused if anything was written since), and answer from what was loaded.
 //! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the
 //!    viewer's liked set (tweets and authors this process holds in its near cache,
-//!    [`crate::cache::near`], are not asked for); misses with one Postgres query per kind. Entries whose tweet was
-//!    deleted are removed and the read is retried.
+//!    [`crate::cache::near`], and counters prefetched in step 1 are not asked for: a warm page
+//!    that did not change needs no second round trip); misses with one Postgres query per
+//!    kind. Entries whose tweet was deleted are removed and the read is retried.
 //! 4. If the cached window ends before the page does (the list is incomplete and the cursor
 //!    reaches below its floor), continue in Postgres with `created_at < floor`: the list holds
 //!    exactly the items at or above its floor, so the merge neither skips nor repeats.
@@ -24,8 +28,11 @@ use std::sync::atomic::Ordering;
 use sqlx::PgPool;
 
 use crate::cache::lists::{pack_ids, unpack_ids};
-use crate::cache::objects::{Cached, CachedTweet, CachedUser};
-use crate::cache::{Cache, CacheUnavailable, Guard, ListKey, Owner, Scored, Update, Window};
+use crate::cache::objects::{Cached, CachedTweet, CachedUser, Prefetched};
+use crate::cache::pages::PageShape;
+use crate::cache::{
+    Cache, CacheUnavailable, Guard, ListKey, Owner, Prefetch, Scored, Update, Window,
+};
 use crate::model::{Place, TweetCounts, TweetRecord, UserRecord};
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
@@ -443,8 +450,24 @@ async fn read_cached(
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
     // A newsfeed's viewer is its owner: a sample of their liked set comes with the range.
     let owner_likes = matches!((timeline, viewer), (Timeline::Newsfeed(u), Some(v)) if u == v);
+    // The tweets this page showed last time: their counters come with the range ([`pages`]).
+    let shape = PageShape {
+        list: timeline.key(),
+        lt,
+        gt,
+        count: want,
+    };
+    let guess = match (gt, cache.pages()) {
+        (None, Some(pages)) => pages.guess(&shape),
+        _ => Box::default(),
+    };
+    let prefetch = Prefetch {
+        tweets: &guess,
+        // An owner's likes come with the sample above.
+        liked_by: viewer.filter(|_| !owner_likes),
+    };
     let window = match cache
-        .range(timeline.key(), lt, gt, want, owner_likes)
+        .range(timeline.key(), lt, gt, want, owner_likes, prefetch)
         .await?
     {
         Some(w) => {
@@ -468,7 +491,16 @@ async fn read_cached(
         || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
 
     let likes = window.owner_likes.as_deref();
-    let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes).await?;
+    let prefetched = Prefetched {
+        ids: &guess,
+        counts: &window.prefetched,
+        liked: window.prefetched_liked.as_ref(),
+    };
+    let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes, prefetched).await?;
+    if let (None, Some(pages)) = (gt, cache.pages()) {
+        let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
+        pages.remember(shape, &ids);
+    }
     if !gone.is_empty() {
         let members = gone.iter().map(|e| timeline.member(e)).collect();
         // The delete's own outbox row covers these; this only saves the next reader the work.
@@ -512,7 +544,10 @@ async fn load_window(
     let list = timeline.key();
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
     let _loading = flight.acquire().await;
-    if let Some(window) = cache.range(list, lt, gt, want, false).await? {
+    if let Some(window) = cache
+        .range(list, lt, gt, want, false, Prefetch::default())
+        .await?
+    {
         return Ok(window); // another request loaded it while we waited
     }
     if !timeline.owner_exists(db, cache).await? {
@@ -521,7 +556,7 @@ async fn load_window(
             complete: true,
             floor: None,
             items: Vec::new(),
-            owner_likes: None,
+            ..Window::default()
         });
     }
     // Start the load before the snapshot: a write committed after the snapshot bumps the
@@ -547,19 +582,21 @@ async fn load_window(
             .take(want)
             .map(|(_, (_, member))| member)
             .collect(),
-        owner_likes: None,
+        ..Window::default()
     })
 }
 
 /// Hydrates entries from the object caches, falling back to Postgres for misses. Returns the
 /// items in order and the entries whose tweet no longer exists. `viewer_likes`: a sample of
-/// the viewer's liked set, if the range read took one ([`Window::owner_likes`]).
+/// the viewer's liked set, if the range read took one ([`Window::owner_likes`]);
+/// `prefetched`: counters the range read took along ([`Window::prefetched`]).
 async fn hydrate(
     db: &PgPool,
     cache: &Cache,
     entries: &[ListMember],
     viewer: Option<i64>,
     viewer_likes: Option<&[i64]>,
+    prefetched: Prefetched<'_>,
 ) -> Result<(Vec<Item>, Vec<ListMember>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
     let mut author_ids: Vec<i64> = entries.iter().map(|e| e.author_id).collect();
@@ -567,7 +604,7 @@ async fn hydrate(
     author_ids.dedup();
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache
-        .fetch_for_hydration(&ids, &author_ids, viewer, viewer_likes)
+        .fetch_for_hydration(&ids, &author_ids, viewer, viewer_likes, prefetched)
         .await?;
 
     // Everything below is aligned with `ids` (the entries) or with the sorted `author_ids`: a
@@ -677,7 +714,7 @@ pub async fn hydrate_entries(
     viewer: Option<i64>,
 ) -> sqlx::Result<Option<Vec<Item>>> {
     let members: Vec<ListMember> = entries.iter().map(ListMember::from).collect();
-    match hydrate(db, cache, &members, viewer, None).await {
+    match hydrate(db, cache, &members, viewer, None, Prefetched::default()).await {
         Ok((items, _gone)) => Ok(Some(items)),
         Err(ReadError::Cache) => Ok(None),
         Err(ReadError::Db(e)) => Err(e),

@@ -4,8 +4,11 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::cache::objects::LIKED_SAMPLE;
+use crate::cache::objects::{
+    LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, pipe_counts, pipe_liked,
+};
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
+use crate::model::TweetCounts;
 
 /// A list entry to store: `(score = created_at in µs, member bytes)`.
 pub type Scored = (i64, Vec<u8>);
@@ -87,6 +90,22 @@ pub struct Window {
     /// them when it holds fewer), read in the same round trip when the read asked for it
     /// (`with_owner_likes`), for [`Cache::fetch_for_hydration`].
     pub owner_likes: Option<Vec<i64>>,
+    /// The counters of the tweets the read was asked to prefetch (`prefetch`), in that order,
+    /// read in the same round trip (`None`: not cached); empty if none were asked or the read
+    /// had a lower bound (see [`Cache::range`] and [`super::pages`]).
+    pub prefetched: Vec<Option<TweetCounts>>,
+    /// What the liked set of [`Prefetch::liked_by`] says of the prefetched tweets, read in the
+    /// same round trip; `None` if it was not asked.
+    pub prefetched_liked: Option<LikedAmong>,
+}
+
+/// What a range read asks for along with the list, for hydration ([`super::pages`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Prefetch<'a> {
+    /// Tweets whose counters to read (the page's tweets the last time it was served).
+    pub tweets: &'a [i64],
+    /// A viewer whose liked set to ask about them (someone reading another's timeline).
+    pub liked_by: Option<i64>,
 }
 
 impl Window {
@@ -109,7 +128,7 @@ impl Window {
             complete,
             floor,
             items,
-            owner_likes: None,
+            ..Window::default()
         })
     }
 }
@@ -141,6 +160,12 @@ impl Cache {
     /// ([`Window::owner_likes`]): it shares the list's hash tag, and a viewer with fewer likes
     /// than that then needs no `SMISMEMBER` of the page's tweets and its 22 replies (BENCHMARKS.md,
     /// round 8).
+    ///
+    /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
+    /// for their counters, and whether its viewer liked them, in the same round trip
+    /// ([`Window::prefetched`], [`Window::prefetched_liked`]), so that hydration needs no
+    /// second one when the page did not change. Only a page without a lower bound takes them
+    /// (the atomic pair stays within the list's slot).
     pub async fn range(
         &self,
         list: ListKey,
@@ -148,6 +173,7 @@ impl Cache {
         gt: Option<i64>,
         count: usize,
         with_owner_likes: bool,
+        prefetch: Prefetch<'_>,
     ) -> Result<Option<Window>, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
@@ -173,17 +199,32 @@ impl Cache {
                 pipe.cmd("SRANDMEMBER").arg(liked).arg(LIKED_SAMPLE);
             }
         };
+        let (mut prefetched, mut prefetched_liked) = (Vec::new(), None);
+        let ahead = prefetch.tweets;
         if gt.is_none() {
             let mut pipe = redis::pipe();
             members(&mut pipe, "-inf");
             sample(&mut pipe);
-            let (mut items, owner_likes): (Members, Option<Vec<i64>>) = if liked.is_some() {
-                let (items, likes) = self.run(&pipe).await?;
-                (items, Some(likes))
-            } else {
-                let (items,) = self.run(&pipe).await?;
-                (items, None)
+            if !ahead.is_empty() {
+                pipe_counts(&mut pipe, &inner.keys, ahead);
+                if let Some(viewer) = prefetch.liked_by {
+                    pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
+                }
+            }
+            let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
+            let mut next = || replies.next().ok_or(CacheUnavailable);
+            let mut items: Members =
+                redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?;
+            let owner_likes: Option<Vec<i64>> = match liked {
+                Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
+                None => None,
             };
+            if !ahead.is_empty() {
+                prefetched = decode_counts(next()?)?;
+                if prefetch.liked_by.is_some() {
+                    prefetched_liked = Some(decode_liked(ahead, next()?)?);
+                }
+            }
             let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
             if complete || items.len() > count {
                 items.retain(|member| member != MARKER.as_bytes());
@@ -193,6 +234,8 @@ impl Cache {
                     floor: None,
                     items,
                     owner_likes,
+                    prefetched,
+                    prefetched_liked,
                 }));
             }
         }
@@ -216,7 +259,12 @@ impl Cache {
             let (lowest, items) = self.run(&pipe).await?;
             (lowest, items, None)
         };
-        Ok(Window::parse(lowest, items, count).map(|w| Window { owner_likes, ..w }))
+        Ok(Window::parse(lowest, items, count).map(|w| Window {
+            owner_likes,
+            prefetched,
+            prefetched_liked,
+            ..w
+        }))
     }
 
     /// Warns when Redis keeps sorted sets as listpacks only below the cache list limit: full

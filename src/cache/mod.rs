@@ -23,6 +23,7 @@ pub mod lists;
 pub mod near;
 pub mod objects;
 pub mod outbox;
+pub mod pages;
 pub mod pubsub;
 pub mod rank;
 pub mod scripts;
@@ -43,7 +44,7 @@ use redis::{ErrorKind, FromRedisValue, Pipeline, ServerErrorKind};
 use crate::config::{CacheMode, Config};
 pub use conn::{Conn, Session, Wait};
 pub use keys::{Keys, ListKey, Owner};
-pub use lists::{Generation, Scored, Window};
+pub use lists::{Generation, Prefetch, Scored, Window};
 pub use update::{Guard, Repair, Staged, Update};
 
 /// Redis could not be used for this operation (down, timed out, disabled, or marked down).
@@ -68,6 +69,9 @@ pub struct Stats {
     pub fences: AtomicU64,
     /// Times Redis came back into use after being marked down.
     pub recoveries: AtomicU64,
+    /// Timeline pages hydrated without a second Redis round trip: every counter they needed came
+    /// with the range read, prefetched from this process's page memory ([`pages`]).
+    pub prefetched: AtomicU64,
 }
 
 /// What the post-commit step does: a test hook to simulate a crash between a Postgres commit and
@@ -124,6 +128,8 @@ struct Inner {
     after_commit: Mutex<AfterCommit>,
     /// Tweet and user objects in this process's memory ([`near`]).
     objects: Arc<near::Near<objects::NearId, objects::NearObject>>,
+    /// The tweets of the timeline pages this process served last ([`pages`]).
+    pages: pages::PageMemory,
 }
 
 /// Handle to the Redis cache; cheap to clone. With `CHIRP_CACHE=off` it is disabled and every
@@ -210,6 +216,7 @@ impl Cache {
                     Duration::from_secs(config.object_cache_secs),
                     objects::NEAR_CAPACITY,
                 ),
+                pages: pages::PageMemory::default(),
             })),
         })
     }
@@ -249,6 +256,11 @@ impl Cache {
     /// The near cache of tweet and user objects (`None` with the cache off).
     pub fn near_objects(&self) -> Option<&near::Near<objects::NearId, objects::NearObject>> {
         self.inner.as_ref().map(|i| &*i.objects)
+    }
+
+    /// The page memory of timeline reads (`None` with the cache off).
+    pub fn pages(&self) -> Option<&pages::PageMemory> {
+        self.inner.as_ref().map(|i| &i.pages)
     }
 
     /// Lets the near cache of objects listen for evictions on this process's subscriber (call

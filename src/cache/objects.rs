@@ -3,6 +3,7 @@
 //! old profile), bearer tokens (tombstoned on logout) and each user's liked set (`has_liked`).
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
 use crate::cache::counts::Versioned;
 use crate::cache::keys::Object;
@@ -281,6 +282,69 @@ pub enum LikedAmong {
     Liked(HashSet<i64>),
 }
 
+/// Counters read ahead of hydration, in the range read's round trip ([`super::pages`]):
+/// `counts[i]` is what Redis held for tweet `ids[i]` (`None`: not cached). Hydration takes a
+/// counter from here only for a tweet that is on the page; it asks for the others.
+///
+/// `liked`: what the viewer's liked set said of all of `ids`, if the range read asked (a
+/// viewer of someone else's timeline); it answers the page's likes when every tweet of the
+/// page is among `ids`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Prefetched<'a> {
+    pub ids: &'a [i64],
+    pub counts: &'a [Option<TweetCounts>],
+    pub liked: Option<&'a LikedAmong>,
+}
+
+impl Prefetched<'_> {
+    /// What was read ahead for tweet `id`, at position `at` of its page; `None` if it was not.
+    /// The same position first: a page that did not change lists its tweets in the same order.
+    fn get(&self, at: usize, id: i64) -> Option<Option<TweetCounts>> {
+        let i = if self.ids.get(at) == Some(&id) {
+            at
+        } else {
+            self.ids.iter().position(|x| *x == id)?
+        };
+        self.counts.get(i).copied()
+    }
+
+    /// What was read ahead of the viewer's likes, if it covers every one of `tweet_ids`.
+    fn liked_of(&self, tweet_ids: &[i64]) -> Option<LikedAmong> {
+        let liked = self.liked?;
+        tweet_ids
+            .iter()
+            .all(|id| self.ids.contains(id))
+            .then(|| liked.clone())
+    }
+}
+
+/// Decodes the reply of [`pipe_liked`] for `tweet_ids`.
+pub(crate) fn decode_liked(
+    tweet_ids: &[i64],
+    value: redis::Value,
+) -> Result<LikedAmong, CacheUnavailable> {
+    let flags = redis::from_redis_value::<Vec<bool>>(value).map_err(|_| CacheUnavailable)?;
+    Ok(liked_from_flags(tweet_ids, flags))
+}
+
+/// Appends the `MGET` of the counters of `tweet_ids` to `pipe`.
+pub(crate) fn pipe_counts(pipe: &mut redis::Pipeline, keys: &Keys, tweet_ids: &[i64]) {
+    keys.pipe_mget(pipe, Object::TweetCounts, tweet_ids);
+}
+
+/// Decodes the reply of [`pipe_counts`]: a malformed counter is a miss (hydration reads
+/// Postgres for it), a reply of another shape an error.
+pub(crate) fn decode_counts(
+    value: redis::Value,
+) -> Result<Vec<Option<TweetCounts>>, CacheUnavailable> {
+    let values =
+        redis::from_redis_value::<Vec<Option<String>>>(value).map_err(|_| CacheUnavailable)?;
+    Ok(values
+        .into_iter()
+        .map(|v| v.as_deref().and_then(TweetCounts::decode))
+        .collect())
+}
+
 /// Everything one hydration round trip found, in the order asked.
 #[derive(Debug, Default)]
 pub struct Fetched {
@@ -298,7 +362,9 @@ impl Cache {
         &self,
         ids: &[i64],
     ) -> Result<(Vec<Cached<CachedTweet>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
-        let f = self.fetch_for_hydration(ids, &[], None, None).await?;
+        let f = self
+            .fetch_for_hydration(ids, &[], None, None, Prefetched::default())
+            .await?;
         Ok((f.tweets, f.counts))
     }
 
@@ -450,12 +516,16 @@ impl Cache {
     /// (a newsfeed's range read does: [`crate::cache::Window::owner_likes`]); if it is the
     /// whole set, the page's likes come from it ([`liked_from_sample`]) without the
     /// `SMISMEMBER` of the page's tweets.
+    ///
+    /// `prefetched`: counters the range read took along ([`super::pages`]); only the others
+    /// are asked for, and a page that needs nothing else makes no round trip at all.
     pub async fn fetch_for_hydration(
         &self,
         tweet_ids: &[i64],
         user_ids: &[i64],
         viewer: Option<i64>,
         viewer_likes: Option<&[i64]>,
+        prefetched: Prefetched<'_>,
     ) -> Result<Fetched, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
         let near = self.near_objects().ok_or(CacheUnavailable)?;
@@ -493,19 +563,40 @@ impl Cache {
             .map(|(id, _)| *id)
             .collect();
 
+        let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
+            .map(|(at, id)| prefetched.get(at, *id))
+            .collect();
+        let ask_counts: Vec<i64> = (tweet_ids.iter().zip(&counts))
+            .filter(|(_, c)| c.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+
         let mut pipe = redis::pipe();
         if !ask_tweets.is_empty() {
             keys.pipe_mget(&mut pipe, Object::Tweet, &ask_tweets);
         }
-        keys.pipe_mget(&mut pipe, Object::TweetCounts, tweet_ids);
+        if !ask_counts.is_empty() {
+            pipe_counts(&mut pipe, keys, &ask_counts);
+        }
         if !ask_users.is_empty() {
             keys.pipe_mget(&mut pipe, Object::User, &ask_users);
         }
-        let known = viewer_likes.and_then(|sample| liked_from_sample(tweet_ids, sample));
-        if let (Some(v), None) = (viewer, &known) {
+        let known = viewer_likes
+            .and_then(|sample| liked_from_sample(tweet_ids, sample))
+            .or_else(|| prefetched.liked_of(tweet_ids));
+        let ask_liked = matches!((viewer, &known), (Some(_), None));
+        if let (Some(v), true) = (viewer, ask_liked) {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
         }
-        let mut values: Vec<redis::Value> = self.run::<Vec<redis::Value>>(&pipe).await?;
+        let asks = !ask_tweets.is_empty() || !ask_counts.is_empty() || !ask_users.is_empty();
+        let mut values: Vec<redis::Value> = if asks || ask_liked {
+            self.run::<Vec<redis::Value>>(&pipe).await?
+        } else {
+            if let Some(stats) = self.stats() {
+                stats.prefetched.fetch_add(1, Ordering::Relaxed);
+            }
+            Vec::new()
+        };
         values.reverse();
         let mut next = |what: &str| -> Result<redis::Value, CacheUnavailable> {
             values.pop().ok_or_else(|| {
@@ -526,10 +617,13 @@ impl Cache {
                 }
             }
         }
-        let counts = strings(next("counts")?)?
-            .into_iter()
-            .map(|v| v.as_deref().and_then(TweetCounts::decode))
-            .collect();
+        if !ask_counts.is_empty() {
+            let mut asked = decode_counts(next("counts")?)?.into_iter();
+            for c in counts.iter_mut().filter(|c| c.is_none()) {
+                *c = Some(asked.next().flatten());
+            }
+        }
+        let counts = counts.into_iter().map(Option::flatten).collect();
         if !ask_users.is_empty() {
             let mut asked = strings(next("users")?)?.into_iter().zip(&ask_users);
             for u in users.iter_mut().filter(|u| u.is_none()) {
@@ -544,11 +638,7 @@ impl Cache {
         let liked = match (viewer, known) {
             (None, _) => None,
             (Some(_), Some(known)) => Some(known),
-            (Some(_), None) => {
-                let flags = redis::from_redis_value::<Vec<bool>>(next("liked")?)
-                    .map_err(|_| CacheUnavailable)?;
-                Some(liked_from_flags(tweet_ids, flags))
-            }
+            (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
         };
         if !found.is_empty() {
             near.insert(self, lookup, found);
@@ -578,8 +668,8 @@ pub(crate) fn pipe_put_tweet(
         .ignore();
 }
 
-/// `SMISMEMBER liked -1 -2 ids...`.
-fn pipe_liked(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, tweet_ids: &[i64]) {
+/// `SMISMEMBER liked -1 -2 ids...` (decode its reply with [`decode_liked`]).
+pub(crate) fn pipe_liked(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, tweet_ids: &[i64]) {
     pipe.cmd("SMISMEMBER")
         .arg(keys.liked(user))
         .arg(LIKED_MARKER)
@@ -694,6 +784,38 @@ mod tests {
         assert_eq!(eight.len(), LIKED_SAMPLE);
         assert!(liked_from_sample(&page, &eight).is_none());
         assert!(liked_from_sample(&page, &[10]).is_none());
+    }
+
+    #[test]
+    fn prefetched_counters_and_likes_answer_only_for_the_tweets_they_were_read_for() {
+        let c = |likes| TweetCounts {
+            likes,
+            comments: 0,
+            version: 1,
+        };
+        let liked = LikedAmong::Liked([20].into_iter().collect());
+        let ahead = Prefetched {
+            ids: &[30, 20, 10],
+            counts: &[Some(c(3)), None, Some(c(1))],
+            liked: Some(&liked),
+        };
+        // The same page, in the same order.
+        assert_eq!(ahead.get(0, 30), Some(Some(c(3))));
+        assert_eq!(ahead.get(1, 20), Some(None), "read, and not cached");
+        // A new tweet on top moves the others down; it was not read ahead.
+        assert_eq!(ahead.get(0, 40), None);
+        assert_eq!(ahead.get(1, 30), Some(Some(c(3))));
+        assert_eq!(ahead.get(3, 10), Some(Some(c(1))));
+        // A short reply answers nothing for the ids it did not cover.
+        let short = Prefetched {
+            counts: &[Some(c(3))],
+            ..ahead
+        };
+        assert_eq!(short.get(2, 10), None);
+        // Likes answer a page only if every one of its tweets was asked about.
+        assert_eq!(ahead.liked_of(&[30, 20]), Some(liked.clone()));
+        assert_eq!(ahead.liked_of(&[40, 30, 20]), None);
+        assert_eq!(Prefetched::default().liked_of(&[30]), None);
     }
 
     #[test]

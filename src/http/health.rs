@@ -47,6 +47,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "errors": s.errors.load(Ordering::Relaxed),
             "fences": s.fences.load(Ordering::Relaxed),
             "recoveries": s.recoveries.load(Ordering::Relaxed),
+            "prefetched": s.prefetched.load(Ordering::Relaxed),
         })
     });
     let status = if pg_ok {

@@ -2,9 +2,10 @@
 
 use axum::http::StatusCode;
 use chirp::timeline::Timeline;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, member_tweet, page_all, tweet_ids};
+use crate::helpers::{CountsOf, TestApp, member_tweet, page_all, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_newsfeed_is_loaded_once_then_served_and_updated_in_redis(db: PgPool) {
@@ -249,14 +250,7 @@ async fn deleting_a_tweet_removes_it_from_every_cached_list(db: PgPool) {
     app.get(&format!("/api/tweets/?user_id={alice}"), None)
         .await;
 
-    let res = app
-        .request(
-            axum::http::Method::DELETE,
-            &format!("/api/tweets/{gone}/"),
-            Some(&ta),
-            None,
-        )
-        .await;
+    let res = app.delete(&format!("/api/tweets/{gone}/"), Some(&ta)).await;
     assert_eq!(res.status, StatusCode::OK);
     for (id, token) in &readers {
         assert_eq!(
@@ -351,4 +345,96 @@ async fn a_page_spliced_from_cached_json_equals_the_one_built_from_postgres(db: 
     let older = on.get("/api/newsfeeds/", Some(&tb)).await.body;
     assert_eq!(older, off.get("/api/newsfeeds/", Some(&tb)).await.body);
     assert_eq!(older, feed);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_warm_page_takes_its_counters_with_the_range_and_they_stay_exact(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let mut ids = app.tweets(&ta, "t", 3).await;
+    ids.reverse();
+    let listing = format!("/api/tweets/?user_id={alice}");
+    // `(id, field)` of each tweet on the page, as the holder of `token` reads it.
+    let page = async |token: Option<&str>, field: &str| {
+        let body = app.get(&listing, token).await.body;
+        (body["results"].as_array().expect("results").iter())
+            .map(|t| (t["id"].as_i64().unwrap(), t[field].clone()))
+            .collect::<Vec<_>>()
+    };
+    let likes = |page: &[(i64, i64)]| {
+        page.iter()
+            .map(|(id, n)| (*id, json!(n)))
+            .collect::<Vec<_>>()
+    };
+    // Reads the page until one takes every counter it needs with the range.
+    let warm = async |token: Option<&str>, field: &str, expected: Vec<(i64, Value)>| {
+        let before = app.stat("prefetched");
+        for _ in 0..5 {
+            assert_eq!(page(token, field).await, expected);
+            if app.stat("prefetched") > before {
+                return;
+            }
+        }
+        panic!("a warm page never took what it needs with the range");
+    };
+    // The list is loaded, the tweets come into the process's memory, then the page it
+    // remembers is read with its counters in one round trip.
+    warm(
+        None,
+        "likes_count",
+        likes(&[(ids[0], 0), (ids[1], 0), (ids[2], 0)]),
+    )
+    .await;
+
+    // A like between two reads: the counter read with the range is the new one.
+    app.like(&tb, "tweet", ids[1]).await;
+    let before = app.stat("prefetched");
+    let liked_one = likes(&[(ids[0], 0), (ids[1], 1), (ids[2], 0)]);
+    assert_eq!(page(None, "likes_count").await, liked_one);
+    assert_eq!(
+        app.stat("prefetched"),
+        before + 1,
+        "the same page, one round trip"
+    );
+
+    // A counter missing from Redis comes from Postgres, not as zero.
+    let mut r = app.redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(app.counts_key(CountsOf::Tweet(ids[1])))
+        .query_async(&mut r)
+        .await
+        .expect("del");
+    assert_eq!(page(None, "likes_count").await, liked_one);
+
+    // The page changes: the guess is the old page; the new tweet's counter is asked for.
+    let new = app.tweet(&ta, "new").await["id"].as_i64().unwrap();
+    app.like(&tb, "tweet", new).await;
+    let expected = likes(&[(new, 1), (ids[0], 0), (ids[1], 1), (ids[2], 0)]);
+    assert_eq!(page(None, "likes_count").await, expected);
+    assert_eq!(page(None, "likes_count").await, expected);
+    // And a deleted tweet leaves it although the guess still names it.
+    let deleted = app.delete(&format!("/api/tweets/{new}/"), Some(&ta)).await;
+    assert_eq!(deleted.status, StatusCode::OK);
+    assert_eq!(page(None, "likes_count").await, expected[1..]);
+
+    // A logged-in reader's likes come with the range too.
+    let flags = |page: &[(i64, bool)]| {
+        page.iter()
+            .map(|(id, f)| (*id, json!(f)))
+            .collect::<Vec<_>>()
+    };
+    warm(
+        Some(&tb),
+        "has_liked",
+        flags(&[(ids[0], false), (ids[1], true), (ids[2], false)]),
+    )
+    .await;
+    app.like(&tb, "tweet", ids[2]).await;
+    let before = app.stat("prefetched");
+    assert_eq!(
+        page(Some(&tb), "has_liked").await,
+        flags(&[(ids[0], false), (ids[1], true), (ids[2], true)])
+    );
+    assert_eq!(app.stat("prefetched"), before + 1);
 }

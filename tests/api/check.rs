@@ -1,7 +1,7 @@
 //! The consistency checker (`chirp check-cache`): clean after real traffic, and it names every
 //! kind of difference a lost or wrong cache write leaves.
 
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use chirp::cache::AfterCommit;
 use chirp::timeline::Timeline;
 use serde_json::json;
@@ -38,14 +38,7 @@ async fn busy_app(db: PgPool) -> (TestApp, i64, i64, String, String) {
         app.post("/api/comments/", Some(&tb), comment).await.status,
         StatusCode::CREATED
     );
-    let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{gone}/"),
-            Some(&ta),
-            None,
-        )
-        .await;
+    let res = app.delete(&format!("/api/tweets/{gone}/"), Some(&ta)).await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(
         app.post("/api/accounts/logout/", Some(&tc), json!({}))

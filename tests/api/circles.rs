@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use chirp::timeline::Timeline;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -170,12 +170,7 @@ async fn only_members_post_into_a_circle_whose_tweets_are_a_cached_timeline(db: 
         .await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{first}/"),
-            Some(&tb),
-            None,
-        )
+        .delete(&format!("/api/tweets/{first}/"), Some(&tb))
         .await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(tweet_ids(&app.get(&uri, None).await.body), vec![second]);

@@ -73,21 +73,17 @@ async fn comments_are_created_edited_and_deleted_only_by_their_owner(db: PgPool)
     );
 
     assert_eq!(
-        app.request(Method::DELETE, &uri, Some(&ta), None)
-            .await
-            .status,
+        app.delete(&uri, Some(&ta)).await.status,
         StatusCode::FORBIDDEN
     );
     assert_eq!(
         app.get(&format!("/api/tweets/{tweet}/"), None).await.body["comments_count"],
         1
     );
-    let res = app.request(Method::DELETE, &uri, Some(&tb), None).await;
+    let res = app.delete(&uri, Some(&tb)).await;
     assert_eq!(res.body, json!({"success": true}));
     assert_eq!(
-        app.request(Method::DELETE, &uri, Some(&tb), None)
-            .await
-            .status,
+        app.delete(&uri, Some(&tb)).await.status,
         StatusCode::NOT_FOUND
     );
     assert_eq!(
@@ -208,13 +204,8 @@ async fn deleting_a_tweet_deletes_its_comments_likes_and_counters(db: PgPool) {
     app.like(&ta, "comment", comment).await;
     assert!(app.cached_counts(CountsOf::Tweet(tweet)).await.is_some());
 
-    app.request(
-        Method::DELETE,
-        &format!("/api/tweets/{tweet}/"),
-        Some(&ta),
-        None,
-    )
-    .await;
+    app.delete(&format!("/api/tweets/{tweet}/"), Some(&ta))
+        .await;
     let rows: (i64, i64, i64) = sqlx::query_as(
         "select (select count(*) from comments), (select count(*) from tweet_likes), (select count(*) from comment_likes)",
     )
@@ -274,13 +265,8 @@ async fn the_detail_shows_each_comment_and_like_as_they_come_and_go(db: PgPool) 
         seen(app.get(&uri, Some(&tb)).await.body),
         (1, vec!["hello".into()], 1, vec!["bob".into()], true)
     );
-    app.request(
-        Method::DELETE,
-        &format!("/api/comments/{comment}/"),
-        Some(&tb),
-        None,
-    )
-    .await;
+    app.delete(&format!("/api/comments/{comment}/"), Some(&tb))
+        .await;
     app.post(
         "/api/likes/cancel/",
         Some(&tb),

@@ -136,6 +136,10 @@ impl TestApp {
         self.request(Method::GET, uri, token, None).await
     }
 
+    pub async fn delete(&self, uri: &str, token: Option<&str>) -> Res {
+        self.request(Method::DELETE, uri, token, None).await
+    }
+
     pub async fn post(&self, uri: &str, token: Option<&str>, body: Value) -> Res {
         self.request(Method::POST, uri, token, Some(body)).await
     }
@@ -415,6 +419,7 @@ impl TestApp {
             "loads" => &s.loads,
             "fallbacks" => &s.fallbacks,
             "fences" => &s.fences,
+            "prefetched" => &s.prefetched,
             _ => &s.errors,
         };
         counter.load(Ordering::Relaxed)

@@ -1,7 +1,7 @@
 //! Lists: CRUD and membership, list timelines on the cache-aside path, the list jobs, and the
 //! import of SNAP circles as lists.
 
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use chirp::config::ImportArgs;
 use chirp::timeline::Timeline;
 use serde_json::json;
@@ -131,24 +131,14 @@ async fn adding_a_member_backfills_and_removing_one_takes_their_tweets_out(db: P
 
     // Deletes leave the list.
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{by_bob}/"),
-            Some(&tb),
-            None,
-        )
+        .delete(&format!("/api/tweets/{by_bob}/"), Some(&tb))
         .await;
     assert_eq!(res.status, StatusCode::OK);
     assert_eq!(tweet_ids(&app.get(&uri, None).await.body), vec![new, old]);
 
     // Removed: all of her tweets leave, in Postgres and in the cached list.
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/lists/{list}/members/{alice}/"),
-            Some(&owner),
-            None,
-        )
+        .delete(&format!("/api/lists/{list}/members/{alice}/"), Some(&owner))
         .await;
     assert_eq!(res.body, json!({"success": true, "deleted": 1}));
     app.drain().await;
@@ -184,12 +174,7 @@ async fn only_the_owner_changes_a_list_and_bad_input_changes_nothing(db: PgPool)
         .await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/lists/{list}/"),
-            Some(&other),
-            None,
-        )
+        .delete(&format!("/api/lists/{list}/"), Some(&other))
         .await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
     let res = app
@@ -236,12 +221,7 @@ async fn only_the_owner_changes_a_list_and_bad_input_changes_nothing(db: PgPool)
         .body;
     assert_eq!(members["results"][0]["user"]["id"], json!(other_id));
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/lists/{list}/"),
-            Some(&owner),
-            None,
-        )
+        .delete(&format!("/api/lists/{list}/"), Some(&owner))
         .await;
     assert_eq!(res.body, json!({"success": true}));
     assert_eq!(
@@ -362,13 +342,8 @@ async fn timelines_of_unknown_or_deleted_owners_are_a_404_and_cache_nothing(db: 
     }
     assert!(app.cached_members(Timeline::List(list)).await.is_some());
 
-    app.request(
-        Method::DELETE,
-        &format!("/api/lists/{list}/"),
-        Some(&owner),
-        None,
-    )
-    .await;
+    app.delete(&format!("/api/lists/{list}/"), Some(&owner))
+        .await;
     for uri in [
         format!("/api/lists/{list}/timeline/"),
         "/api/lists/999999/timeline/".to_owned(),

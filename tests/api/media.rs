@@ -197,12 +197,7 @@ async fn a_multipart_signup_and_a_tweet_with_three_photos_served_back(db: PgPool
 
     // Deleted with the tweet.
     let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{tid}/"),
-            Some(&token),
-            None,
-        )
+        .delete(&format!("/api/tweets/{tid}/"), Some(&token))
         .await;
     assert_eq!(res.status, StatusCode::OK);
     for url in &urls {

@@ -60,7 +60,7 @@ async fn a_tweet_deleted_on_one_server_is_gone_at_once_from_another_that_held_it
     held_in_memory(&a, &uri).await;
     held_in_memory(&b, &uri).await;
     assert!(holds_tweet(&b, id));
-    let res = a.request(Method::DELETE, &uri, Some(&token), None).await;
+    let res = a.delete(&uri, Some(&token)).await;
     assert!(res.status.is_success(), "{}", res.body);
     // No pause: the delete answered only after both processes forgot the tweet. (Its deleted
     // counts would send a page to Postgres anyway; the memory must not keep it either.)
@@ -98,7 +98,7 @@ async fn a_delete_whose_server_died_before_announcing_it_is_evicted_by_the_relay
     held_in_memory(&b, &uri).await;
     // The deleting process "dies" between its commit and its cache step.
     a.state.cache.set_after_commit(AfterCommit::Crash);
-    let res = a.request(Method::DELETE, &uri, Some(&token), None).await;
+    let res = a.delete(&uri, Some(&token)).await;
     assert!(res.status.is_success(), "{}", res.body);
     a.state.cache.set_after_commit(AfterCommit::Apply);
     assert!(holds_tweet(&b, id), "nothing announced the delete yet");
@@ -134,7 +134,7 @@ async fn a_process_cut_off_from_redis_forgets_its_objects_and_misses_no_delete(d
         a.state.cache.near_objects().expect("cache on").is_empty()
     })
     .await;
-    let res = b.request(Method::DELETE, &uri, Some(&token), None).await;
+    let res = b.delete(&uri, Some(&token)).await;
     assert!(res.status.is_success(), "{}", res.body);
     // A answers from Postgres while Redis is away, and from Redis once it is back: never from
     // the memory that missed the eviction.

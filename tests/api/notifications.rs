@@ -136,13 +136,8 @@ async fn each_verb_notifies_once_and_never_for_your_own_actions(db: PgPool) {
     );
 
     // Deleting the tweet takes its notifications (and its comments') with it.
-    app.request(
-        Method::DELETE,
-        &format!("/api/tweets/{tweet}/"),
-        Some(&ta),
-        None,
-    )
-    .await;
+    app.delete(&format!("/api/tweets/{tweet}/"), Some(&ta))
+        .await;
     let left: Vec<String> = all(&app, &ta, "")
         .await
         .iter()

@@ -33,14 +33,7 @@ async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db
 
     // From here the process "dies" after every commit: Postgres has the writes, Redis does not.
     app.state.cache.set_after_commit(AfterCommit::Crash);
-    let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{old}/"),
-            Some(&ta),
-            None,
-        )
-        .await;
+    let res = app.delete(&format!("/api/tweets/{old}/"), Some(&ta)).await;
     assert_eq!(res.status, StatusCode::OK);
     let new = app.tweet(&ta, "new").await["id"].as_i64().unwrap();
     let res = app
@@ -210,13 +203,7 @@ async fn relayed_repairs_leave_tombstones_and_version_floors_that_slow_readers_c
         .clone();
 
     app.state.cache.set_after_commit(AfterCommit::Crash);
-    app.request(
-        Method::DELETE,
-        &format!("/api/tweets/{id}/"),
-        Some(&ta),
-        None,
-    )
-    .await;
+    app.delete(&format!("/api/tweets/{id}/"), Some(&ta)).await;
     let res = app
         .request(
             Method::PATCH,
@@ -272,7 +259,7 @@ async fn redis_restarted_from_an_old_snapshot_is_fenced_before_it_is_trusted(db:
     );
     server.snapshot().await;
 
-    app.request(Method::DELETE, &detail, Some(&ta), None).await;
+    app.delete(&detail, Some(&ta)).await;
     app.post("/api/accounts/logout/", Some(&tb), json!({}))
         .await;
     assert_eq!(app.get(&detail, None).await.status, StatusCode::NOT_FOUND);
@@ -338,7 +325,7 @@ async fn writes_made_with_the_cache_off_are_not_hidden_by_what_redis_still_holds
         c.redis_prefix = prefix.clone();
     })
     .await;
-    off.request(Method::DELETE, &detail, Some(&ta), None).await;
+    off.delete(&detail, Some(&ta)).await;
     assert!(
         on.raw_get(&on.keys().tweet(id))
             .await

@@ -91,8 +91,8 @@ async fn likes_racing_cancels_and_comment_deletes_racing_tweet_deletes_are_never
             format!("/api/tweets/{tweet}/"),
         );
         let (a, b) = tokio::join!(
-            app.request(Method::DELETE, &comment_uri, Some(&ta), None),
-            app.request(Method::DELETE, &tweet_uri, Some(&ta), None),
+            app.delete(&comment_uri, Some(&ta)),
+            app.delete(&tweet_uri, Some(&ta)),
         );
         assert!(
             [StatusCode::OK, StatusCode::NOT_FOUND].contains(&a.status),
@@ -299,14 +299,7 @@ async fn deleting_a_widely_read_tweet_leaves_the_feeds_to_its_tombstone(db: PgPo
     );
 
     app.state.cache.set_after_commit(AfterCommit::Crash);
-    let res = app
-        .request(
-            Method::DELETE,
-            &format!("/api/tweets/{id}/"),
-            Some(&ts),
-            None,
-        )
-        .await;
+    let res = app.delete(&format!("/api/tweets/{id}/"), Some(&ts)).await;
     assert_eq!(res.status, StatusCode::OK);
     let repairs: i32 = sqlx::query_scalar("select jsonb_array_length(repairs) from cache_outbox")
         .fetch_one(app.db())

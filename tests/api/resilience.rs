@@ -39,14 +39,7 @@ async fn with_redis_down_everything_answers_and_after_it_returns_no_write_is_mis
         .unwrap();
     app.follow(&tb, carol).await;
     app.drain().await;
-    let res = app
-        .request(
-            axum::http::Method::DELETE,
-            &format!("/api/tweets/{old}/"),
-            Some(&ta),
-            None,
-        )
-        .await;
+    let res = app.delete(&format!("/api/tweets/{old}/"), Some(&ta)).await;
     assert_eq!(res.status, StatusCode::OK);
     assert!(!app.state.cache.available());
     let pending: i64 = sqlx::query_scalar("select count(*) from cache_outbox")

@@ -378,12 +378,7 @@ async fn deletes_reach_the_filter_streams_that_matched_and_the_readers_user_stre
     assert_eq!(tweet_ids(&filter.tweets_until(doomed).await), vec![doomed]);
     for id in [other, doomed] {
         let res = app
-            .request(
-                axum::http::Method::DELETE,
-                &format!("/api/tweets/{id}/"),
-                Some(&alice),
-                None,
-            )
+            .delete(&format!("/api/tweets/{id}/"), Some(&alice))
             .await;
         assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     }

@@ -96,10 +96,10 @@ async fn only_the_author_deletes_a_tweet(db: PgPool) {
     let id = app.tweet(&ta, "mine").await["id"].as_i64().unwrap();
     let uri = format!("/api/tweets/{id}/");
     assert_eq!(
-        app.request(Method::DELETE, &uri, None, None).await.status,
+        app.delete(&uri, None).await.status,
         StatusCode::UNAUTHORIZED
     );
-    let res = app.request(Method::DELETE, &uri, Some(&tb), None).await;
+    let res = app.delete(&uri, Some(&tb)).await;
     assert_eq!(res.status, StatusCode::FORBIDDEN);
     assert_eq!(
         res.body,
@@ -107,13 +107,11 @@ async fn only_the_author_deletes_a_tweet(db: PgPool) {
     );
     assert_eq!(app.get(&uri, None).await.status, StatusCode::OK);
 
-    let res = app.request(Method::DELETE, &uri, Some(&ta), None).await;
+    let res = app.delete(&uri, Some(&ta)).await;
     assert_eq!(res.body, json!({"success": true}));
     assert_eq!(app.get(&uri, None).await.status, StatusCode::NOT_FOUND);
     assert_eq!(
-        app.request(Method::DELETE, &uri, Some(&ta), None)
-            .await
-            .status,
+        app.delete(&uri, Some(&ta)).await.status,
         StatusCode::NOT_FOUND
     );
     let profile = app.get(&format!("/api/users/{alice}/"), None).await;
