@@ -450,7 +450,7 @@ async fn read_cached(
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
     // A newsfeed's viewer is its owner: a sample of their liked set comes with the range.
     let owner_likes = matches!((timeline, viewer), (Timeline::Newsfeed(u), Some(v)) if u == v);
-    // The tweets this page showed last time: their counters come with the range ([`pages`]).
+    // What this page showed last time: its counters come with the range (cache/pages.rs).
     let shape = PageShape {
         list: timeline.key(),
         lt,
