@@ -497,9 +497,12 @@ async fn read_cached(
         liked: window.prefetched_liked.as_ref(),
     };
     let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes, prefetched).await?;
-    if let (None, Some(pages)) = (gt, cache.pages()) {
-        let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
-        pages.remember(shape, &ids);
+    // Only a page that changed is stored again (an unchanged one needs no lock nor copy).
+    let page_ids = entries.iter().map(|e| e.tweet_id);
+    if let (None, Some(pages)) = (gt, cache.pages())
+        && !page_ids.clone().eq(guess.iter().copied())
+    {
+        pages.remember(shape, &page_ids.collect::<Vec<_>>());
     }
     if !gone.is_empty() {
         let members = gone.iter().map(|e| timeline.member(e)).collect();
