@@ -5,9 +5,9 @@
 //! persists is reported, so writes in flight do not count.
 //!
 //! What is compared, key by key (see [`crate::cache::keys`]):
-//! - timelines (`:home`, `:tweets`, `{l…}:timeline`, `{c…}:timeline`): a complete list must
-//!   hold exactly the timeline's entries in Postgres; an incomplete one exactly those at or
-//!   above its floor (its lowest score);
+//! - timelines (`{u…}:feed`, `{u…}:posts`, `{l…}:items`, `{c…}:items`): a complete list must
+//!   hold exactly the timeline's entries in Postgres (row id, tweet id and time to the µs); an
+//!   incomplete one exactly those at or above its floor (its lowest entry's time);
 //! - tweet objects: equal to the row, or the tombstone exactly when the row is gone;
 //! - user objects and tweet and user counts: not older than the row's version, and equal at
 //!   the same version (a relay's floor `"{version}|"` is a miss and passes);
@@ -25,6 +25,7 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::cache::counts::Versioned;
+use crate::cache::lists::entry_time;
 use crate::cache::objects::{
     Cached, CachedTweet, LIKED_MARKER, TOMBSTONE, TOO_MANY_MARKER, decode_stored_tweet,
     decode_stored_user,
@@ -79,16 +80,14 @@ fn classify(prefix: &str, key: &str) -> Kind {
     };
     let id = |p: &str| tag.strip_prefix(p).and_then(|n| n.parse::<i64>().ok());
     match (name, tag.as_bytes().first()) {
-        ("home", Some(b'u')) => {
+        ("feed", Some(b'u')) => {
             id("u").map_or(Kind::Other, |u| Kind::Timeline(Timeline::Newsfeed(u)))
         }
-        ("tweets", Some(b'u')) => {
+        ("posts", Some(b'u')) => {
             id("u").map_or(Kind::Other, |u| Kind::Timeline(Timeline::UserTweets(u)))
         }
-        ("timeline", Some(b'l')) => {
-            id("l").map_or(Kind::Other, |l| Kind::Timeline(Timeline::List(l)))
-        }
-        ("timeline", Some(b'c')) => {
+        ("items", Some(b'l')) => id("l").map_or(Kind::Other, |l| Kind::Timeline(Timeline::List(l))),
+        ("items", Some(b'c')) => {
             id("c").map_or(Kind::Other, |c| Kind::Timeline(Timeline::Circle(c)))
         }
         ("tweet", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
@@ -420,14 +419,23 @@ async fn compare_timeline(
     limit: usize,
 ) -> anyhow::Result<Option<String>> {
     let complete = items.iter().any(|(m, _)| m == b"#");
-    let mut cached: Vec<ListEntry> = Vec::with_capacity(items.len());
+    // (row id, tweet id, time in µs) of each entry.
+    let mut cached: Vec<(i64, i64, i64)> = Vec::with_capacity(items.len());
     for (member, score) in items.iter().filter(|(m, _)| m != b"#") {
-        match timeline.parse(member) {
-            Some(m) => cached.push(m.at(crate::time::from_micros(*score))),
+        let entry = timeline
+            .parse(member)
+            .zip(entry_time(*score, member))
+            .map(|(m, at)| (m.id, m.tweet_id, at));
+        match entry {
+            Some(e) => cached.push(e),
             None => return Ok(Some(format!("unreadable member {member:?}"))),
         }
     }
-    let floor = cached.iter().map(|e| e.created_at).min();
+    let floor = cached
+        .iter()
+        .map(|e| e.2)
+        .min()
+        .map(crate::time::from_micros);
     let mut truth = timeline.entries(db, limit.max(cached.len()) + 1).await?;
     if !complete {
         match floor {
@@ -435,8 +443,8 @@ async fn compare_timeline(
             None => truth.clear(),
         }
     }
-    let key = |e: &ListEntry| (e.id, e.tweet_id, e.author_id, e.created_at);
-    let have: HashSet<_> = cached.iter().map(key).collect();
+    let key = |e: &ListEntry| (e.id, e.tweet_id, crate::time::to_micros(e.created_at));
+    let have: HashSet<_> = cached.iter().copied().collect();
     let want: HashSet<_> = truth.iter().map(key).collect();
     let extra = have.difference(&want).count();
     let missing = want.difference(&have).count();
@@ -482,19 +490,19 @@ mod tests {
     fn keys_are_classified_by_tag_and_name() {
         let p = "p";
         assert_eq!(
-            classify(p, "p:{u42}:home"),
+            classify(p, "p:{u42}:feed"),
             Kind::Timeline(Timeline::Newsfeed(42))
         );
         assert_eq!(
-            classify(p, "p:{u42}:tweets"),
+            classify(p, "p:{u42}:posts"),
             Kind::Timeline(Timeline::UserTweets(42))
         );
         assert_eq!(
-            classify(p, "p:{l7}:timeline"),
+            classify(p, "p:{l7}:items"),
             Kind::Timeline(Timeline::List(7))
         );
         assert_eq!(
-            classify(p, "p:{c3}:timeline"),
+            classify(p, "p:{c3}:items"),
             Kind::Timeline(Timeline::Circle(3))
         );
         assert_eq!(classify(p, "p:{t9}:tweet"), Kind::Tweet(9));
@@ -506,7 +514,7 @@ mod tests {
             classify(p, "p:{kab01}:token"),
             Kind::Token(vec![0xab, 0x01])
         );
-        assert_eq!(classify(p, "p:{u42}:home:gen"), Kind::Other);
+        assert_eq!(classify(p, "p:{u42}:feed:gen"), Kind::Other);
         assert_eq!(classify(p, "p:{ch5}:msgs"), Kind::Other);
         assert_eq!(classify(p, "p:{c3d20261122}:rank"), Kind::Other);
         assert_eq!(classify(p, "p:epoch"), Kind::Other);

@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::lists::{pack_ids, unpack_ids};
+use crate::cache::lists::{pack_member, split_time, unpack_entry};
 use crate::cache::objects::{Cached, CachedTweet, CachedUser, Prefetched};
 use crate::cache::pages::PageShape;
 use crate::cache::{
@@ -52,53 +52,50 @@ pub enum Timeline {
 }
 
 impl Timeline {
-    /// The cached list of this timeline (`{p}:{u42}:home`, `{p}:{u42}:tweets`,
-    /// `{p}:{l7}:timeline`, `{p}:{c3}:timeline`). The names of the lists with packed members
-    /// changed with their encoding, so lists of the older text encoding are never read (they
-    /// expire with their TTL).
+    /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:posts`,
+    /// `{p}:{l7}:items`, `{p}:{c3}:items`), in the split-time layout
+    /// ([`crate::cache::lists::pack_entry`]). The names changed with each change of encoding,
+    /// so lists of an older one are never read (they expire with their TTL).
     pub fn key(self) -> ListKey {
         match self {
-            Timeline::Newsfeed(user) => ListKey::new(Owner::User(user), "home"),
-            Timeline::UserTweets(user) => ListKey::new(Owner::User(user), "tweets"),
-            Timeline::List(list) => ListKey::new(Owner::List(list), "timeline"),
-            Timeline::Circle(circle) => ListKey::new(Owner::Circle(circle), "timeline"),
+            Timeline::Newsfeed(user) => ListKey::timeline(Owner::User(user), "feed"),
+            Timeline::UserTweets(user) => ListKey::timeline(Owner::User(user), "posts"),
+            Timeline::List(list) => ListKey::timeline(Owner::List(list), "items"),
+            Timeline::Circle(circle) => ListKey::timeline(Owner::Circle(circle), "items"),
         }
     }
 
-    /// The member of `entry` in this timeline's list: [`pack_ids`] of `(newsfeed_id, tweet_id,
-    /// author_id)` in a newsfeed and of `(tweet_id, author_id)` in a list or circle; the
-    /// decimal `tweet_id` in a user's tweets (the author is the list's owner; Redis stores an
-    /// integer-looking member as an integer in a listpack).
+    /// The member of `entry` in this timeline's list ([`pack_member`]): its sub-second part,
+    /// then the newsfeed row id and the tweet id in a newsfeed, the tweet id in any other
+    /// timeline. No author: hydration takes it from the tweet (near-cached on a warm page).
     pub fn member(self, entry: impl Into<ListMember>) -> Vec<u8> {
         let entry: ListMember = entry.into();
         match self {
-            Timeline::Newsfeed(_) => pack_ids(&[entry.id, entry.tweet_id, entry.author_id]),
-            Timeline::UserTweets(_) => entry.tweet_id.to_string().into_bytes(),
-            Timeline::List(_) | Timeline::Circle(_) => pack_ids(&[entry.tweet_id, entry.author_id]),
+            Timeline::Newsfeed(_) => pack_member(entry.sub_micros, &[entry.id, entry.tweet_id]),
+            Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
+                pack_member(entry.sub_micros, &[entry.tweet_id])
+            }
         }
     }
 
     /// Decodes a member of this timeline's list; `None` for the marker or a member of another
-    /// encoding. (Its score, the item's time, is not read: hydration takes it from the tweet.)
+    /// encoding. (Its score, the item's second, is not read: hydration takes the time from the
+    /// tweet.)
     pub fn parse(self, member: &[u8]) -> Option<ListMember> {
-        let (id, tweet_id, author_id) = match self {
+        let (sub_micros, id, tweet_id) = match self {
             Timeline::Newsfeed(_) => {
-                let [id, tweet_id, author_id] = unpack_ids::<3>(member)?;
-                (id, tweet_id, author_id)
+                let (sub, [id, tweet_id]) = unpack_entry::<2>(member)?;
+                (sub, id, tweet_id)
             }
-            Timeline::UserTweets(owner) => {
-                let id = std::str::from_utf8(member).ok()?.parse().ok()?;
-                (id, id, owner)
-            }
-            Timeline::List(_) | Timeline::Circle(_) => {
-                let [tweet_id, author_id] = unpack_ids::<2>(member)?;
-                (tweet_id, tweet_id, author_id)
+            Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
+                let (sub, [tweet_id]) = unpack_entry::<1>(member)?;
+                (sub, tweet_id, tweet_id)
             }
         };
         Some(ListMember {
             id,
             tweet_id,
-            author_id,
+            sub_micros,
         })
     }
 
@@ -119,7 +116,8 @@ impl Timeline {
 
     /// `(score, member)` of an entry, for merges and fills.
     pub fn scored(self, entry: &ListEntry) -> Scored {
-        (time::to_micros(entry.created_at), self.member(entry))
+        let (score, _) = split_time(time::to_micros(entry.created_at));
+        (score, self.member(entry))
     }
 
     /// The newest `limit` entries from Postgres (to fill the cache).
@@ -188,32 +186,22 @@ pub struct ListEntry {
     /// The newsfeed row id (newsfeeds) or the tweet id (every other timeline).
     pub id: i64,
     pub tweet_id: i64,
-    /// The tweet's author, so hydration can fetch tweet and author in the same round trip.
+    /// The tweet's author (the cached member leaves it out: hydration reads it from the tweet).
     pub author_id: i64,
     pub created_at: Timestamp,
 }
 
-/// What the member of a cached list entry encodes: a [`ListEntry`] without its time. Every
-/// timeline entry's time is its tweet's `created_at` (the list's score), so a cached page takes
-/// it from the hydrated tweet instead of asking Redis for the scores.
+/// What the member of a cached list entry encodes: a [`ListEntry`] without its author and
+/// with only the sub-second part of its time. Every timeline entry's time is its tweet's
+/// `created_at`, so a cached page takes it from the hydrated tweet instead of asking Redis for
+/// the scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListMember {
     /// See [`ListEntry::id`].
     pub id: i64,
     pub tweet_id: i64,
-    pub author_id: i64,
-}
-
-impl ListMember {
-    /// The entry of this member at `created_at` (its score).
-    pub fn at(self, created_at: Timestamp) -> ListEntry {
-        ListEntry {
-            id: self.id,
-            tweet_id: self.tweet_id,
-            author_id: self.author_id,
-            created_at,
-        }
-    }
+    /// The µs of `created_at` past its whole second (0–999,999).
+    pub sub_micros: u32,
 }
 
 impl From<&ListEntry> for ListMember {
@@ -221,7 +209,7 @@ impl From<&ListEntry> for ListMember {
         ListMember {
             id: e.id,
             tweet_id: e.tweet_id,
-            author_id: e.author_id,
+            sub_micros: split_time(time::to_micros(e.created_at)).1,
         }
     }
 }
@@ -576,7 +564,7 @@ async fn load_window(
         floor: if complete {
             None
         } else {
-            scored.last().map(|(score, _)| *score)
+            entries.last().map(|e| time::to_micros(e.created_at))
         },
         items: entries
             .iter()
@@ -602,13 +590,11 @@ async fn hydrate(
     prefetched: Prefetched<'_>,
 ) -> Result<(Vec<Item>, Vec<ListMember>), ReadError> {
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
-    let mut author_ids: Vec<i64> = entries.iter().map(|e| e.author_id).collect();
-    author_ids.sort_unstable();
-    author_ids.dedup();
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache
-        .fetch_for_hydration(&ids, &author_ids, viewer, viewer_likes, prefetched)
+        .fetch_for_hydration(&ids, true, viewer, viewer_likes, prefetched)
         .await?;
+    let mut author_ids = fetched.authors;
 
     // Everything below is aligned with `ids` (the entries) or with the sorted `author_ids`: a
     // page is at most a few dozen items, so positions and binary search beat hashing.
@@ -652,14 +638,20 @@ async fn hydrate(
         .into_iter()
         .map(|u| u.map(AuthorBody::Cached))
         .collect();
-    authors.resize(author_ids.len(), None);
+    // The authors of tweets loaded from Postgres were not known to the pipeline.
+    for (tweet, _) in tweets.iter().flatten() {
+        if let Err(at) = author_ids.binary_search(&tweet.user_id()) {
+            author_ids.insert(at, tweet.user_id());
+            authors.insert(at, None);
+        }
+    }
     let missing_authors: Vec<i64> = author_ids
         .iter()
         .zip(&authors)
         .filter(|(_, a)| a.is_none())
         .map(|(id, _)| *id)
         .collect();
-    // Misses were found in the pipeline above: go straight to Postgres for them.
+    // Misses were asked of Redis above: go straight to Postgres for them.
     for (id, user) in users::load_uncached(db, cache, &missing_authors).await? {
         if let Ok(i) = author_ids.binary_search(&id) {
             authors[i] = Some(AuthorBody::Record(Box::new(user)));

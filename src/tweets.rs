@@ -429,7 +429,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         },
         Update::Remove {
             list: own.key(),
-            members: vec![own.member(&entry_of(id, id, me))],
+            members: vec![own.member(&entry_of(id, id, &tweet))],
         },
     ];
     updates.extend(circles::deleted_updates(&tweet));
@@ -440,7 +440,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
             .chain(lists.into_iter().map(|list| (Timeline::List(list), id)));
         updates.extend(feeds.map(|(timeline, entry_id)| Update::Remove {
             list: timeline.key(),
-            members: vec![timeline.member(&entry_of(entry_id, id, me))],
+            members: vec![timeline.member(&entry_of(entry_id, id, &tweet))],
         }));
     }
     let staged = cache.stage(&mut tx, &updates).await?;
@@ -450,12 +450,14 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     Ok(tweet)
 }
 
-fn entry_of(id: i64, tweet_id: i64, author_id: i64) -> ListEntry {
+/// The list entry `id` (a newsfeed row, or the tweet itself) of `tweet`: its member holds the
+/// sub-second part of the tweet's time.
+fn entry_of(id: i64, tweet_id: i64, tweet: &TweetRecord) -> ListEntry {
     ListEntry {
         id,
         tweet_id,
-        author_id,
-        created_at: Timestamp::default(),
+        author_id: tweet.user_id,
+        created_at: tweet.created_at,
     }
 }
 

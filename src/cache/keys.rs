@@ -6,16 +6,17 @@
 //!
 //! Timeline lists fit Redis's compact listpack encoding when Redis runs with
 //! `zset-max-listpack-entries` above `CHIRP_CACHE_LIST_LIMIT` (`scripts/services` starts Redis
-//! with 1025; see the README's operator notes): about 30 bytes per newsfeed entry instead of 110.
+//! with 1025; see the README's operator notes): about 23 bytes per imported newsfeed entry
+//! instead of 110.
 //!
-//! [`pack_ids`]: super::lists::pack_ids
+//! [`pack_entry`]: super::lists::pack_entry
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `{p}:{u42}:home` | sorted set | user 42's newsfeed: member [`pack_ids`]`(newsfeed_id, tweet_id, author_id)` (binary), score = `created_at` in µs |
-//! | `{p}:{u42}:tweets` | sorted set | user 42's own tweets: member `"{tweet_id}"`, score = `created_at` in µs |
-//! | `{p}:{l7}:timeline` | sorted set | list 7's timeline: member [`pack_ids`]`(tweet_id, author_id)`, score = `created_at` in µs |
-//! | `{p}:{c3}:timeline` | sorted set | circle 3's tweets: member [`pack_ids`]`(tweet_id, author_id)`, score = `created_at` in µs |
+//! | `{p}:{u42}:feed` | sorted set | user 42's newsfeed: [`pack_entry`]`(created_at, [newsfeed_id, tweet_id])`: score = whole seconds since 2000, member = the µs within the second, then the packed ids |
+//! | `{p}:{u42}:posts` | sorted set | user 42's own tweets: [`pack_entry`]`(created_at, [tweet_id])` |
+//! | `{p}:{l7}:items` | sorted set | list 7's timeline: [`pack_entry`]`(created_at, [tweet_id])` |
+//! | `{p}:{c3}:items` | sorted set | circle 3's tweets: [`pack_entry`]`(created_at, [tweet_id])` |
 //! | `{p}:{c3d20261122}:rank` | sorted set | circle 3's rank of 2026-11-22 (UTC): member `"{created_at µs, 17 digits}:{tweet_id}:{author_id}"`, score = likes + comments |
 //! | `{p}:{ch5}:msgs` | sorted set | chat channel 5's recent backlog: member `"{id}\|{user_id}\|{created_at µs}\|{content}"`, score = message id |
 //! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
@@ -79,14 +80,31 @@ impl fmt::Display for Owner {
 pub struct ListKey {
     /// The owner (the hash tag).
     pub owner: Owner,
-    /// The collection's name after the hash tag (`feed`, `tweets`, `liked`, `rank`).
+    /// The collection's name after the hash tag (`feed`, `posts`, `items`, `liked`, `rank`).
     pub name: &'static str,
+    /// A timeline list in the split-time layout: scores are whole seconds and each member
+    /// starts with its sub-second part ([`super::lists::pack_entry`]). Other sorted sets (a
+    /// chat backlog) are ordered by their score alone.
+    pub split_time: bool,
 }
 
 impl ListKey {
-    /// The collection `name` of `owner`.
+    /// The collection `name` of `owner`, ordered by its score alone.
     pub const fn new(owner: Owner, name: &'static str) -> Self {
-        ListKey { owner, name }
+        ListKey {
+            owner,
+            name,
+            split_time: false,
+        }
+    }
+
+    /// The timeline list `name` of `owner`, in the split-time layout ([`ListKey::split_time`]).
+    pub const fn timeline(owner: Owner, name: &'static str) -> Self {
+        ListKey {
+            owner,
+            name,
+            split_time: true,
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use crate::cache::objects::{
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 use crate::model::TweetCounts;
 
-/// A list entry to store: `(score = created_at in µs, member bytes)`.
+/// A list entry to store: `(score, member bytes)`; a timeline's score is the whole second of
+/// its item ([`pack_entry`]), a chat backlog's the message id.
 pub type Scored = (i64, Vec<u8>);
 
 /// List members as Redis returns them, in its order.
@@ -20,18 +21,19 @@ type Members = Vec<Vec<u8>>;
 /// see [`scripts`].
 pub const MARKER: &str = "#";
 
-/// Packs positive ids into one compact binary list member (Twitter kept its timeline entries as
-/// packed binary too, at 20 bytes each): a header byte, then each id big-endian in as few bytes
-/// as it needs (1–8). The header holds `length − 1` of every id but the last in 3-bit fields
-/// (so at most three ids); the last id's length is what remains. A member is at least two bytes,
-/// so it never equals the completeness marker `#`.
-///
-/// In a listpack-encoded sorted set a member costs its length plus two bytes: a newsfeed entry
-/// of (row id 5,781,487, a 64-bit Twitter tweet id, author 568,770,231) is 16 bytes instead of
-/// the 37 of its decimal text.
+/// Packs positive ids into compact binary (Twitter kept its timeline entries as packed binary
+/// too, at 20 bytes each): a header byte, then each id big-endian in as few bytes as it needs
+/// (1–8). The header holds `length − 1` of every id but the last in 3-bit fields (so at most
+/// three ids, and its top two bits are clear); the last id's length is what remains.
 pub fn pack_ids(ids: &[i64]) -> Vec<u8> {
-    debug_assert!((1..=3).contains(&ids.len()));
     let mut out = Vec::with_capacity(1 + 8 * ids.len());
+    pack_ids_into(&mut out, ids);
+    out
+}
+
+fn pack_ids_into(out: &mut Vec<u8>, ids: &[i64]) {
+    debug_assert!((1..=3).contains(&ids.len()));
+    let at = out.len();
     out.push(0);
     let mut header = 0u8;
     for (i, id) in ids.iter().enumerate() {
@@ -42,11 +44,10 @@ pub fn pack_ids(ids: &[i64]) -> Vec<u8> {
         }
         out.extend_from_slice(&bytes[skip..]);
     }
-    out[0] = header;
-    out
+    out[at] = header;
 }
 
-/// Unpacks a member of [`pack_ids`] holding exactly `N` ids; `None` for anything else.
+/// Unpacks [`pack_ids`] holding exactly `N` ids; `None` for anything else.
 pub fn unpack_ids<const N: usize>(member: &[u8]) -> Option<[i64; N]> {
     let (&header, mut rest) = member.split_first()?;
     let mut ids = [0i64; N];
@@ -66,6 +67,75 @@ pub fn unpack_ids<const N: usize>(member: &[u8]) -> Option<[i64; N]> {
     Some(ids)
 }
 
+/// The second (Unix time) that a timeline score 0 stands for: 2000-01-01T00:00:00Z. Scores are
+/// whole seconds since then, which Redis keeps in a listpack as a 32-bit integer (6 bytes with
+/// its entry header, against 10 for a µs timestamp) until 2068.
+pub const SCORE_EPOCH_SECS: i64 = 946_684_800;
+
+const MICROS: i64 = 1_000_000;
+
+/// Splits a time in µs into its timeline score (whole seconds since [`SCORE_EPOCH_SECS`]) and
+/// its sub-second part (0–999,999 µs).
+pub fn split_time(micros: i64) -> (i64, u32) {
+    let sub = micros.rem_euclid(MICROS);
+    // 0 ≤ sub < 10^6 fits a u32.
+    (
+        micros.div_euclid(MICROS) - SCORE_EPOCH_SECS,
+        u32::try_from(sub).unwrap_or(0),
+    )
+}
+
+/// The list entry of an item at `micros` naming `ids`, in the split-time layout: the score is
+/// the item's whole second ([`split_time`]) and the member starts with its sub-second part,
+/// then [`pack_ids`]. An item on a whole second (every imported tweet: Twitter's times are in
+/// seconds) spends nothing on it, as the header byte's top bit is clear; any other starts with
+/// three bytes `0x80 | µs >> 16, µs >> 8, µs` instead. Redis orders the members of one score
+/// by their bytes, so the list's order is the items' order in µs, and a page is read with
+/// `BYSCORE` ranges plus the members of a boundary second ([`Cache::range`]).
+///
+/// A newsfeed entry of the imported data (row id 5,781,487 and a 64-bit Twitter tweet id) is a
+/// 12-byte member and a 32-bit score: 20 bytes in a listpack, against 28 for the µs score and
+/// the author's id the layout before it held (BENCHMARKS.md, round 10).
+pub fn pack_entry(micros: i64, ids: &[i64]) -> Scored {
+    let (score, sub) = split_time(micros);
+    (score, pack_member(sub, ids))
+}
+
+/// The member of [`pack_entry`] for an item `sub` µs into its second (below 1,000,000).
+pub fn pack_member(sub: u32, ids: &[i64]) -> Vec<u8> {
+    let mut member = Vec::with_capacity(4 + 8 * ids.len());
+    if sub > 0 {
+        let [_, hi, mid, lo] = sub.to_be_bytes();
+        member.extend_from_slice(&[0x80 | (hi & 0x7f), mid, lo]);
+    }
+    pack_ids_into(&mut member, ids);
+    member
+}
+
+/// The sub-second part (µs) a member of [`pack_entry`] starts with, and the rest of it.
+fn split_member(member: &[u8]) -> Option<(u32, &[u8])> {
+    match member {
+        [first, ..] if *first < 0x80 => Some((0, member)),
+        [hi, mid, lo, rest @ ..] => Some((u32::from_be_bytes([0, hi & 0x7f, *mid, *lo]), rest)),
+        _ => None,
+    }
+}
+
+/// Unpacks a member of [`pack_entry`] naming exactly `N` ids: its sub-second part (µs) and
+/// the ids; `None` for the completeness marker or anything else.
+pub fn unpack_entry<const N: usize>(member: &[u8]) -> Option<(u32, [i64; N])> {
+    let (sub, rest) = split_member(member)?;
+    Some((sub, unpack_ids::<N>(rest)?))
+}
+
+/// The time (µs) of an entry of [`pack_entry`] from its score and member.
+pub fn entry_time(score: i64, member: &[u8]) -> Option<i64> {
+    let (sub, _) = split_member(member)?;
+    (score + SCORE_EPOCH_SECS)
+        .checked_mul(MICROS)?
+        .checked_add(i64::from(sub))
+}
+
 /// The generations a loader saw before its Postgres snapshot (`"w:r"`, from
 /// [`scripts::BEGIN_LOAD`]); [`Cache::fill`] stores the load only if they are unchanged.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,7 +146,8 @@ pub struct Generation(pub(crate) String);
 pub struct Window {
     /// The list holds every item, not only the newest window.
     pub complete: bool,
-    /// The lowest score (µs) an incomplete list holds: it has every item at or above it.
+    /// The time (µs; a chat backlog: the message id) of an incomplete list's lowest entry: it
+    /// has every item at or above it.
     /// `None` on an incomplete list when the window is a full page of `count` items read
     /// without the floor (a page without a lower bound: see [`Cache::range`]); the list then
     /// holds every item down to the lowest of them.
@@ -108,33 +179,126 @@ pub struct Prefetch<'a> {
     pub liked_by: Option<i64>,
 }
 
-impl Window {
-    /// The window from the replies of [`Cache::range`]'s two `ZRANGE`s: the lowest entry with
-    /// its score (the completeness marker `#`, or the floor), then up to `count + 1` members in
-    /// range (one more, as the marker may be among them).
-    fn parse(lowest: Vec<Vec<u8>>, items: Vec<Vec<u8>>, count: usize) -> Option<Self> {
-        let mut lowest = lowest.into_iter();
-        let first = lowest.next()?; // an empty reply: the list is not cached
-        let complete = first == MARKER.as_bytes();
-        let floor = if complete {
-            None
-        } else {
-            lowest.next().and_then(|f| parse_score(&f))
+/// How a range read asks for the members strictly between `gt` and `lt` (µs), newest first.
+///
+/// A list ordered by its score alone takes one `ZRANGE max min BYSCORE REV LIMIT`. A timeline
+/// in the split-time layout ([`pack_entry`]) scores whole seconds, so the `ZRANGE` covers the
+/// whole seconds strictly inside the bounds, and a bound inside a second also reads that
+/// second's members (`ZRANGE s s BYSCORE REV`; a handful, at most the list's limit) and keeps
+/// those inside the bound by their sub-second prefix. A cursor on a whole second (every
+/// imported tweet's time) needs no such read: the page stays one `ZRANGE`.
+struct Bounds {
+    split_time: bool,
+    lt: Option<i64>,
+    gt: Option<i64>,
+    /// `ZRANGE`'s max and min.
+    max: String,
+    min: String,
+    /// The second `lt` falls inside, if its members are read whole.
+    upper: Option<i64>,
+    /// The second `gt` falls inside (below `upper`), if its members are read whole.
+    lower: Option<i64>,
+}
+
+impl Bounds {
+    fn new(split_time: bool, lt: Option<i64>, gt: Option<i64>) -> Self {
+        let bound = |v: Option<i64>, open: &str| match v {
+            Some(v) if split_time => format!("({}", self::split_time(v).0),
+            Some(v) => format!("({v}"),
+            None => open.to_owned(),
         };
-        let mut items = items;
-        items.retain(|member| member != MARKER.as_bytes());
-        items.truncate(count);
-        Some(Window {
-            complete,
-            floor,
-            items,
-            ..Window::default()
-        })
+        let (max, min) = (bound(lt, "+inf"), bound(gt, "-inf"));
+        let (mut upper, mut lower) = (None, None);
+        if split_time {
+            let (l, g) = (lt.map(self::split_time), gt.map(self::split_time));
+            // The second of `lt` holds items below it unless `lt` is on the whole second;
+            // the second of `gt` holds items above it unless `gt` is its last µs.
+            upper = l.filter(|(s, sub)| *sub > 0 && g.is_none_or(|(gs, _)| gs <= *s));
+            lower = g.filter(|(s, sub)| *sub < 999_999 && l.is_none_or(|(ls, _)| *s < ls));
+        }
+        Bounds {
+            split_time,
+            lt,
+            gt,
+            max,
+            min,
+            upper: upper.map(|(s, _)| s),
+            lower: lower.map(|(s, _)| s),
+        }
+    }
+
+    /// Adds the reads: the upper edge's second, the `ZRANGE … LIMIT 0 count+1` of the whole
+    /// seconds (one more, as the completeness marker may be among them), the lower edge's.
+    fn pipe_members(&self, pipe: &mut redis::Pipeline, key: &str, count: usize) {
+        let edge = |pipe: &mut redis::Pipeline, s: i64| {
+            pipe.cmd("ZRANGE")
+                .arg(key)
+                .arg(s)
+                .arg(s)
+                .arg("BYSCORE")
+                .arg("REV");
+        };
+        if let Some(s) = self.upper {
+            edge(pipe, s);
+        }
+        pipe.cmd("ZRANGE")
+            .arg(key)
+            .arg(&self.max)
+            .arg(&self.min)
+            .arg("BYSCORE")
+            .arg("REV")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(count + 1);
+        if let Some(s) = self.lower {
+            edge(pipe, s);
+        }
+    }
+
+    /// The members in range, newest first, from the replies of [`Bounds::pipe_members`].
+    fn members(
+        &self,
+        replies: &mut impl Iterator<Item = redis::Value>,
+    ) -> Result<Members, CacheUnavailable> {
+        let mut next = || -> Result<Members, CacheUnavailable> {
+            let value = replies.next().ok_or(CacheUnavailable)?;
+            redis::from_redis_value(value).map_err(|_| CacheUnavailable)
+        };
+        let mut items = Vec::new();
+        if let Some(s) = self.upper {
+            items.extend(next()?.into_iter().filter(|m| self.inside(s, m)));
+        }
+        let whole = next()?;
+        if items.is_empty() {
+            items = whole;
+        } else {
+            items.extend(whole);
+        }
+        if let Some(s) = self.lower {
+            items.extend(next()?.into_iter().filter(|m| self.inside(s, m)));
+        }
+        Ok(items)
+    }
+
+    /// Whether a member of the second `score` lies strictly inside the bounds.
+    fn inside(&self, score: i64, member: &[u8]) -> bool {
+        entry_time(score, member)
+            .is_some_and(|t| self.lt.is_none_or(|lt| t < lt) && self.gt.is_none_or(|gt| t > gt))
+    }
+
+    /// The time (µs) of the entry `member` with the score `score` (a reply's text).
+    fn time_of(&self, member: &[u8], score: &[u8]) -> Option<i64> {
+        let score = parse_score(score)?;
+        if self.split_time {
+            entry_time(score, member)
+        } else {
+            Some(score)
+        }
     }
 }
 
 fn parse_score(s: &[u8]) -> Option<i64> {
-    // Scores are µs timestamps, exact in a double (< 2^53).
+    // Scores are integers exact in a double (< 2^53): whole seconds, message ids.
     std::str::from_utf8(s)
         .ok()?
         .parse::<f64>()
@@ -144,8 +308,10 @@ fn parse_score(s: &[u8]) -> Option<i64> {
 }
 
 impl Cache {
-    /// Reads the members of the newest `count` entries strictly between `gt` and `lt` (µs) of a
-    /// cached list in one round trip. `Ok(None)`: the list is not cached.
+    /// Reads the members of the newest `count` entries strictly between `gt` and `lt` (µs; a
+    /// chat backlog: message ids) of a cached list in one round trip. `Ok(None)`: the list is
+    /// not cached. A timeline's bounds inside a second also read that second's members
+    /// (`Bounds`, below).
     ///
     /// A page without a lower bound (`gt` unset: a first page, or one below a cursor) first asks
     /// for its `count + 1` newest members alone: their lowest is the completeness marker when
@@ -181,19 +347,7 @@ impl Cache {
             Owner::User(user) if with_owner_likes => Some(inner.keys.liked(user)),
             _ => None,
         };
-        let max = lt.map_or_else(|| "+inf".to_owned(), |v| format!("({v}"));
-        // `ZRANGE key max min BYSCORE REV LIMIT 0 count+1`: the members of the page.
-        let members = |pipe: &mut redis::Pipeline, min: &str| {
-            pipe.cmd("ZRANGE")
-                .arg(&key)
-                .arg(&max)
-                .arg(min)
-                .arg("BYSCORE")
-                .arg("REV")
-                .arg("LIMIT")
-                .arg(0)
-                .arg(count + 1);
-        };
+        let bounds = Bounds::new(list.split_time, lt, gt);
         let sample = |pipe: &mut redis::Pipeline| {
             if let Some(liked) = &liked {
                 pipe.cmd("SRANDMEMBER").arg(liked).arg(LIKED_SAMPLE);
@@ -203,7 +357,7 @@ impl Cache {
         let ahead = prefetch.tweets;
         if gt.is_none() {
             let mut pipe = redis::pipe();
-            members(&mut pipe, "-inf");
+            bounds.pipe_members(&mut pipe, &key, count);
             sample(&mut pipe);
             if !ahead.is_empty() {
                 pipe_counts(&mut pipe, &inner.keys, ahead);
@@ -212,9 +366,8 @@ impl Cache {
                 }
             }
             let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
+            let mut items = bounds.members(&mut replies)?;
             let mut next = || replies.next().ok_or(CacheUnavailable);
-            let mut items: Members =
-                redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?;
             let owner_likes: Option<Vec<i64>> = match liked {
                 Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
                 None => None,
@@ -239,9 +392,8 @@ impl Cache {
                 }));
             }
         }
-        // MULTI/EXEC of two plain reads: atomic like a script, at about half the Redis CPU of
-        // the Lua script it replaces (measured: `INFO commandstats`, BENCHMARKS.md).
-        let min = gt.map_or_else(|| "-inf".to_owned(), |v| format!("({v}"));
+        // MULTI/EXEC of plain reads: atomic like a script, at about half the Redis CPU of the
+        // Lua script it replaces (measured: `INFO commandstats`, BENCHMARKS.md).
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("ZRANGE")
@@ -249,21 +401,41 @@ impl Cache {
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
-        members(&mut pipe, &min);
+        bounds.pipe_members(&mut pipe, &key, count);
         sample(&mut pipe);
-        let (lowest, items, owner_likes): (Members, Members, Option<Vec<i64>>) = if liked.is_some()
-        {
-            let (lowest, items, likes) = self.run(&pipe).await?;
-            (lowest, items, Some(likes))
-        } else {
-            let (lowest, items) = self.run(&pipe).await?;
-            (lowest, items, None)
+        let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
+        let lowest: Members = replies
+            .next()
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .ok_or(CacheUnavailable)?;
+        let mut items = bounds.members(&mut replies)?;
+        let owner_likes: Option<Vec<i64>> = match liked {
+            Some(_) => Some(
+                replies
+                    .next()
+                    .and_then(|v| redis::from_redis_value(v).ok())
+                    .ok_or(CacheUnavailable)?,
+            ),
+            None => None,
         };
-        Ok(Window::parse(lowest, items, count).map(|w| Window {
+        let mut lowest = lowest.into_iter();
+        let Some(first) = lowest.next() else {
+            return Ok(None); // an empty reply: the list is not cached
+        };
+        let complete = first == MARKER.as_bytes();
+        let floor = match (complete, lowest.next()) {
+            (false, Some(score)) => bounds.time_of(&first, &score),
+            _ => None,
+        };
+        items.retain(|member| member != MARKER.as_bytes());
+        items.truncate(count);
+        Ok(Some(Window {
+            complete,
+            floor,
+            items,
             owner_likes,
             prefetched,
             prefetched_liked,
-            ..w
         }))
     }
 
@@ -353,6 +525,53 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_time_entries_round_trip_and_sort_by_time() {
+        // An imported newsfeed entry: a whole second, a row id and a Twitter tweet id.
+        let at = 1_478_606_400_000_000; // 2016-11-08T12:00:00Z
+        let (score, member) = pack_entry(at, &[5_781_487, 796_000_000_000_000_000]);
+        assert_eq!(score, 1_478_606_400 - SCORE_EPOCH_SECS);
+        assert!(i32::try_from(score).is_ok(), "a 32-bit listpack integer");
+        assert_eq!(member.len(), 1 + 3 + 8);
+        assert_eq!(
+            unpack_entry::<2>(&member),
+            Some((0, [5_781_487, 796_000_000_000_000_000]))
+        );
+        assert_eq!(entry_time(score, &member), Some(at));
+        // Inside a second: the µs lead the member, so Redis's order (score, then member
+        // bytes) is the order in time, whatever the ids.
+        let times = [
+            at - 1_000_001,
+            at - 1,
+            at,
+            at + 1,
+            at + 65_535,
+            at + 65_536,
+            at + 500_000,
+            at + 999_999,
+            at + 1_000_000,
+            0,
+            -1,
+        ];
+        let mut entries: Vec<(i64, Scored)> = times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (*t, pack_entry(*t, &[1 << (8 * (i % 8)), 7])))
+            .collect();
+        for (t, (score, member)) in &entries {
+            assert_eq!(entry_time(*score, member), Some(*t));
+            assert_eq!(unpack_entry::<2>(member).map(|(_, ids)| ids[1]), Some(7));
+            assert!(member.as_slice() != MARKER.as_bytes());
+        }
+        entries.sort_by(|a, b| a.1.cmp(&b.1));
+        let sorted: Vec<i64> = entries.iter().map(|(t, _)| *t).collect();
+        let mut by_time = times.to_vec();
+        by_time.sort_unstable();
+        assert_eq!(sorted, by_time);
+        assert_eq!(unpack_entry::<1>(MARKER.as_bytes()), None);
+        assert_eq!(unpack_entry::<1>(&[0x85, 1]), None);
+    }
 
     #[test]
     fn packed_ids_round_trip_in_few_bytes() {

@@ -66,6 +66,10 @@ struct Link {
 /// instructions (callgrind).
 type Entries<K, V> = HashMap<K, (V, Instant), foldhash::fast::RandomState>;
 
+/// What [`Near::get_many_then`] found: the value of each key asked (`None`: not held), then
+/// each key derived from those values with its value.
+pub type Found<K, V> = (Vec<Option<V>>, Vec<(K, Option<V>)>);
+
 /// One near cache: up to `capacity` values for at most `ttl` each; see the module docs.
 pub struct Near<K, V> {
     topic: &'static str,
@@ -176,22 +180,41 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     /// The value of each key if this process may answer from memory (`None` where it holds
     /// none); `None` if it may not answer at all.
     pub fn get_many(&self, cache: &Cache, keys: &[K]) -> Option<Vec<Option<V>>> {
+        self.get_many_then(cache, keys, |_| None)
+            .map(|(found, _)| found)
+    }
+
+    /// [`Near::get_many`] of `keys`, then, under the same lock, of the keys `then` names for
+    /// the values found (a tweet's author), each once: a page's tweets and their authors in
+    /// one lookup, under one lock (BENCHMARKS.md, round 10).
+    pub fn get_many_then(
+        &self,
+        cache: &Cache,
+        keys: &[K],
+        then: impl Fn(&V) -> Option<K>,
+    ) -> Option<Found<K, V>> {
         if !self.trusted(cache) {
             return None;
         }
         let now = Instant::now();
         let entries = self.lock();
-        let found: Vec<Option<V>> = keys
-            .iter()
-            .map(|k| match entries.get(k) {
-                Some((v, at)) if now.duration_since(*at) < self.ttl => Some(v.clone()),
-                _ => None,
-            })
-            .collect();
+        let get = |k: &K| match entries.get(k) {
+            Some((v, at)) if now.duration_since(*at) < self.ttl => Some(v.clone()),
+            _ => None,
+        };
+        let found: Vec<Option<V>> = keys.iter().map(get).collect();
+        let mut derived: Vec<(K, Option<V>)> = Vec::new();
+        for key in found.iter().flatten().filter_map(&then) {
+            if !derived.iter().any(|(d, _)| *d == key) {
+                let value = get(&key);
+                derived.push((key, value));
+            }
+        }
         drop(entries);
-        let hits = found.iter().filter(|v| v.is_some()).count() as u64;
+        let values = found.iter().chain(derived.iter().map(|(_, v)| v));
+        let hits = values.filter(|v| v.is_some()).count() as u64;
         self.stats.hits.fetch_add(hits, Ordering::Relaxed);
-        Some(found)
+        Some((found, derived))
     }
 
     /// The value of one key, if this process may answer from memory and holds it.

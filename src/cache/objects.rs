@@ -350,6 +350,9 @@ pub(crate) fn decode_counts(
 pub struct Fetched {
     pub tweets: Vec<Cached<CachedTweet>>,
     pub counts: Vec<Option<TweetCounts>>,
+    /// The authors of the tweets found, sorted.
+    pub authors: Vec<i64>,
+    /// Their user objects, aligned with `authors` (`None`: not cached).
     pub users: Vec<Option<CachedUser>>,
     /// What the viewer's liked set says; `None` without a viewer.
     pub liked: Option<LikedAmong>,
@@ -363,7 +366,7 @@ impl Cache {
         ids: &[i64],
     ) -> Result<(Vec<Cached<CachedTweet>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
         let f = self
-            .fetch_for_hydration(ids, &[], None, None, Prefetched::default())
+            .fetch_for_hydration(ids, false, None, None, Prefetched::default())
             .await?;
         Ok((f.tweets, f.counts))
     }
@@ -507,10 +510,15 @@ impl Cache {
             .await;
     }
 
-    /// Tweet objects, their counts, the authors and the viewer's likes of them, in one pipeline.
-    /// Tweets and authors this process holds in its near cache ([`super::near`]) are taken
-    /// from there and not asked for: a warm page then asks Redis only for the counts and the
-    /// likes (about half of its key lookups and values).
+    /// Tweet objects, their counts, their authors (if `with_authors`) and the viewer's likes
+    /// of them, in one pipeline. Tweets and authors this process holds in its near cache
+    /// ([`super::near`]) are taken from there and not asked for: a warm page then asks Redis
+    /// only for the counts and the likes (about half of its key lookups and values).
+    ///
+    /// A list entry does not name its tweet's author (BENCHMARKS.md, round 10): the authors
+    /// asked for in the pipeline are those of the near-cached tweets. The authors of tweets
+    /// read from Redis that the near cache does not hold take a second `MGET`; those of tweets
+    /// Redis does not hold either are left to the caller, who loads the tweets from Postgres.
     ///
     /// `viewer_likes` is a sample of the viewer's liked set when the caller read one already
     /// (a newsfeed's range read does: [`crate::cache::Window::owner_likes`]); if it is the
@@ -522,7 +530,7 @@ impl Cache {
     pub async fn fetch_for_hydration(
         &self,
         tweet_ids: &[i64],
-        user_ids: &[i64],
+        with_authors: bool,
         viewer: Option<i64>,
         viewer_likes: Option<&[i64]>,
         prefetched: Prefetched<'_>,
@@ -533,35 +541,33 @@ impl Cache {
             return Ok(Fetched::default());
         }
         let lookup = near.begin(self);
-        let wanted: Vec<NearId> = (tweet_ids.iter().map(|id| NearId::Tweet(*id)))
-            .chain(user_ids.iter().map(|id| NearId::User(*id)))
-            .collect();
-        let held = near
-            .get_many(self, &wanted)
-            .unwrap_or_else(|| vec![None; wanted.len()]);
-        let (held_tweets, held_users) = held.split_at(tweet_ids.len());
-        let mut tweets: Vec<Cached<CachedTweet>> = held_tweets
-            .iter()
+        let wanted: Vec<NearId> = tweet_ids.iter().map(|id| NearId::Tweet(*id)).collect();
+        // The held tweets and, in the same lookup, their authors.
+        let author_of = |o: &NearObject| match o {
+            NearObject::Tweet(t) if with_authors => Some(NearId::User(t.user_id)),
+            _ => None,
+        };
+        let (held, held_authors) = near
+            .get_many_then(self, &wanted, author_of)
+            .unwrap_or_else(|| (vec![None; wanted.len()], Vec::new()));
+        let mut tweets: Vec<Cached<CachedTweet>> = held
+            .into_iter()
             .map(|o| match o {
-                Some(NearObject::Tweet(t)) => Cached::Hit(t.clone()),
+                Some(NearObject::Tweet(t)) => Cached::Hit(t),
                 _ => Cached::Miss,
             })
             .collect();
-        let mut users: Vec<Option<CachedUser>> = held_users
-            .iter()
-            .map(|o| match o {
-                Some(NearObject::User(u)) => Some(u.clone()),
-                _ => None,
-            })
-            .collect();
+        let mut authors = Authors::default();
+        for (key, user) in held_authors {
+            if let NearId::User(id) = key {
+                authors.insert(id, user);
+            }
+        }
         let ask_tweets: Vec<i64> = (tweet_ids.iter().zip(&tweets))
             .filter(|(_, t)| matches!(t, Cached::Miss))
             .map(|(id, _)| *id)
             .collect();
-        let ask_users: Vec<i64> = (user_ids.iter().zip(&users))
-            .filter(|(_, u)| u.is_none())
-            .map(|(id, _)| *id)
-            .collect();
+        let ask_users = authors.missing();
 
         let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
             .map(|(at, id)| prefetched.get(at, *id))
@@ -604,16 +610,15 @@ impl Cache {
                 CacheUnavailable
             })
         };
-        let strings = |v: redis::Value| {
-            redis::from_redis_value::<Vec<Option<String>>>(v).map_err(|_| CacheUnavailable)
-        };
         let mut found = Vec::new();
+        let mut read_tweets = Vec::new();
         if !ask_tweets.is_empty() {
             let mut asked = strings(next("tweets")?)?.into_iter().map(decode_tweet);
             for t in tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
                 *t = asked.next().unwrap_or(Cached::Miss);
                 if let Cached::Hit(tweet) = t {
                     found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
+                    read_tweets.push(tweet.clone());
                 }
             }
         }
@@ -625,30 +630,119 @@ impl Cache {
         }
         let counts = counts.into_iter().map(Option::flatten).collect();
         if !ask_users.is_empty() {
-            let mut asked = strings(next("users")?)?.into_iter().zip(&ask_users);
-            for u in users.iter_mut().filter(|u| u.is_none()) {
-                *u = asked
-                    .next()
-                    .and_then(|(v, id)| v.and_then(|v| CachedUser::decode(*id, &v)));
-                if let Some(user) = u {
-                    found.push((NearId::User(user.id), NearObject::User(user.clone())));
-                }
-            }
+            authors.decode(&ask_users, strings(next("users")?)?, &mut found);
         }
         let liked = match (viewer, known) {
             (None, _) => None,
             (Some(_), Some(known)) => Some(known),
             (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
         };
+        if with_authors && !read_tweets.is_empty() {
+            // The authors of the tweets just read: from the near cache, else one more MGET.
+            let read: Vec<Cached<CachedTweet>> = read_tweets.into_iter().map(Cached::Hit).collect();
+            authors.add(self, near, read.iter());
+            let ask_users = authors.missing();
+            if !ask_users.is_empty() {
+                let mut pipe = redis::pipe();
+                keys.pipe_mget(&mut pipe, Object::User, &ask_users);
+                let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
+                authors.decode(&ask_users, values, &mut found);
+            }
+        }
         if !found.is_empty() {
             near.insert(self, lookup, found);
         }
         Ok(Fetched {
             tweets,
             counts,
-            users,
+            authors: authors.ids,
+            users: authors.users,
             liked,
         })
+    }
+}
+
+fn strings(v: redis::Value) -> Result<Vec<Option<String>>, CacheUnavailable> {
+    redis::from_redis_value::<Vec<Option<String>>>(v).map_err(|_| CacheUnavailable)
+}
+
+/// The authors of a page's tweets as hydration finds them: sorted ids, each with its user
+/// object once found (`None`: not yet, or not cached).
+#[derive(Default)]
+struct Authors {
+    ids: Vec<i64>,
+    users: Vec<Option<CachedUser>>,
+    /// Ids already asked of Redis (a miss there is not asked again).
+    asked: Vec<i64>,
+}
+
+impl Authors {
+    /// Adds the authors of `tweets`, taking those the near cache holds from it.
+    fn add<'a>(
+        &mut self,
+        cache: &Cache,
+        near: &super::near::Near<NearId, NearObject>,
+        tweets: impl Iterator<Item = &'a Cached<CachedTweet>>,
+    ) {
+        let mut new: Vec<i64> = tweets
+            .filter_map(|t| match t {
+                Cached::Hit(t) => Some(t.user_id),
+                _ => None,
+            })
+            .filter(|id| self.ids.binary_search(id).is_err())
+            .collect();
+        new.sort_unstable();
+        new.dedup();
+        if new.is_empty() {
+            return;
+        }
+        let wanted: Vec<NearId> = new.iter().map(|id| NearId::User(*id)).collect();
+        let held = near
+            .get_many(cache, &wanted)
+            .unwrap_or_else(|| vec![None; wanted.len()]);
+        for (id, held) in new.into_iter().zip(held) {
+            self.insert(id, held);
+        }
+    }
+
+    /// Adds author `id` (unless known) with what the near cache holds of them.
+    fn insert(&mut self, id: i64, held: Option<NearObject>) {
+        let user = match held {
+            Some(NearObject::User(u)) => Some(u),
+            _ => None,
+        };
+        if let Err(at) = self.ids.binary_search(&id) {
+            self.ids.insert(at, id);
+            self.users.insert(at, user);
+        }
+    }
+
+    /// Authors not found yet and not asked of Redis yet (marks them asked).
+    fn missing(&mut self) -> Vec<i64> {
+        let ask: Vec<i64> = (self.ids.iter().zip(&self.users))
+            .filter(|(id, u)| u.is_none() && !self.asked.contains(id))
+            .map(|(id, _)| *id)
+            .collect();
+        self.asked.extend(&ask);
+        ask
+    }
+
+    /// Takes the reply of an `MGET` of the users `asked`.
+    fn decode(
+        &mut self,
+        asked: &[i64],
+        values: Vec<Option<String>>,
+        found: &mut Vec<(NearId, NearObject)>,
+    ) {
+        for (id, value) in asked.iter().zip(values) {
+            let Some(user) = value.and_then(|v| CachedUser::decode(*id, &v)) else {
+                continue;
+            };
+            if let Ok(at) = self.ids.binary_search(id) {
+                found.push((NearId::User(user.id), NearObject::User(user.clone())));
+                self.users[at] = Some(user);
+            }
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! Lua scripts: each list or set operation runs atomically inside Redis, on one owner's keys
 //! (one hash tag, so one Redis Cluster slot).
 //!
-//! A cached list is a sorted set scored by `created_at` in microseconds (as the home timelines of
-//! Redis in Action ch. 8 and Mastodon's FeedManager are). The member `#` with score `-inf` marks a
+//! A cached list is a sorted set ordered by `created_at` (as the home timelines of Redis in
+//! Action ch. 8 and Mastodon's FeedManager are): a timeline scores whole seconds and orders one
+//! second's entries by the sub-second prefix of their members ([`super::lists::pack_entry`]); a
+//! chat backlog scores message ids. The member `#` with score `-inf` marks a
 //! *complete* list: it holds every item, not only the newest window. It is always the lowest
 //! rank, so a script (or the read path's `MULTI`, [`super::Cache::range`]) finds it (or the
 //! floor) with `ZRANGE 0 0`, which is O(1) also on a listpack-encoded set, where `ZSCORE` would
@@ -88,15 +90,29 @@ return 1
     ))
 });
 
+/// `above(a, b)`: whether member `a` sorts after member `b` in a sorted set of one score (by
+/// their bytes, as Redis compares them; Lua's `<` on strings follows the server's locale).
+const ABOVE: &str = r#"
+local function above(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x > y end
+  end
+  return #a > #b
+end
+"#;
+
 /// `MERGE list gen | guard ttl limit score member ...` → 1 if applied, 0 if the list was
 /// dropped instead. Adds entries to a cached list (never creates one), skipping entries below
-/// the floor of an incomplete list, trims it to `limit` and bumps `w`. `guard` is `*` (no guard)
+/// the floor of an incomplete list (its lowest entry, in the set's order: score, then member
+/// bytes; a timeline scores whole seconds and its members start with the sub-second part, see
+/// [`super::lists::pack_entry`]), trims it to `limit` and bumps `w`. `guard` is `*` (no guard)
 /// or the removal generation `r` read when the merge was planned (`""` if there was none): if a
 /// removal landed since, the list is dropped instead (the safe answer to a race with an unfollow
 /// or a delete).
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{GENERATIONS}
+        r#"{GENERATIONS}{ABOVE}
 local ttl = ARGV[2]
 local has_gen = redis.call('EXISTS', KEYS[2]) == 1
 if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
@@ -106,10 +122,11 @@ end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   local complete = lowest[1] == '#'
-  local floor = nil
+  local floor, floor_member = nil, lowest[1]
   if not complete then floor = tonumber(lowest[2]) end
   for i = 4, #ARGV, 2 do
-    if complete or tonumber(ARGV[i]) > floor then
+    local score = tonumber(ARGV[i])
+    if complete or score > floor or (score == floor and above(ARGV[i + 1], floor_member)) then
       redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
     end
   end

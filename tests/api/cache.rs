@@ -438,3 +438,89 @@ async fn a_warm_page_takes_its_counters_with_the_range_and_they_stay_exact(db: P
     );
     assert_eq!(app.stat("prefetched"), before + 1);
 }
+
+/// A merge into an incomplete list skips what lies below its floor: with whole-second scores,
+/// "below" inside the floor's own second is decided by the members' sub-second prefix.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_merge_inside_the_floors_second_keeps_only_what_lies_above_the_floor(db: PgPool) {
+    use chirp::cache::{Guard, Update};
+    use chirp::timeline::ListEntry;
+
+    let app = TestApp::new(db).await;
+    let cache = &app.state.cache;
+    let list = Timeline::UserTweets(1);
+    let second = 1_478_606_400_000_000_i64;
+    let entry = |tweet_id: i64, micros: i64| ListEntry {
+        id: tweet_id,
+        tweet_id,
+        author_id: 1,
+        created_at: chrono::DateTime::from_timestamp_micros(second + micros).unwrap(),
+    };
+    // An incomplete list whose floor is half a second into `second`.
+    let generation = cache.begin_load(list.key()).await.unwrap();
+    let loaded = [entry(20, 2_000_000), entry(10, 500_000)].map(|e| list.scored(&e));
+    assert!(
+        cache
+            .fill(list.key(), &generation, false, &loaded)
+            .await
+            .unwrap()
+    );
+
+    let merged = [
+        entry(13, 600_000),
+        entry(11, 499_999),
+        entry(12, 0),
+        entry(21, 1_000_000),
+    ];
+    cache
+        .apply_best_effort(&[Update::Merge {
+            list: list.key(),
+            guard: Guard::None,
+            entries: merged.iter().map(|e| list.scored(e)).collect(),
+        }])
+        .await;
+    assert_eq!(
+        app.cached_members(list).await.unwrap(),
+        ["20", "21", "13", "10"].map(String::from),
+        "above the floor: merged in order; below it, in the same second: left to Postgres"
+    );
+}
+
+/// A cached list entry names no author: hydration takes each author from the tweet, from the
+/// near cache, Redis (a second `MGET` once the tweets are read) or Postgres.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_page_finds_its_authors_through_its_tweets_wherever_they_are_cached(db: PgPool) {
+    let app = TestApp::with(db, |c| c.object_cache_secs = 0).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (carol, tc) = app.signup("carol").await;
+    let (_, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.follow(&tb, carol).await;
+    app.tweet(&ta, "by alice").await;
+    app.tweet(&tc, "by carol").await;
+    app.drain().await;
+    let authors = |page: &Value| -> Vec<String> {
+        page["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["tweet"]["user"]["username"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let expected = ["carol", "alice"].map(String::from);
+    // Loaded, then from Redis alone (no near cache: tweets, then their authors).
+    for _ in 0..2 {
+        let page = app.get("/api/newsfeeds/", Some(&tb)).await.body;
+        assert_eq!(authors(&page), expected, "{page}");
+    }
+    // An author missing from Redis comes from Postgres.
+    let keys = app.state.cache.keys().unwrap();
+    let mut r = app.redis().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(keys.user(carol))
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    let page = app.get("/api/newsfeeds/", Some(&tb)).await.body;
+    assert_eq!(authors(&page), expected, "{page}");
+}

@@ -274,8 +274,7 @@ impl TestApp {
     }
 
     /// Members of a cached list, newest first (`None`: not cached), decoded to text: newsfeeds
-    /// `"{id}:{tweet_id}:{author_id}"`, lists and circles `"{tweet_id}:{author_id}"`, user
-    /// tweets `"{tweet_id}"`, the marker `"#"`.
+    /// `"{id}:{tweet_id}"`, every other timeline `"{tweet_id}"`, the marker `"#"`.
     pub async fn cached_members(&self, list: Timeline) -> Option<Vec<String>> {
         let mut r = self.redis().await;
         let key = self.list_key(list);
@@ -299,11 +298,8 @@ impl TestApp {
                 .map(|m| match list.parse(m) {
                     _ if m == b"#" => "#".to_owned(),
                     Some(e) => match list {
-                        Timeline::Newsfeed(_) => format!("{}:{}:{}", e.id, e.tweet_id, e.author_id),
-                        Timeline::UserTweets(_) => e.tweet_id.to_string(),
-                        Timeline::List(_) | Timeline::Circle(_) => {
-                            format!("{}:{}", e.tweet_id, e.author_id)
-                        }
+                        Timeline::Newsfeed(_) => format!("{}:{}", e.id, e.tweet_id),
+                        _ => e.tweet_id.to_string(),
                     },
                     None => format!("undecodable {m:?}"),
                 })

@@ -82,11 +82,14 @@ async fn a_page_with_a_cached_member_it_can_not_decode_continues_right_below_it(
             .await
             .expect("zrange");
         assert_eq!(scores.len(), 10, "an incomplete window of 10");
-        for (i, junk) in [(2, "not a member"), (3, "nor this")] {
-            assert!(scores[i - 1].1 - scores[i].1 > 1);
+        for i in [2, 3] {
+            // Right above the i-th newest in the set's order (same second, a member it is
+            // the prefix of), and too long for any id.
+            let mut junk = scores[i].0.clone();
+            junk.extend([0xff; 9]);
             let _: i64 = redis::cmd("ZADD")
                 .arg(&key)
-                .arg(scores[i].1 + 1)
+                .arg(scores[i].1)
                 .arg(junk)
                 .query_async(&mut r)
                 .await
@@ -272,4 +275,110 @@ async fn a_refresh_of_more_than_1000_items_says_there_is_a_gap(db: PgPool) {
         .await;
     assert_eq!(res.body["results"].as_array().unwrap().len(), 1005 - 600);
     assert_eq!(res.body["has_next_page"], false);
+}
+
+/// A cached timeline scores whole seconds and keeps the µs inside a second in its members
+/// (`chirp::cache::lists::pack_entry`): cursors on a second, inside one, at its first and last
+/// µs, from above and below, must page exactly as Postgres orders the tweets, in a cached
+/// window and below it.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn cursors_on_and_inside_one_second_page_as_postgres_orders_the_tweets(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = 8).await;
+    let (alice, ta) = app.quick_user("alice").await;
+    let (_, tb) = app.quick_user("bob").await;
+    app.follow(&tb, alice).await;
+    // µs from a whole second: several tweets on whole seconds (as every imported tweet is),
+    // others inside them, at their first and last µs.
+    let offsets: [i64; 12] = [
+        -2_000_000, -1_000_000, -999_999, -1, 0, 1, 250_000, 999_999, 1_000_000, 1_000_001,
+        2_000_000, 3_500_000,
+    ];
+    let ids = app.tweets(&ta, "t", offsets.len()).await;
+    app.drain().await;
+    let second = 1_478_606_400_000_000_i64; // 2016-11-08T12:00:00Z
+    for (id, offset) in ids.iter().zip(offsets) {
+        let at = chrono::DateTime::from_timestamp_micros(second + offset).unwrap();
+        for sql in [
+            "update tweets set created_at = $2 where id = $1",
+            "update newsfeeds set created_at = $2, arrived_at = $2 where tweet_id = $1",
+        ] {
+            sqlx::query(sql)
+                .bind(id)
+                .bind(at)
+                .execute(app.db())
+                .await
+                .unwrap();
+        }
+    }
+    app.flush_cache().await;
+    // (µs, id), newest first.
+    let truth: Vec<(i64, i64)> = offsets
+        .iter()
+        .map(|o| second + o)
+        .zip(ids.iter().copied())
+        .rev()
+        .collect();
+    let mut cursors: Vec<i64> = truth
+        .iter()
+        .flat_map(|(t, _)| [t - 1, *t, t + 1])
+        .chain((-3..=4).map(|s| second + s * 1_000_000))
+        .collect();
+    cursors.sort_unstable();
+    cursors.dedup();
+    let at = |t: i64| {
+        urlencode(
+            &chrono::DateTime::from_timestamp_micros(t)
+                .unwrap()
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        )
+    };
+    let expect = |lt: Option<i64>, gt: Option<i64>, size: usize| -> Vec<i64> {
+        // `__gt` alone is a pull-to-refresh: everything newer.
+        let size = if gt.is_some() && lt.is_none() {
+            usize::MAX
+        } else {
+            size
+        };
+        truth
+            .iter()
+            .filter(|(t, _)| lt.is_none_or(|lt| *t < lt) && gt.is_none_or(|gt| *t > gt))
+            .take(size)
+            .map(|(_, id)| *id)
+            .collect()
+    };
+    let feeds = [
+        (format!("/api/tweets/?user_id={alice}"), None),
+        ("/api/newsfeeds/?x=1".to_owned(), Some(tb.as_str())),
+    ];
+    for (base, token) in &feeds {
+        // The first page caches the newest 8 (the floor lies inside the data).
+        let first = app.get(&format!("{base}&page_size=3"), *token).await;
+        assert_eq!(tweet_ids(&first.body), expect(None, None, 3), "{base}");
+        let hits = app.stat("hits");
+        for size in [1, 3] {
+            let mut cases: Vec<(Option<i64>, Option<i64>)> = Vec::new();
+            for c in &cursors {
+                cases.push((Some(*c), None));
+                cases.push((None, Some(*c)));
+                cases.extend(
+                    cursors
+                        .iter()
+                        .filter(|g| *g < c)
+                        .map(|g| (Some(*c), Some(*g))),
+                );
+            }
+            for (lt, gt) in cases {
+                let mut uri = format!("{base}&page_size={size}");
+                if let Some(lt) = lt {
+                    uri += &format!("&created_at__lt={}", at(lt));
+                }
+                if let Some(gt) = gt {
+                    uri += &format!("&created_at__gt={}", at(gt));
+                }
+                let page = app.get(&uri, *token).await;
+                assert_eq!(tweet_ids(&page.body), expect(lt, gt, size), "{uri}");
+            }
+        }
+        assert!(app.stat("hits") > hits, "{base}: read from the cached list");
+    }
 }

@@ -164,7 +164,7 @@ async fn a_fan_out_creates_no_keys_for_followers_whose_feed_is_not_cached(db: Pg
     let mut r = app.redis().await;
     for fan in fans {
         let keys: Vec<String> = redis::cmd("KEYS")
-            .arg(format!("{}:{{u{fan}}}:home*", app.prefix))
+            .arg(format!("{}:{{u{fan}}}:feed*", app.prefix))
             .query_async(&mut r)
             .await
             .unwrap();
