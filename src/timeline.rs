@@ -16,7 +16,8 @@
 //!    [`crate::cache::near`], and counters prefetched in step 1 are not asked for: a warm page
 //!    that did not change needs no second round trip; an entry does not name its author, so
 //!    the authors of tweets read from Redis take a second `MGET` unless near-cached); misses
-//!    with one Postgres query per kind. Entries whose tweet was deleted are removed and the read is retried.
+//!    with one Postgres query per kind. Entries whose tweet was deleted are removed and the
+//!    read is retried.
 //! 4. If the cached window ends before the page does (the list is incomplete and the cursor
 //!    reaches below its floor), continue in Postgres with `created_at < floor`: the list holds
 //!    exactly the items at or above its floor, so the merge neither skips nor repeats.
