@@ -611,14 +611,14 @@ impl Cache {
             })
         };
         let mut found = Vec::new();
-        let mut read_tweets = Vec::new();
+        let mut read_authors = Vec::new();
         if !ask_tweets.is_empty() {
             let mut asked = strings(next("tweets")?)?.into_iter().map(decode_tweet);
             for t in tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
                 *t = asked.next().unwrap_or(Cached::Miss);
                 if let Cached::Hit(tweet) = t {
                     found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
-                    read_tweets.push(tweet.clone());
+                    read_authors.push(tweet.user_id);
                 }
             }
         }
@@ -637,10 +637,9 @@ impl Cache {
             (Some(_), Some(known)) => Some(known),
             (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
         };
-        if with_authors && !read_tweets.is_empty() {
+        if with_authors && !read_authors.is_empty() {
             // The authors of the tweets just read: from the near cache, else one more MGET.
-            let read: Vec<Cached<CachedTweet>> = read_tweets.into_iter().map(Cached::Hit).collect();
-            authors.add(self, near, read.iter());
+            authors.add(self, near, read_authors);
             let ask_users = authors.missing();
             if !ask_users.is_empty() {
                 let mut pipe = redis::pipe();
@@ -677,20 +676,15 @@ struct Authors {
 }
 
 impl Authors {
-    /// Adds the authors of `tweets`, taking those the near cache holds from it.
-    fn add<'a>(
+    /// Adds the authors `ids` (of tweets read from Redis), taking those the near cache holds
+    /// from it.
+    fn add(
         &mut self,
         cache: &Cache,
         near: &super::near::Near<NearId, NearObject>,
-        tweets: impl Iterator<Item = &'a Cached<CachedTweet>>,
+        mut new: Vec<i64>,
     ) {
-        let mut new: Vec<i64> = tweets
-            .filter_map(|t| match t {
-                Cached::Hit(t) => Some(t.user_id),
-                _ => None,
-            })
-            .filter(|id| self.ids.binary_search(id).is_err())
-            .collect();
+        new.retain(|id| self.ids.binary_search(id).is_err());
         new.sort_unstable();
         new.dedup();
         if new.is_empty() {
