@@ -6,13 +6,13 @@
 //! 1. Read the requested range from the cached sorted set (one round trip: a `ZRANGE`, or
 //!    `MULTI`/`EXEC` of two for a page with a lower bound). A page without a lower bound also
 //!    prefetches the counters of the tweets it showed the last time this process served it
-//!    ([`crate::cache::pages`]), in the same round trip.
+//!    ([`crate::cache::pages`]) that the near cache does not hold, in the same round trip.
 //! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
 //!    list, circle or user gets nothing cached), start a load (its generation), load the
 //!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
 //!    `FILL` (refused if anything was written since), and answer from what was loaded.
 //! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the
-//!    viewer's liked set (tweets and authors this process holds in its near cache,
+//!    viewer's liked set (tweets, counters and authors this process holds in its near cache,
 //!    [`crate::cache::near`], and counters prefetched in step 1 are not asked for: a warm page
 //!    that did not change needs no second round trip; an entry does not name its author, so
 //!    the authors of tweets read from Redis take a second `MGET` unless near-cached); misses
@@ -451,8 +451,15 @@ async fn read_cached(
         (None, Some(pages)) => pages.guess(&shape),
         _ => Box::default(),
     };
+    // Their counters: from this process's memory, else from Redis along with the range.
+    let (lookup, mut guess_counts) = cache.held_counts(&guess);
+    let unheld: Vec<i64> = (guess.iter().zip(&guess_counts))
+        .filter(|(_, c)| c.is_none())
+        .map(|(id, _)| *id)
+        .collect();
     let prefetch = Prefetch {
         tweets: &guess,
+        counts: &unheld,
         // An owner's likes come with the sample above.
         liked_by: viewer.filter(|_| !owner_likes),
     };
@@ -480,10 +487,20 @@ async fn read_cached(
         || window.complete
         || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
 
+    if !window.prefetched.is_empty() {
+        let read: Vec<(i64, Option<TweetCounts>)> = (unheld.iter().copied())
+            .zip(window.prefetched.iter().copied())
+            .collect();
+        cache.remember_counts(lookup, &read);
+        let mut read = read.into_iter();
+        for c in guess_counts.iter_mut().filter(|c| c.is_none()) {
+            *c = read.next().and_then(|(_, c)| c);
+        }
+    }
     let likes = window.owner_likes.as_deref();
     let prefetched = Prefetched {
         ids: &guess,
-        counts: &window.prefetched,
+        counts: &guess_counts,
         liked: window.prefetched_liked.as_ref(),
     };
     let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes, prefetched).await?;

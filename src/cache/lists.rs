@@ -161,9 +161,9 @@ pub struct Window {
     /// them when it holds fewer), read in the same round trip when the read asked for it
     /// (`with_owner_likes`), for [`Cache::fetch_for_hydration`].
     pub owner_likes: Option<Vec<i64>>,
-    /// The counters of the tweets the read was asked to prefetch (`prefetch`), in that order,
-    /// read in the same round trip (`None`: not cached); empty if none were asked or the read
-    /// had a lower bound (see [`Cache::range`] and [`super::pages`]).
+    /// The counters of the tweets the read was asked to prefetch ([`Prefetch::counts`]), in
+    /// that order, read in the same round trip (`None`: not cached); empty if none were asked
+    /// or the read had a lower bound (see [`Cache::range`] and [`super::pages`]).
     pub prefetched: Vec<Option<TweetCounts>>,
     /// What the liked set of [`Prefetch::liked_by`] says of the prefetched tweets, read in the
     /// same round trip; `None` if it was not asked.
@@ -173,9 +173,12 @@ pub struct Window {
 /// What a range read asks for along with the list, for hydration ([`super::pages`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Prefetch<'a> {
-    /// Tweets whose counters to read (the page's tweets the last time it was served).
+    /// The page's tweets the last time it was served.
     pub tweets: &'a [i64],
-    /// A viewer whose liked set to ask about them (someone reading another's timeline).
+    /// Those of them whose counters to read (the others are near-cached:
+    /// [`Cache::held_counts`]).
+    pub counts: &'a [i64],
+    /// A viewer whose liked set to ask about `tweets` (someone reading another's timeline).
     pub liked_by: Option<i64>,
 }
 
@@ -328,10 +331,11 @@ impl Cache {
     /// round 8).
     ///
     /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
-    /// for their counters, and whether its viewer liked them, in the same round trip
-    /// ([`Window::prefetched`], [`Window::prefetched_liked`]), so that hydration needs no
-    /// second one when the page did not change. Only a page without a lower bound takes them
-    /// (the atomic pair stays within the list's slot).
+    /// for the counters of those this process does not hold ([`Prefetch::counts`]), and
+    /// whether its viewer liked them, in the same round trip ([`Window::prefetched`],
+    /// [`Window::prefetched_liked`]), so that hydration needs no second one when the page did
+    /// not change. Only a page without a lower bound takes them (the atomic pair stays within
+    /// the list's slot).
     pub async fn range(
         &self,
         list: ListKey,
@@ -359,11 +363,12 @@ impl Cache {
             let mut pipe = redis::pipe();
             bounds.pipe_members(&mut pipe, &key, count);
             sample(&mut pipe);
-            if !ahead.is_empty() {
-                pipe_counts(&mut pipe, &inner.keys, ahead);
-                if let Some(viewer) = prefetch.liked_by {
-                    pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
-                }
+            if !prefetch.counts.is_empty() {
+                pipe_counts(&mut pipe, &inner.keys, prefetch.counts);
+            }
+            let ask_liked = prefetch.liked_by.filter(|_| !ahead.is_empty());
+            if let Some(viewer) = ask_liked {
+                pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
             }
             let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
             let mut items = bounds.members(&mut replies)?;
@@ -372,11 +377,11 @@ impl Cache {
                 Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
                 None => None,
             };
-            if !ahead.is_empty() {
+            if !prefetch.counts.is_empty() {
                 prefetched = decode_counts(next()?)?;
-                if prefetch.liked_by.is_some() {
-                    prefetched_liked = Some(decode_liked(ahead, next()?)?);
-                }
+            }
+            if ask_liked.is_some() {
+                prefetched_liked = Some(decode_liked(ahead, next()?)?);
             }
             let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
             if complete || items.len() > count {

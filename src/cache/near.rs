@@ -1,5 +1,6 @@
-//! Near caches: a bounded memory, in each process, of values read from Redis that change
-//! rarely (bearer tokens; tweet and user objects), so that a warm request skips their Redis
+//! Near caches: a bounded memory, in each process, of values read from Redis far more often
+//! than they change (bearer tokens; tweet and user objects; tweet counters, read by every page
+//! that shows the tweet and changed by each like), so that a warm request skips their Redis
 //! round trip or key lookups, with invalidation that stays immediate across processes. (The
 //! name and the shape are those of Hazelcast's and Coherence's near caches; Facebook's TAO keeps
 //! a per-host tier invalidated by messages in the same way.)
@@ -51,9 +52,10 @@ pub struct NearStats {
     pub unconfirmed: AtomicU64,
 }
 
-/// What [`Near::begin`] saw: hand it back to [`Near::insert`].
+/// What [`Near::begin`] saw (the eviction count, the fence count, whether the subscription
+/// stood): hand it back to [`Near::insert`].
 #[derive(Debug, Clone, Copy)]
-pub struct Lookup(u64, u64);
+pub struct Lookup(u64, u64, bool);
 
 /// The subscription a near cache listens on.
 struct Link {
@@ -66,6 +68,67 @@ struct Link {
 /// instructions (callgrind).
 type Entries<K, V> = HashMap<K, (V, Instant), foldhash::fast::RandomState>;
 
+/// Evictions remembered key by key: a lookup that began fewer than this many evictions ago
+/// refuses only the keys evicted since; an older one refuses everything it found.
+const RECENT_EVICTIONS: usize = 4096;
+
+/// The values, and what a lookup in flight needs to know of the evictions since it began.
+struct Memory<K, V> {
+    entries: Entries<K, V>,
+    /// The keys of the latest evictions, each with the eviction count it made, oldest first.
+    recent: std::collections::VecDeque<(u64, K)>,
+    /// A lookup that began before this eviction count refuses everything: the memory was
+    /// cleared since, or evictions after it were dropped from `recent`.
+    refuse_before: u64,
+}
+
+impl<K: Eq + Hash + Copy, V> Memory<K, V> {
+    fn new() -> Self {
+        Memory {
+            entries: HashMap::default(),
+            recent: std::collections::VecDeque::new(),
+            refuse_before: 0,
+        }
+    }
+
+    /// Eviction `count` of `keys`.
+    fn evict(&mut self, count: u64, keys: &[K]) {
+        for key in keys {
+            self.entries.remove(key);
+            self.recent.push_back((count, *key));
+        }
+        while self.recent.len() > RECENT_EVICTIONS {
+            if let Some((dropped, _)) = self.recent.pop_front() {
+                self.refuse_before = self.refuse_before.max(dropped);
+            }
+        }
+    }
+
+    /// Eviction `count` of everything.
+    fn clear(&mut self, count: u64) {
+        self.entries.clear();
+        self.recent.clear();
+        self.refuse_before = count;
+    }
+
+    /// The keys evicted after eviction count `since` (at most the `now` count); `None` if
+    /// they are not all known (the lookup must refuse everything).
+    fn evicted_since(&self, since: u64, now: u64) -> Option<Vec<K>> {
+        if since < self.refuse_before {
+            return None;
+        }
+        if since == now {
+            return Some(Vec::new());
+        }
+        Some(
+            (self.recent.iter().rev())
+                .take_while(|(count, _)| *count > since)
+                .map(|(_, key)| *key)
+                .collect(),
+        )
+    }
+}
+
 /// What [`Near::get_many_then`] found: the value of each key asked (`None`: not held), then
 /// each key derived from those values with its value.
 pub type Found<K, V> = (Vec<Option<V>>, Vec<(K, Option<V>)>);
@@ -73,7 +136,7 @@ pub type Found<K, V> = (Vec<Option<V>>, Vec<(K, Option<V>)>);
 /// One near cache: up to `capacity` values for at most `ttl` each; see the module docs.
 pub struct Near<K, V> {
     topic: &'static str,
-    entries: Mutex<Entries<K, V>>,
+    memory: Mutex<Memory<K, V>>,
     ttl: Duration,
     capacity: usize,
     /// Bumped by every eviction heard and every loss of trust.
@@ -93,7 +156,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     pub fn new(topic: &'static str, ttl: Duration, capacity: usize) -> Arc<Self> {
         Arc::new(Near {
             topic,
-            entries: Mutex::new(HashMap::default()),
+            memory: Mutex::new(Memory::new()),
             ttl,
             capacity,
             epoch: AtomicU64::new(0),
@@ -143,8 +206,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         !self.ttl.is_zero() && self.capacity > 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries<K, V>> {
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Memory<K, V>> {
+        self.memory.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn subscribed(&self) -> bool {
@@ -197,8 +260,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             return None;
         }
         let now = Instant::now();
-        let entries = self.lock();
-        let get = |k: &K| match entries.get(k) {
+        let memory = self.lock();
+        let get = |k: &K| match memory.entries.get(k) {
             Some((v, at)) if now.duration_since(*at) < self.ttl => Some(v.clone()),
             _ => None,
         };
@@ -210,7 +273,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
                 derived.push((key, value));
             }
         }
-        drop(entries);
+        drop(memory);
         let values = found.iter().chain(derived.iter().map(|(_, v)| v));
         let hits = values.filter(|v| v.is_some()).count() as u64;
         self.stats.hits.fetch_add(hits, Ordering::Relaxed);
@@ -224,23 +287,42 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
 
     /// Call before looking values up in Redis or Postgres.
     pub fn begin(&self, cache: &Cache) -> Lookup {
-        Lookup(self.epoch.load(Ordering::Acquire), fence_count(cache))
+        // The eviction count first: a subscription that breaks after this read bumps it.
+        let epoch = self.epoch.load(Ordering::Acquire);
+        Lookup(epoch, fence_count(cache), self.subscribed())
     }
 
-    /// Remembers values found by a lookup that began at `lookup`, unless an eviction was heard
-    /// (or the subscription broke) since, or the subscription is down.
+    /// Remembers values found by a lookup that began at `lookup`, except those whose key was
+    /// evicted since (all of them if the memory was cleared or the subscription broke since,
+    /// or if the eviction of some key since is no longer known), and nothing if the
+    /// subscription was down when the lookup began or is down now (a writer does not wait for
+    /// a process that is not subscribed, so one that subscribed meanwhile may have missed the
+    /// eviction of what it read).
+    ///
+    /// Key by key: one counter of a liked tweet, evicted while a page was being read, must not
+    /// keep the page's other tweets and counters out of memory (a single eviction count did,
+    /// and a mix of 5 % likes and comments lost 17 % of its requests/s: BENCHMARKS.md, round
+    /// 11).
     pub fn insert(&self, cache: &Cache, lookup: Lookup, values: impl IntoIterator<Item = (K, V)>) {
-        if !self.enabled() || !self.subscribed() {
+        if !self.enabled() || !lookup.2 || !self.subscribed() {
             return;
         }
-        let mut entries = self.lock();
-        // Checked under the lock that `forget` takes too: an eviction is either counted
-        // before this check or removes the entry after this insert.
-        if self.epoch.load(Ordering::Acquire) != lookup.0 || fence_count(cache) != lookup.1 {
+        let mut memory = self.lock();
+        // Checked under the lock that `forget` takes too: an eviction is either counted and
+        // listed before this check or removes the entry after this insert.
+        if fence_count(cache) != lookup.1 {
             return;
         }
+        let Some(evicted) = memory.evicted_since(lookup.0, self.epoch.load(Ordering::Acquire))
+        else {
+            return;
+        };
         let now = Instant::now();
         for (key, value) in values {
+            if evicted.contains(&key) {
+                continue;
+            }
+            let entries = &mut memory.entries;
             if entries.len() >= self.capacity {
                 // Full: drop the expired entries, and everything if that frees less than a
                 // tenth (so a full memory costs one scan per tenth of its capacity inserted,
@@ -256,18 +338,14 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     }
 
     /// Forgets some keys, or every one (`None`), and counts it as an eviction for lookups in
-    /// flight (under the lock `insert` checks the count with, so none of them stores what it
-    /// found before).
+    /// flight (under the lock `insert` checks with, so none of them stores what it found
+    /// before of those keys).
     fn forget(&self, keys: Option<&[K]>) {
-        let mut entries = self.lock();
-        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let mut memory = self.lock();
+        let count = self.epoch.fetch_add(1, Ordering::AcqRel) + 1;
         match keys {
-            Some(keys) => {
-                for key in keys {
-                    entries.remove(key);
-                }
-            }
-            None => entries.clear(),
+            Some(keys) => memory.evict(count, keys),
+            None => memory.clear(count),
         }
     }
 
@@ -327,7 +405,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
 
     /// How many values this process holds now.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().entries.len()
     }
 
     /// Whether it holds none.
@@ -361,6 +439,7 @@ pub async fn broadcast(
         .await?;
     let key = ack_key(cache, &nonce).ok_or(CacheUnavailable)?;
     let deadline = Instant::now() + ACK_WAIT;
+    let mut polls = 0;
     loop {
         let mut pipe = redis::pipe();
         pipe.cmd("SCARD").arg(&key);
@@ -377,11 +456,61 @@ pub async fn broadcast(
             );
             return Ok(false);
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Acknowledgements take a few hundred µs (a message, an eviction, an `SADD`): the
+        // first polls follow each other (one round trip each; a 1 ms sleep, the timer's
+        // resolution, added 1 to 3 ms to every like once likes evicted counters, round 11).
+        polls += 1;
+        if polls <= FAST_POLLS {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
 }
+
+/// Acknowledgement polls a writer makes back to back before it sleeps between polls.
+const FAST_POLLS: u32 = 16;
 
 /// `{p}:{r<nonce>}:acks`.
 fn ack_key(cache: &Cache, nonce: &str) -> Option<String> {
     Some(format!("{}:{{r{nonce}}}:acks", cache.keys()?.prefix()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lookup_refuses_only_the_keys_evicted_since_it_began_unless_they_are_not_all_known() {
+        let mut memory: Memory<i64, ()> = Memory::new();
+        memory.evict(1, &[10]);
+        assert_eq!(memory.evicted_since(1, 1), Some(vec![]), "nothing since");
+        memory.evict(2, &[20, 21]);
+        memory.evict(3, &[30]);
+        assert_eq!(memory.evicted_since(1, 3), Some(vec![30, 21, 20]));
+        assert_eq!(memory.evicted_since(2, 3), Some(vec![30]));
+        assert_eq!(memory.evicted_since(0, 3), Some(vec![30, 21, 20, 10]));
+        // A clear refuses every lookup that began before it.
+        memory.clear(4);
+        assert_eq!(memory.evicted_since(3, 4), None);
+        assert_eq!(memory.evicted_since(4, 4), Some(vec![]));
+        // Evictions dropped from the list refuse the lookups that began before them.
+        for count in 5..(5 + RECENT_EVICTIONS as u64 + 2) {
+            memory.evict(count, &[count as i64]);
+        }
+        let last = 5 + RECENT_EVICTIONS as u64 + 1;
+        assert_eq!(
+            memory.evicted_since(5, last),
+            None,
+            "eviction 6 is no longer known"
+        );
+        assert_eq!(
+            memory.evicted_since(6, last).map(|k| k.len()),
+            Some(RECENT_EVICTIONS)
+        );
+        assert_eq!(
+            memory.evicted_since(last - 1, last),
+            Some(vec![last as i64])
+        );
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use crate::cache::counts::Versioned;
 use crate::cache::keys::Object;
-use crate::cache::near::NearKey;
+use crate::cache::near::{Lookup, NearKey};
 use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey, keys, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserRecord};
 
@@ -25,16 +25,22 @@ pub const TOO_MANY_MARKER: i64 = -2;
 /// `"{nonce} t17 u42 …"` (see [`super::near`]).
 pub const OBJECTS_TOPIC: &str = "objects";
 
-/// How many tweet and user objects a process keeps in its near cache (about 0.5 KB each).
-pub const NEAR_CAPACITY: usize = 50_000;
+/// How many values (tweet and user objects, about 0.5 KB each; tweet counters, about 60 bytes
+/// each) a process keeps in its near cache: a tweet on a page takes two (its object and its
+/// counters), so the benchmark's 20,133 tweets and their authors take about 45,000.
+pub const NEAR_CAPACITY: usize = 100_000;
 
-/// An object a process may keep in its near cache: a tweet (`t17` in eviction messages) or a
-/// user (`u42`). Tweets' public fields never change (a delete evicts them); a user changes
-/// with a new version (its [`super::Update::UserChanged`] evicts it).
+/// An object a process may keep in its near cache: a tweet (`t17` in eviction messages), a
+/// user (`u42`) or a tweet's counters (`c17`). Tweets' public fields never change (a delete
+/// evicts them); a user changes with a new version (its [`super::Update::UserChanged`] evicts
+/// it); counters change with every like and comment, whose [`super::Update::TweetCounts`]
+/// evicts them everywhere before the write answers, as any versioned value the outbox writes
+/// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NearId {
     Tweet(i64),
     User(i64),
+    Counts(i64),
 }
 
 impl NearKey for NearId {
@@ -42,12 +48,14 @@ impl NearKey for NearId {
         match self {
             NearId::Tweet(id) => format!("t{id}"),
             NearId::User(id) => format!("u{id}"),
+            NearId::Counts(id) => format!("c{id}"),
         }
     }
     fn from_message(text: &str) -> Option<Self> {
         match text.split_at_checked(1)? {
             ("t", id) => id.parse().ok().map(NearId::Tweet),
             ("u", id) => id.parse().ok().map(NearId::User),
+            ("c", id) => id.parse().ok().map(NearId::Counts),
             _ => None,
         }
     }
@@ -59,7 +67,7 @@ impl NearId {
         match Keys::parse_object(key)? {
             (Object::Tweet, id) => Some(NearId::Tweet(id)),
             (Object::User, id) => Some(NearId::User(id)),
-            (Object::TweetCounts, _) => None,
+            (Object::TweetCounts, id) => Some(NearId::Counts(id)),
         }
     }
 }
@@ -69,6 +77,7 @@ impl NearId {
 pub enum NearObject {
     Tweet(CachedTweet),
     User(CachedUser),
+    Counts(TweetCounts),
 }
 
 /// What the cache knows of one object.
@@ -282,9 +291,10 @@ pub enum LikedAmong {
     Liked(HashSet<i64>),
 }
 
-/// Counters read ahead of hydration, in the range read's round trip ([`super::pages`]):
-/// `counts[i]` is what Redis held for tweet `ids[i]` (`None`: not cached). Hydration takes a
-/// counter from here only for a tweet that is on the page; it asks for the others.
+/// Counters known ahead of hydration: held in this process's near cache or read in the range
+/// read's round trip ([`super::pages`]): `counts[i]` is what is known of tweet `ids[i]`
+/// (`None`: nothing, hydration asks Redis). Hydration takes a counter from here only for a
+/// tweet that is on the page; it asks for the others.
 ///
 /// `liked`: what the viewer's liked set said of all of `ids`, if the range read asked (a
 /// viewer of someone else's timeline); it answers the page's likes when every tweet of the
@@ -297,15 +307,16 @@ pub struct Prefetched<'a> {
 }
 
 impl Prefetched<'_> {
-    /// What was read ahead for tweet `id`, at position `at` of its page; `None` if it was not.
-    /// The same position first: a page that did not change lists its tweets in the same order.
-    fn get(&self, at: usize, id: i64) -> Option<Option<TweetCounts>> {
+    /// The counters known ahead for tweet `id`, at position `at` of its page; `None` if none
+    /// are. The same position first: a page that did not change lists its tweets in the same
+    /// order.
+    fn get(&self, at: usize, id: i64) -> Option<TweetCounts> {
         let i = if self.ids.get(at) == Some(&id) {
             at
         } else {
             self.ids.iter().position(|x| *x == id)?
         };
-        self.counts.get(i).copied()
+        self.counts.get(i).copied().flatten()
     }
 
     /// What was read ahead of the viewer's likes, if it covers every one of `tweet_ids`.
@@ -510,10 +521,46 @@ impl Cache {
             .await;
     }
 
+    /// The counters of `tweet_ids` this process holds in its near cache, in order (`None`: not
+    /// held, or the near cache may not answer now), and the lookup to hand to
+    /// [`Cache::remember_counts`] with those read from Redis instead. Empty if the cache is off.
+    pub fn held_counts(&self, tweet_ids: &[i64]) -> (Option<Lookup>, Vec<Option<TweetCounts>>) {
+        let Some(near) = self.near_objects().filter(|_| !tweet_ids.is_empty()) else {
+            return (None, vec![None; tweet_ids.len()]);
+        };
+        let lookup = near.begin(self);
+        let wanted: Vec<NearId> = tweet_ids.iter().map(|id| NearId::Counts(*id)).collect();
+        let held = near
+            .get_many(self, &wanted)
+            .unwrap_or_else(|| vec![None; wanted.len()])
+            .into_iter()
+            .map(|o| match o {
+                Some(NearObject::Counts(c)) => Some(c),
+                _ => None,
+            })
+            .collect();
+        (Some(lookup), held)
+    }
+
+    /// Remembers counters read from Redis by a read that began at `lookup`
+    /// ([`Cache::held_counts`]), unless an eviction was heard since.
+    pub fn remember_counts(&self, lookup: Option<Lookup>, read: &[(i64, Option<TweetCounts>)]) {
+        let (Some(near), Some(lookup)) = (self.near_objects(), lookup) else {
+            return;
+        };
+        let found: Vec<(NearId, NearObject)> = read
+            .iter()
+            .filter_map(|(id, c)| Some((NearId::Counts(*id), NearObject::Counts((*c)?))))
+            .collect();
+        if !found.is_empty() {
+            near.insert(self, lookup, found);
+        }
+    }
+
     /// Tweet objects, their counts, their authors (if `with_authors`) and the viewer's likes
-    /// of them, in one pipeline. Tweets and authors this process holds in its near cache
-    /// ([`super::near`]) are taken from there and not asked for: a warm page then asks Redis
-    /// only for the counts and the likes (about half of its key lookups and values).
+    /// of them, in one pipeline. Tweets, counters and authors this process holds in its near
+    /// cache ([`super::near`]) are taken from there and not asked for: a warm page then asks
+    /// Redis for the likes alone, if for anything.
     ///
     /// A list entry does not name its tweet's author (BENCHMARKS.md, round 10): the authors
     /// asked for in the pipeline are those of the near-cached tweets. The authors of tweets
@@ -541,15 +588,32 @@ impl Cache {
             return Ok(Fetched::default());
         }
         let lookup = near.begin(self);
-        let wanted: Vec<NearId> = tweet_ids.iter().map(|id| NearId::Tweet(*id)).collect();
-        // The held tweets and, in the same lookup, their authors.
+        // `None`: not known yet; `Some(None)`: not cached (hydration reads Postgres).
+        let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
+            .map(|(at, id)| prefetched.get(at, *id).map(Some))
+            .collect();
+        // The tweets, the counters not prefetched and, in the same lookup, the tweets' authors.
+        let wanted: Vec<NearId> = (tweet_ids.iter().map(|id| NearId::Tweet(*id)))
+            .chain(
+                (tweet_ids.iter().zip(&counts))
+                    .filter(|(_, c)| c.is_none())
+                    .map(|(id, _)| NearId::Counts(*id)),
+            )
+            .collect();
         let author_of = |o: &NearObject| match o {
             NearObject::Tweet(t) if with_authors => Some(NearId::User(t.user_id)),
             _ => None,
         };
-        let (held, held_authors) = near
+        let (mut held, held_authors) = near
             .get_many_then(self, &wanted, author_of)
             .unwrap_or_else(|| (vec![None; wanted.len()], Vec::new()));
+        let held_counts = held.split_off(tweet_ids.len());
+        let mut held_counts = held_counts.into_iter();
+        for c in counts.iter_mut().filter(|c| c.is_none()) {
+            if let Some(Some(NearObject::Counts(held))) = held_counts.next() {
+                *c = Some(Some(held));
+            }
+        }
         let mut tweets: Vec<Cached<CachedTweet>> = held
             .into_iter()
             .map(|o| match o {
@@ -569,9 +633,6 @@ impl Cache {
             .collect();
         let ask_users = authors.missing();
 
-        let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
-            .map(|(at, id)| prefetched.get(at, *id))
-            .collect();
         let ask_counts: Vec<i64> = (tweet_ids.iter().zip(&counts))
             .filter(|(_, c)| c.is_none())
             .map(|(id, _)| *id)
@@ -624,8 +685,14 @@ impl Cache {
         }
         if !ask_counts.is_empty() {
             let mut asked = decode_counts(next("counts")?)?.into_iter();
-            for c in counts.iter_mut().filter(|c| c.is_none()) {
-                *c = Some(asked.next().flatten());
+            for (id, c) in tweet_ids.iter().zip(counts.iter_mut()) {
+                if c.is_none() {
+                    let read = asked.next().flatten();
+                    if let Some(read) = read {
+                        found.push((NearId::Counts(*id), NearObject::Counts(read)));
+                    }
+                    *c = Some(read);
+                }
             }
         }
         let counts = counts.into_iter().map(Option::flatten).collect();
@@ -888,12 +955,12 @@ mod tests {
             liked: Some(&liked),
         };
         // The same page, in the same order.
-        assert_eq!(ahead.get(0, 30), Some(Some(c(3))));
-        assert_eq!(ahead.get(1, 20), Some(None), "read, and not cached");
+        assert_eq!(ahead.get(0, 30), Some(c(3)));
+        assert_eq!(ahead.get(1, 20), None, "not known: asked again");
         // A new tweet on top moves the others down; it was not read ahead.
         assert_eq!(ahead.get(0, 40), None);
-        assert_eq!(ahead.get(1, 30), Some(Some(c(3))));
-        assert_eq!(ahead.get(3, 10), Some(Some(c(1))));
+        assert_eq!(ahead.get(1, 30), Some(c(3)));
+        assert_eq!(ahead.get(3, 10), Some(c(1)));
         // A short reply answers nothing for the ids it did not cover.
         let short = Prefetched {
             counts: &[Some(c(3))],
@@ -908,7 +975,12 @@ mod tests {
 
     #[test]
     fn near_ids_travel_as_messages_and_come_from_their_keys() {
-        for id in [NearId::Tweet(17), NearId::User(42), NearId::Tweet(i64::MAX)] {
+        for id in [
+            NearId::Tweet(17),
+            NearId::User(42),
+            NearId::Counts(17),
+            NearId::Tweet(i64::MAX),
+        ] {
             assert_eq!(NearId::from_message(&id.to_message()), Some(id));
         }
         for bad in ["", "t", "x17", "t-", "u4 2"] {
@@ -917,7 +989,10 @@ mod tests {
         let keys = Keys::new("p").unwrap();
         assert_eq!(NearId::of_key(&keys.tweet(17)), Some(NearId::Tweet(17)));
         assert_eq!(NearId::of_key(&keys.user(42)), Some(NearId::User(42)));
-        assert_eq!(NearId::of_key(&keys.tweet_counts(17)), None);
+        assert_eq!(
+            NearId::of_key(&keys.tweet_counts(17)),
+            Some(NearId::Counts(17))
+        );
         assert_eq!(NearId::of_key(&keys.user_counts(42)), None);
         assert_eq!(
             NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),

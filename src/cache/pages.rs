@@ -1,7 +1,8 @@
 //! Page memory: which tweets each timeline page showed the last time this process served it,
 //! so that the next read of the same page can prefetch their counters in the range read's round
 //! trip ([`crate::cache::Cache::range`]) instead of asking for them in a second one after the
-//! range came back.
+//! range came back. (Counters this process holds in its near cache, [`super::near`], are not
+//! asked for at all: on a warm page, none are.)
 //!
 //! It is only a guess, never an answer: the range read still reads the list, and hydration
 //! takes a prefetched counter only for a tweet that is on the page the list gave (a counter read

@@ -137,16 +137,36 @@ impl Staged {
     }
 }
 
-/// The near-cached objects whose Redis entry these repairs change (a tweet's tombstone, a
-/// user's new version): what to evict from every process's memory after them.
+/// The near-cached values whose Redis entry these repairs change (a tweet's tombstone, a
+/// user's new version, a tweet's new or deleted counters): what to evict from every process's
+/// memory after them.
 pub fn near_evictions(repairs: &[Repair]) -> Vec<NearId> {
     repairs
         .iter()
         .filter_map(|r| match r {
-            Repair::Tombstone { key } | Repair::SetIfNewer { key, .. } => NearId::of_key(key),
+            Repair::Tombstone { key } | Repair::SetIfNewer { key, .. } | Repair::Delete { key } => {
+                NearId::of_key(key)
+            }
             _ => None,
         })
         .collect()
+}
+
+/// [`near_evictions`] of a write's own `updates`, less the counters of the tweets it creates:
+/// no process can hold those (a reader stores only counters Redis or Postgres had), so a new
+/// tweet answers without waiting for acknowledgements. (The outbox relay evicts them anyway:
+/// harmless, and rare.)
+fn evictions_of(updates: &[Update], repairs: &[Repair]) -> Vec<NearId> {
+    let created: Vec<i64> = updates
+        .iter()
+        .filter_map(|u| match u {
+            Update::TweetCreated { tweet, .. } => Some(tweet.id),
+            _ => None,
+        })
+        .collect();
+    let mut evict = near_evictions(repairs);
+    evict.retain(|e| !matches!(e, NearId::Counts(id) if created.contains(id)));
+    evict
 }
 
 impl Update {
@@ -404,7 +424,7 @@ impl Cache {
         };
         Ok(Staged {
             outbox_id: Some(record(tx, &repairs).await?),
-            evict: near_evictions(&repairs),
+            evict: evictions_of(updates, &repairs),
             pipe,
             commands: updates.len(),
             deferred: Vec::new(),

@@ -1,5 +1,6 @@
-//! The near cache of tweet and user objects: pages take them from each process's memory, and a
-//! delete or a profile edit answers only after every process forgot the old object.
+//! The near cache of tweet and user objects and tweet counters: pages take them from each
+//! process's memory, and a delete, a profile edit, a like or a comment answers only after every
+//! process forgot the old value.
 
 use std::sync::atomic::Ordering;
 
@@ -11,15 +12,41 @@ use chirp::config::Config;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::helpers::{Proxy, TestApp, eventually};
+use crate::helpers::{CountsOf, Proxy, TestApp, eventually};
 
 fn stats(app: &TestApp) -> &NearStats {
     &app.state.cache.near_objects().expect("cache on").stats
 }
 
 fn holds_tweet(app: &TestApp, id: i64) -> bool {
+    holds(app, NearId::Tweet(id))
+}
+
+fn holds(app: &TestApp, object: NearId) -> bool {
     let near = app.state.cache.near_objects().expect("cache on");
-    near.get(&app.state.cache, &NearId::Tweet(id)).is_some()
+    near.get(&app.state.cache, &object).is_some()
+}
+
+/// Reads `uri` on `app` until its memory holds `object`.
+async fn read_until_held(app: &TestApp, uri: &str, object: NearId) {
+    eventually("the object is held in memory", async || {
+        let res = app.get(uri, None).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        holds(app, object)
+    })
+    .await;
+}
+
+/// `field` of tweet `id` on the first page of `uri`, as `app` answers it.
+async fn count_on_page(app: &TestApp, uri: &str, id: i64, field: &str) -> i64 {
+    let res = app.get(uri, None).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let results = res.body["results"].as_array().expect("results").iter();
+    let tweet = results
+        .into_iter()
+        .find(|t| t["id"] == id)
+        .expect("tweet on the page");
+    tweet[field].as_i64().expect("count")
 }
 
 /// Reads `uri` on `app` until a read was answered (at least in part) from its memory.
@@ -142,4 +169,86 @@ async fn a_process_cut_off_from_redis_forgets_its_objects_and_misses_no_delete(d
     proxy.set_up(true);
     assert!(a.recover().await);
     assert_eq!(a.get(&uri, None).await.status, StatusCode::NOT_FOUND);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_warm_page_takes_its_counters_from_memory_not_from_redis(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, token) = app.signup("alice").await;
+    let id = app.tweet(&token, "counted").await["id"]
+        .as_i64()
+        .expect("id");
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&app, &listing, NearId::Counts(id)).await;
+    // Redis now says otherwise (same version, other numbers): a page that asked Redis would
+    // show it; this one answers from memory.
+    let key = app.counts_key(CountsOf::Tweet(id));
+    let mut r = app.redis().await;
+    let cached: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut r)
+        .await
+        .expect("get");
+    let version = cached.split('|').next().expect("version");
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(format!("{version}|7|7"))
+        .query_async(&mut r)
+        .await
+        .expect("set");
+    assert_eq!(count_on_page(&app, &listing, id, "likes_count").await, 0);
+    // A like evicts the memory and writes the new counters: the page shows them.
+    let (_, bob) = app.signup("bob").await;
+    app.like(&bob, "tweet", id).await;
+    assert!(
+        !holds(&app, NearId::Counts(id)),
+        "the like left the old counters in memory"
+    );
+    assert_eq!(count_on_page(&app, &listing, id, "likes_count").await, 1);
+    assert_eq!(count_on_page(&app, &listing, id, "comments_count").await, 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_like_and_a_comment_on_one_server_count_at_once_on_another_that_held_the_counters(
+    db: PgPool,
+) {
+    let (a, b, alice, _, id) = two_processes(db).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&b, &listing, NearId::Counts(id)).await;
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 0);
+    let (_, bob) = a.signup("bob").await;
+    a.like(&bob, "tweet", id).await;
+    // No pause: the like answered only after b forgot the old counters.
+    assert!(
+        !holds(&b, NearId::Counts(id)),
+        "b still holds the old counters"
+    );
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+    read_until_held(&b, &listing, NearId::Counts(id)).await;
+    a.comment(&bob, id, "first").await;
+    assert_eq!(count_on_page(&b, &listing, id, "comments_count").await, 1);
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+    assert_eq!(stats(&a).unconfirmed.load(Ordering::Relaxed), 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_like_whose_server_died_before_announcing_it_is_counted_after_the_relay(db: PgPool) {
+    let (a, b, alice, _, id) = two_processes(db).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&b, &listing, NearId::Counts(id)).await;
+    let (_, bob) = a.signup("bob").await;
+    // The liking process "dies" between its commit and its cache step.
+    a.state.cache.set_after_commit(AfterCommit::Crash);
+    a.like(&bob, "tweet", id).await;
+    a.state.cache.set_after_commit(AfterCommit::Apply);
+    assert!(
+        holds(&b, NearId::Counts(id)),
+        "nothing announced the like yet"
+    );
+    assert!(a.relay().await >= 1);
+    assert!(
+        !holds(&b, NearId::Counts(id)),
+        "the relay's eviction did not reach b"
+    );
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
 }
