@@ -451,15 +451,8 @@ async fn read_cached(
         (None, Some(pages)) => pages.guess(&shape),
         _ => Box::default(),
     };
-    // Their counters: from this process's memory, else from Redis along with the range.
-    let (lookup, mut guess_counts) = cache.held_counts(&guess);
-    let unheld: Vec<i64> = (guess.iter().zip(&guess_counts))
-        .filter(|(_, c)| c.is_none())
-        .map(|(id, _)| *id)
-        .collect();
     let prefetch = Prefetch {
         tweets: &guess,
-        counts: &unheld,
         // An owner's likes come with the sample above.
         liked_by: viewer.filter(|_| !owner_likes),
     };
@@ -487,20 +480,10 @@ async fn read_cached(
         || window.complete
         || matches!((gt, window.floor), (Some(g), Some(f)) if g >= f);
 
-    if !window.prefetched.is_empty() {
-        let read: Vec<(i64, Option<TweetCounts>)> = (unheld.iter().copied())
-            .zip(window.prefetched.iter().copied())
-            .collect();
-        cache.remember_counts(lookup, &read);
-        let mut read = read.into_iter();
-        for c in guess_counts.iter_mut().filter(|c| c.is_none()) {
-            *c = read.next().and_then(|(_, c)| c);
-        }
-    }
     let likes = window.owner_likes.as_deref();
     let prefetched = Prefetched {
         ids: &guess,
-        counts: &guess_counts,
+        counts: &window.prefetched,
         liked: window.prefetched_liked.as_ref(),
     };
     let (mut items, gone) = hydrate(db, cache, &entries, viewer, likes, prefetched).await?;

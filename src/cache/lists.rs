@@ -161,9 +161,10 @@ pub struct Window {
     /// them when it holds fewer), read in the same round trip when the read asked for it
     /// (`with_owner_likes`), for [`Cache::fetch_for_hydration`].
     pub owner_likes: Option<Vec<i64>>,
-    /// The counters of the tweets the read was asked to prefetch ([`Prefetch::counts`]), in
-    /// that order, read in the same round trip (`None`: not cached); empty if none were asked
-    /// or the read had a lower bound (see [`Cache::range`] and [`super::pages`]).
+    /// The counters of the tweets the read was asked to prefetch ([`Prefetch::tweets`]), in
+    /// that order: held in this process's near cache or read in the same round trip (`None`:
+    /// not known, hydration asks again); empty if none were asked or the read had a lower bound
+    /// (see [`Cache::range`] and [`super::pages`]).
     pub prefetched: Vec<Option<TweetCounts>>,
     /// What the liked set of [`Prefetch::liked_by`] says of the prefetched tweets, read in the
     /// same round trip; `None` if it was not asked.
@@ -173,11 +174,9 @@ pub struct Window {
 /// What a range read asks for along with the list, for hydration ([`super::pages`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Prefetch<'a> {
-    /// The page's tweets the last time it was served.
+    /// The page's tweets the last time it was served: their counters (those the near cache
+    /// does not hold) and, with `liked_by`, the viewer's likes of them.
     pub tweets: &'a [i64],
-    /// Those of them whose counters to read (the others are near-cached:
-    /// [`Cache::held_counts`]).
-    pub counts: &'a [i64],
     /// A viewer whose liked set to ask about `tweets` (someone reading another's timeline).
     pub liked_by: Option<i64>,
 }
@@ -331,8 +330,8 @@ impl Cache {
     /// round 8).
     ///
     /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
-    /// for the counters of those this process does not hold ([`Prefetch::counts`]), and
-    /// whether its viewer liked them, in the same round trip ([`Window::prefetched`],
+    /// for the counters of those this process does not hold in its near cache (and takes the
+    /// others from there: [`Cache::held_counts`]), and whether its viewer liked them, in the same round trip ([`Window::prefetched`],
     /// [`Window::prefetched_liked`]), so that hydration needs no second one when the page did
     /// not change. Only a page without a lower bound takes them (the atomic pair stays within
     /// the list's slot).
@@ -363,8 +362,15 @@ impl Cache {
             let mut pipe = redis::pipe();
             bounds.pipe_members(&mut pipe, &key, count);
             sample(&mut pipe);
-            if !prefetch.counts.is_empty() {
-                pipe_counts(&mut pipe, &inner.keys, prefetch.counts);
+            // The counters of the page's last tweets: from memory, else read along.
+            let (lookup, known) = self.held_counts(ahead);
+            let unheld: Vec<i64> = (ahead.iter().zip(&known))
+                .filter(|(_, c)| c.is_none())
+                .map(|(id, _)| *id)
+                .collect();
+            prefetched = known;
+            if !unheld.is_empty() {
+                pipe_counts(&mut pipe, &inner.keys, &unheld);
             }
             let ask_liked = prefetch.liked_by.filter(|_| !ahead.is_empty());
             if let Some(viewer) = ask_liked {
@@ -377,8 +383,13 @@ impl Cache {
                 Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
                 None => None,
             };
-            if !prefetch.counts.is_empty() {
-                prefetched = decode_counts(next()?)?;
+            if !unheld.is_empty() {
+                let read = decode_counts(next()?)?;
+                self.remember_counts(lookup, &unheld, &read);
+                let mut read = read.into_iter();
+                for c in prefetched.iter_mut().filter(|c| c.is_none()) {
+                    *c = read.next().flatten();
+                }
             }
             if ask_liked.is_some() {
                 prefetched_liked = Some(decode_liked(ahead, next()?)?);

@@ -542,14 +542,18 @@ impl Cache {
         (Some(lookup), held)
     }
 
-    /// Remembers counters read from Redis by a read that began at `lookup`
-    /// ([`Cache::held_counts`]), unless an eviction was heard since.
-    pub fn remember_counts(&self, lookup: Option<Lookup>, read: &[(i64, Option<TweetCounts>)]) {
+    /// Remembers the counters `read` from Redis for `tweet_ids` (aligned) by a read that began
+    /// at `lookup` ([`Cache::held_counts`]), unless they were evicted since.
+    pub fn remember_counts(
+        &self,
+        lookup: Option<Lookup>,
+        tweet_ids: &[i64],
+        read: &[Option<TweetCounts>],
+    ) {
         let (Some(near), Some(lookup)) = (self.near_objects(), lookup) else {
             return;
         };
-        let found: Vec<(NearId, NearObject)> = read
-            .iter()
+        let found: Vec<(NearId, NearObject)> = (tweet_ids.iter().zip(read))
             .filter_map(|(id, c)| Some((NearId::Counts(*id), NearObject::Counts((*c)?))))
             .collect();
         if !found.is_empty() {
