@@ -108,6 +108,30 @@ impl ListKey {
     }
 }
 
+impl ListKey {
+    /// Whether a process may hold this list's head (its newest entries) in its near cache
+    /// ([`super::near`]): a user's own tweets (`{u42}:posts`) and a circle's tweets
+    /// (`{c3}:items`), which change only with a tweet written or deleted by one request, whose
+    /// outbox repair ([`super::Repair::Invalidate`]) evicts the head everywhere before the write
+    /// answers. Newsfeeds and list timelines change with every fan-out batch (thousands of
+    /// lists a second): not held.
+    pub fn head_held(self) -> bool {
+        self.split_time && ListKey::held_head(self.owner.tag(), Some(self.name)) == Some(self)
+    }
+
+    /// The held list ([`ListKey::head_held`]) of the hash tag `(tag, id)` (`("u", 42)`: the
+    /// tweets of user 42), checked against `name` if given; `None` for any other list.
+    pub fn held_head(tag: Option<(&str, i64)>, name: Option<&str>) -> Option<ListKey> {
+        let (owner, held) = match tag? {
+            ("u", id) => (Owner::User(id), "posts"),
+            ("c", id) => (Owner::Circle(id), "items"),
+            _ => return None,
+        };
+        name.is_none_or(|n| n == held)
+            .then_some(ListKey::timeline(owner, held))
+    }
+}
+
 impl fmt::Display for ListKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} of {}", self.name, self.owner)
@@ -233,6 +257,15 @@ impl Keys {
             .into_iter()
             .find(|o| o.parts() == (letter, name))
             .map(|o| (o, id))
+    }
+
+    /// The held list ([`ListKey::head_held`]) a list key names (any prefix); `None` for any
+    /// other key.
+    pub fn parse_held_list(key: &str) -> Option<ListKey> {
+        let (head, name) = key.rsplit_once(':')?;
+        let (_, tag) = head.rsplit_once(":{")?;
+        let (letter, id) = tag.strip_suffix('}')?.split_at_checked(1)?;
+        ListKey::held_head(Some((letter, id.parse().ok()?)), Some(name))
     }
 
     /// A tweet's counts.

@@ -171,6 +171,27 @@ pub struct Window {
     pub prefetched_liked: Option<LikedAmong>,
 }
 
+/// The newest entries of a held list ([`ListKey::head_held`]) as a first page's range read
+/// found them in Redis, kept in each process's near cache ([`super::objects::NearId::Head`]):
+/// a later first page of up to `count` entries is answered from it, without a round trip, if
+/// the list held more than `count` entries or holds them all ([`Head::serves`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Head {
+    /// Members, newest first (without the completeness marker): the `count + 1` newest, or
+    /// fewer if the list holds fewer.
+    pub items: Vec<Vec<u8>>,
+    /// The list held every entry (its marker was among those read).
+    pub complete: bool,
+}
+
+impl Head {
+    /// Whether a first page of `count` entries can be answered from this head as Redis would
+    /// answer it: a full page, or every entry of the list.
+    pub fn serves(&self, count: usize) -> bool {
+        self.complete || self.items.len() > count
+    }
+}
+
 /// What a range read asks for along with the list, for hydration ([`super::pages`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Prefetch<'a> {
@@ -331,10 +352,15 @@ impl Cache {
     ///
     /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
     /// for the counters of those this process does not hold in its near cache (and takes the
-    /// others from there: [`Cache::held_counts`]), and whether its viewer liked them, in the same round trip ([`Window::prefetched`],
-    /// [`Window::prefetched_liked`]), so that hydration needs no second one when the page did
-    /// not change. Only a page without a lower bound takes them (the atomic pair stays within
-    /// the list's slot).
+    /// others from there: [`Cache::held_for_range`]), and whether its viewer liked them, in the
+    /// same round trip ([`Window::prefetched`], [`Window::prefetched_liked`]), so that
+    /// hydration needs no second one when the page did not change. Only a page without a lower
+    /// bound takes them (the atomic pair stays within the list's slot).
+    ///
+    /// A first page (neither bound) of a held list ([`ListKey::head_held`]: a user's own
+    /// tweets, a circle's tweets) takes its members from the list's [`Head`] in this process's
+    /// near cache when it serves the page, and remembers the head it read otherwise: a warm
+    /// page whose counters are held too makes no round trip at all.
     pub async fn range(
         &self,
         list: ListKey,
@@ -359,16 +385,21 @@ impl Cache {
         let (mut prefetched, mut prefetched_liked) = (Vec::new(), None);
         let ahead = prefetch.tweets;
         if gt.is_none() {
+            // A first page of a held list: its head from memory, if held (`Head::serves`).
+            let held_list = (lt.is_none() && list.head_held()).then_some(list);
+            let held = self.held_for_range(held_list, ahead);
+            let (lookup, head) = (held.lookup, held.head.filter(|h| h.serves(count)));
             let mut pipe = redis::pipe();
-            bounds.pipe_members(&mut pipe, &key, count);
+            if head.is_none() {
+                bounds.pipe_members(&mut pipe, &key, count);
+            }
             sample(&mut pipe);
             // The counters of the page's last tweets: from memory, else read along.
-            let (lookup, known) = self.held_counts(ahead);
-            let unheld: Vec<i64> = (ahead.iter().zip(&known))
+            let unheld: Vec<i64> = (ahead.iter().zip(&held.counts))
                 .filter(|(_, c)| c.is_none())
                 .map(|(id, _)| *id)
                 .collect();
-            prefetched = known;
+            prefetched = held.counts;
             if !unheld.is_empty() {
                 pipe_counts(&mut pipe, &inner.keys, &unheld);
             }
@@ -376,8 +407,18 @@ impl Cache {
             if let Some(viewer) = ask_liked {
                 pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
             }
-            let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
-            let mut items = bounds.members(&mut replies)?;
+            // A warm page of a held list whose counters are held too needs no round trip.
+            let asked =
+                head.is_none() || liked.is_some() || !unheld.is_empty() || ask_liked.is_some();
+            let mut replies = if asked {
+                self.run::<Vec<redis::Value>>(&pipe).await?.into_iter()
+            } else {
+                Vec::new().into_iter()
+            };
+            let mut items = match &head {
+                Some(head) => head.items.iter().take(count + 1).cloned().collect(),
+                None => bounds.members(&mut replies)?,
+            };
             let mut next = || replies.next().ok_or(CacheUnavailable);
             let owner_likes: Option<Vec<i64>> = match liked {
                 Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
@@ -394,9 +435,20 @@ impl Cache {
             if ask_liked.is_some() {
                 prefetched_liked = Some(decode_liked(ahead, next()?)?);
             }
-            let complete = items.last().is_some_and(|m| m == MARKER.as_bytes());
+            let complete = match &head {
+                // As Redis would answer `count + 1`: complete only if the page holds it all.
+                Some(head) => head.complete && head.items.len() <= count,
+                None => items.last().is_some_and(|m| m == MARKER.as_bytes()),
+            };
             if complete || items.len() > count {
                 items.retain(|member| member != MARKER.as_bytes());
+                if let (Some(list), None) = (held_list, &head) {
+                    let found = Head {
+                        items: items.clone(),
+                        complete,
+                    };
+                    self.remember_head(lookup, list, found);
+                }
                 items.truncate(count);
                 return Ok(Some(Window {
                     complete,

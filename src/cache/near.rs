@@ -104,6 +104,27 @@ impl<K: Eq + Hash + Copy, V> Memory<K, V> {
         }
     }
 
+    /// Makes room in a full memory of `capacity` values: drops the expired entries and, if
+    /// that frees less than a tenth, the oldest stored ones (the next to expire) until a tenth
+    /// is free. One scan per tenth of the capacity inserted, never one per insert; and the
+    /// memory stays warm: dropping everything instead (rounds 5–11) sent every page back to
+    /// Redis for its tweets, counters and authors each time a full memory overflowed
+    /// (BENCHMARKS.md, round 12).
+    fn make_room(&mut self, capacity: usize, ttl: Duration, now: Instant) {
+        self.entries
+            .retain(|_, (_, at)| now.duration_since(*at) < ttl);
+        let keep = capacity.saturating_sub((capacity / 10).max(1));
+        if self.entries.len() <= keep {
+            return;
+        }
+        let mut stored: Vec<Instant> = self.entries.values().map(|(_, at)| *at).collect();
+        let drop = stored.len() - keep;
+        // The `drop`-th oldest time: entries stored at it or before go (a page's values share
+        // one time, so a few more may go with it).
+        let (_, &mut cutoff, _) = stored.select_nth_unstable(drop - 1);
+        self.entries.retain(|_, (_, at)| *at > cutoff);
+    }
+
     /// Eviction `count` of everything.
     fn clear(&mut self, count: u64) {
         self.entries.clear();
@@ -146,6 +167,9 @@ pub struct Near<K, V> {
     link: OnceLock<Link>,
     /// This process's name in acknowledgement sets (random).
     me: u64,
+    /// The evictions this process is publishing, by nonce: when its own subscriber hears one,
+    /// it tells the writer instead of acknowledging through Redis ([`Own`]).
+    own: Mutex<HashMap<String, Arc<Own>>>,
     /// The counters.
     pub stats: NearStats,
 }
@@ -163,6 +187,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             fences: AtomicU64::new(0),
             link: OnceLock::new(),
             me: rand::random(),
+            own: Mutex::new(HashMap::new()),
             stats: NearStats::default(),
         })
     }
@@ -208,6 +233,10 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Memory<K, V>> {
         self.memory.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn own_evictions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Own>>> {
+        self.own.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn subscribed(&self) -> bool {
@@ -322,18 +351,10 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             if evicted.contains(&key) {
                 continue;
             }
-            let entries = &mut memory.entries;
-            if entries.len() >= self.capacity {
-                // Full: drop the expired entries, and everything if that frees less than a
-                // tenth (so a full memory costs one scan per tenth of its capacity inserted,
-                // never one per insert).
-                let ttl = self.ttl;
-                entries.retain(|_, (_, at)| now.duration_since(*at) < ttl);
-                if entries.len() > self.capacity - self.capacity / 10 {
-                    entries.clear();
-                }
+            if memory.entries.len() >= self.capacity {
+                memory.make_room(self.capacity, self.ttl, now);
             }
-            entries.insert(key, (value, now));
+            memory.entries.insert(key, (value, now));
         }
     }
 
@@ -357,6 +378,14 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         let keys: Vec<K> = words.filter_map(K::from_message).collect();
         self.forget(Some(&keys));
         self.stats.evictions.fetch_add(1, Ordering::Relaxed);
+        let own = self.own_evictions().get(nonce).cloned();
+        if let Some(own) = own {
+            // This process's own eviction: its writer forgot the keys before publishing and
+            // now knows that this process was among the receivers.
+            own.heard.store(true, Ordering::Release);
+            own.notify.notify_one();
+            return;
+        }
         let Some(key) = ack_key(cache, nonce) else {
             return;
         };
@@ -396,11 +425,28 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             return Ok(true);
         }
         let words: Vec<String> = keys.iter().map(K::to_message).collect();
-        let result = broadcast(cache, self.topic, &words).await;
+        let nonce = format!("{:016x}", rand::random::<u64>());
+        let own = Arc::new(Own {
+            heard: std::sync::atomic::AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+            expected: self.subscribed(),
+        });
+        self.own_evictions().insert(nonce.clone(), own.clone());
+        // Unregistered when the wait ends, or if it is dropped halfway.
+        let _registered = Registered(self, &nonce);
+        let result = publish_and_wait(cache, self.topic, &nonce, &words, Some(&own)).await;
         if !matches!(result, Ok(true)) {
             self.stats.unconfirmed.fetch_add(1, Ordering::Relaxed);
         }
         result
+    }
+
+    /// Forgets `keys` in this process's memory alone (what a best-effort update changed; the
+    /// write that made it necessary evicts them everywhere).
+    pub fn forget_here(&self, keys: &[K]) {
+        if !keys.is_empty() {
+            self.forget(Some(keys));
+        }
     }
 
     /// How many values this process holds now.
@@ -434,18 +480,63 @@ pub async fn broadcast(
     keys: &[String],
 ) -> Result<bool, CacheUnavailable> {
     let nonce = format!("{:016x}", rand::random::<u64>());
+    publish_and_wait(cache, topic, &nonce, keys, None).await
+}
+
+/// Removes a writer's own eviction from [`Near::own_evictions`] when dropped.
+struct Registered<'a, K: NearKey, V: Clone + Send + Sync + 'static>(&'a Near<K, V>, &'a str);
+
+impl<K: NearKey, V: Clone + Send + Sync + 'static> Drop for Registered<'_, K, V> {
+    fn drop(&mut self) {
+        self.0.own_evictions().remove(self.1);
+    }
+}
+
+/// A writer's own eviction in flight ([`Near::evict_everywhere`]): the writer forgot the keys
+/// before publishing, so its own process needs no acknowledgement through Redis, only the
+/// knowledge that it was one of the receivers `PUBLISH` counted.
+struct Own {
+    /// This process's subscriber heard the message (so `PUBLISH` counted it).
+    heard: std::sync::atomic::AtomicBool,
+    /// Woken when it does.
+    notify: tokio::sync::Notify,
+    /// The subscription stood when the writer began: worth waiting for the message to arrive
+    /// (a hint: if it never does, the writer polls for every receiver's acknowledgement).
+    expected: bool,
+}
+
+/// [`broadcast`] with the nonce `nonce`, and for a writer's own eviction (`own`) one
+/// acknowledgement fewer once its own subscriber heard the message: a process that is the only
+/// subscriber then waits for no `SCARD` poll at all (round 12, BENCHMARKS.md).
+async fn publish_and_wait(
+    cache: &Cache,
+    topic: &str,
+    nonce: &str,
+    keys: &[String],
+    own: Option<&Own>,
+) -> Result<bool, CacheUnavailable> {
     let receivers = cache
         .publish_counted(topic, &format!("{nonce} {}", keys.join(" ")))
         .await?;
-    let key = ack_key(cache, &nonce).ok_or(CacheUnavailable)?;
+    let key = ack_key(cache, nonce).ok_or(CacheUnavailable)?;
     let deadline = Instant::now() + ACK_WAIT;
     let mut polls = 0;
+    let mut expect_own = own.is_some_and(|o| o.expected);
     loop {
-        let mut pipe = redis::pipe();
-        pipe.cmd("SCARD").arg(&key);
-        let acks = cache.run_unchecked::<(u64,)>(&pipe, 1).await;
-        if acks.is_ok_and(|(n,)| n >= receivers) {
+        let heard = own.is_some_and(|o| o.heard.load(Ordering::Acquire));
+        let need = receivers.saturating_sub(u64::from(heard));
+        if need == 0 {
             return Ok(true);
+        }
+        // Until its own subscriber hears the message, a writer that expects it waits for that
+        // first: the other processes' acknowledgements take about as long.
+        if heard || !expect_own {
+            let mut pipe = redis::pipe();
+            pipe.cmd("SCARD").arg(&key);
+            let acks = cache.run_unchecked::<(u64,)>(&pipe, 1).await;
+            if acks.is_ok_and(|(n,)| n >= need) {
+                return Ok(true);
+            }
         }
         if Instant::now() >= deadline {
             tracing::warn!(
@@ -455,6 +546,17 @@ pub async fn broadcast(
                  {ACK_WAIT:?}; one that missed it forgets the value within the cache's TTL"
             );
             return Ok(false);
+        }
+        if let (Some(o), false) = (own, heard) {
+            // Its own message normally arrives within a round trip. If it has not within a
+            // millisecond (a busy process, or a subscription that broke before the `PUBLISH`
+            // and left this process out of the count), poll once a millisecond while waiting:
+            // back-to-back polls could not end the wait before it arrives.
+            let wait = tokio::time::timeout(Duration::from_millis(1), o.notify.notified());
+            if wait.await.is_err() {
+                expect_own = false;
+            }
+            continue;
         }
         // Acknowledgements take a few hundred µs (a message, an eviction, an `SADD`): the
         // first polls follow each other (one round trip each; a 1 ms sleep, the timer's
@@ -479,6 +581,30 @@ fn ack_key(cache: &Cache, nonce: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_memory_drops_the_expired_then_the_oldest_tenth_not_everything() {
+        let mut memory: Memory<i64, ()> = Memory::new();
+        let start = Instant::now();
+        let ttl = Duration::from_secs(60);
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        for key in 0..100 {
+            memory.entries.insert(key, ((), at(key as u64)));
+        }
+        // Nothing expired: the ten oldest go.
+        memory.make_room(100, ttl, at(100));
+        assert_eq!(memory.entries.len(), 90);
+        assert!((0..10).all(|k| !memory.entries.contains_key(&k)));
+        assert!((10..100).all(|k| memory.entries.contains_key(&k)));
+        // Expired entries free more than a tenth: only they go.
+        memory.make_room(100, ttl, at(60_050));
+        assert_eq!(
+            memory.entries.len(),
+            49,
+            "stored at 51..=99 ms are still fresh"
+        );
+        assert!(memory.entries.contains_key(&51) && !memory.entries.contains_key(&50));
+    }
 
     #[test]
     fn a_lookup_refuses_only_the_keys_evicted_since_it_began_unless_they_are_not_all_known() {

@@ -35,12 +35,16 @@ pub const NEAR_CAPACITY: usize = 100_000;
 /// evicts them); a user changes with a new version (its [`super::Update::UserChanged`] evicts
 /// it); counters change with every like and comment, whose [`super::Update::TweetCounts`]
 /// evicts them everywhere before the write answers, as any versioned value the outbox writes
-/// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone).
+/// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone). The head of a
+/// held list (`hu42`: user 42's tweets, `hc3`: circle 3's; [`ListKey::head_held`]) changes
+/// with a tweet written or deleted, whose outbox repair evicts it the same way (round 12: a
+/// warm page of such a list then needs no round trip at all).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NearId {
     Tweet(i64),
     User(i64),
     Counts(i64),
+    Head(ListKey),
 }
 
 impl NearKey for NearId {
@@ -49,6 +53,7 @@ impl NearKey for NearId {
             NearId::Tweet(id) => format!("t{id}"),
             NearId::User(id) => format!("u{id}"),
             NearId::Counts(id) => format!("c{id}"),
+            NearId::Head(list) => format!("h{}", list.owner),
         }
     }
     fn from_message(text: &str) -> Option<Self> {
@@ -56,14 +61,22 @@ impl NearKey for NearId {
             ("t", id) => id.parse().ok().map(NearId::Tweet),
             ("u", id) => id.parse().ok().map(NearId::User),
             ("c", id) => id.parse().ok().map(NearId::Counts),
+            ("h", tag) => {
+                let (letter, id) = tag.split_at_checked(1)?;
+                ListKey::held_head(Some((letter, id.parse().ok()?)), None).map(NearId::Head)
+            }
             _ => None,
         }
     }
 }
 
 impl NearId {
-    /// The object a key written by the outbox relay caches, if one a near cache may hold.
+    /// The object a key written by the outbox relay caches, if one a near cache may hold
+    /// (a tweet, a user, a tweet's counters, the head of a held list).
     pub fn of_key(key: &str) -> Option<Self> {
+        if let Some(list) = Keys::parse_held_list(key) {
+            return Some(NearId::Head(list));
+        }
         match Keys::parse_object(key)? {
             (Object::Tweet, id) => Some(NearId::Tweet(id)),
             (Object::User, id) => Some(NearId::User(id)),
@@ -78,6 +91,17 @@ pub enum NearObject {
     Tweet(CachedTweet),
     User(CachedUser),
     Counts(TweetCounts),
+    Head(std::sync::Arc<super::lists::Head>),
+}
+
+/// What a range read found in this process's memory ([`Cache::held_for_range`]).
+pub struct Held {
+    /// The lookup the read began (`None`: the near cache is off or nothing was looked up).
+    pub lookup: Option<Lookup>,
+    /// The held list's head, if held.
+    pub head: Option<std::sync::Arc<super::lists::Head>>,
+    /// The counters of the tweets asked for, in order (`None`: not held).
+    pub counts: Vec<Option<TweetCounts>>,
 }
 
 /// What the cache knows of one object.
@@ -521,29 +545,59 @@ impl Cache {
             .await;
     }
 
-    /// The counters of `tweet_ids` this process holds in its near cache, in order (`None`: not
-    /// held, or the near cache may not answer now), and the lookup to hand to
-    /// [`Cache::remember_counts`] with those read from Redis instead. Empty if the cache is off.
-    pub fn held_counts(&self, tweet_ids: &[i64]) -> (Option<Lookup>, Vec<Option<TweetCounts>>) {
-        let Some(near) = self.near_objects().filter(|_| !tweet_ids.is_empty()) else {
-            return (None, vec![None; tweet_ids.len()]);
+    /// What this process holds in its near cache for a range read: the head of `head` (a held
+    /// list's newest entries, [`ListKey::head_held`]) and the counters of `tweet_ids`, in order
+    /// (`None`: not held, or the near cache may not answer now), with the lookup to hand to
+    /// [`Cache::remember_counts`] and [`Cache::remember_head`] for what the read finds in Redis
+    /// instead. Nothing held if the cache is off.
+    pub fn held_for_range(&self, head: Option<ListKey>, tweet_ids: &[i64]) -> Held {
+        let near = self.near_objects();
+        let Some(near) = near.filter(|_| head.is_some() || !tweet_ids.is_empty()) else {
+            return Held {
+                lookup: None,
+                head: None,
+                counts: vec![None; tweet_ids.len()],
+            };
         };
         let lookup = near.begin(self);
-        let wanted: Vec<NearId> = tweet_ids.iter().map(|id| NearId::Counts(*id)).collect();
-        let held = near
+        let wanted: Vec<NearId> = (head.map(NearId::Head).into_iter())
+            .chain(tweet_ids.iter().map(|id| NearId::Counts(*id)))
+            .collect();
+        let mut found = near
             .get_many(self, &wanted)
             .unwrap_or_else(|| vec![None; wanted.len()])
-            .into_iter()
+            .into_iter();
+        let head = match head {
+            Some(_) => match found.next() {
+                Some(Some(NearObject::Head(h))) => Some(h),
+                _ => None,
+            },
+            None => None,
+        };
+        let counts = found
             .map(|o| match o {
                 Some(NearObject::Counts(c)) => Some(c),
                 _ => None,
             })
             .collect();
-        (Some(lookup), held)
+        Held {
+            lookup: Some(lookup),
+            head,
+            counts,
+        }
+    }
+
+    /// Remembers the head of the held list `list` as a range read that began at `lookup`
+    /// ([`Cache::held_for_range`]) found it in Redis, unless it was evicted since.
+    pub fn remember_head(&self, lookup: Option<Lookup>, list: ListKey, head: super::lists::Head) {
+        if let (Some(near), Some(lookup)) = (self.near_objects(), lookup) {
+            let value = NearObject::Head(std::sync::Arc::new(head));
+            near.insert(self, lookup, [(NearId::Head(list), value)]);
+        }
     }
 
     /// Remembers the counters `read` from Redis for `tweet_ids` (aligned) by a read that began
-    /// at `lookup` ([`Cache::held_counts`]), unless they were evicted since.
+    /// at `lookup` ([`Cache::held_for_range`]), unless they were evicted since.
     pub fn remember_counts(
         &self,
         lookup: Option<Lookup>,
@@ -984,10 +1038,12 @@ mod tests {
             NearId::User(42),
             NearId::Counts(17),
             NearId::Tweet(i64::MAX),
+            NearId::Head(ListKey::timeline(keys::Owner::User(42), "posts")),
+            NearId::Head(ListKey::timeline(keys::Owner::Circle(3), "items")),
         ] {
             assert_eq!(NearId::from_message(&id.to_message()), Some(id));
         }
-        for bad in ["", "t", "x17", "t-", "u4 2"] {
+        for bad in ["", "t", "x17", "t-", "u4 2", "h", "hl7", "hch5", "hu"] {
             assert_eq!(NearId::from_message(bad), None, "{bad:?}");
         }
         let keys = Keys::new("p").unwrap();
@@ -1001,6 +1057,45 @@ mod tests {
         assert_eq!(
             NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),
             None
+        );
+        // Heads are held of a user's own tweets and a circle's, never of a newsfeed or a
+        // list's timeline (changed by every fan-out batch).
+        let posts = ListKey::timeline(keys::Owner::User(42), "posts");
+        let circle = ListKey::timeline(keys::Owner::Circle(3), "items");
+        for held in [posts, circle] {
+            assert!(held.head_held());
+            assert_eq!(NearId::of_key(&keys.list(held)), Some(NearId::Head(held)));
+        }
+        for other in [
+            ListKey::timeline(keys::Owner::User(42), "feed"),
+            ListKey::timeline(keys::Owner::List(7), "items"),
+        ] {
+            assert!(!other.head_held(), "{other}");
+            assert_eq!(NearId::of_key(&keys.list(other)), None, "{other}");
+        }
+        assert!(!ListKey::new(keys::Owner::User(42), "posts").head_held());
+        // A write's repairs evict the heads of the held lists they invalidate.
+        let repairs = [
+            crate::cache::Repair::Invalidate {
+                key: keys.list(posts),
+            },
+            crate::cache::Repair::InvalidateMany {
+                prefix: "p".to_owned(),
+                tag: "c".to_owned(),
+                name: "items".to_owned(),
+                ids: vec![3, 4],
+            },
+            crate::cache::Repair::InvalidateMany {
+                prefix: "p".to_owned(),
+                tag: "u".to_owned(),
+                name: "feed".to_owned(),
+                ids: vec![42],
+            },
+        ];
+        let circle4 = ListKey::timeline(keys::Owner::Circle(4), "items");
+        assert_eq!(
+            crate::cache::update::near_evictions(&repairs),
+            [posts, circle, circle4].map(NearId::Head)
         );
     }
 

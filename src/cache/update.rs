@@ -138,24 +138,32 @@ impl Staged {
 }
 
 /// The near-cached values whose Redis entry these repairs change (a tweet's tombstone, a
-/// user's new version, a tweet's new or deleted counters): what to evict from every process's
-/// memory after them.
+/// user's new version, a tweet's new or deleted counters, a held list's head: every change of
+/// a held list, a merge or a removal, has an invalidation for its repair): what to evict from
+/// every process's memory after them.
 pub fn near_evictions(repairs: &[Repair]) -> Vec<NearId> {
-    repairs
-        .iter()
-        .filter_map(|r| match r {
-            Repair::Tombstone { key } | Repair::SetIfNewer { key, .. } | Repair::Delete { key } => {
-                NearId::of_key(key)
-            }
-            _ => None,
-        })
-        .collect()
+    let mut evict = Vec::new();
+    for r in repairs {
+        match r {
+            Repair::Tombstone { key }
+            | Repair::SetIfNewer { key, .. }
+            | Repair::Delete { key }
+            | Repair::Invalidate { key } => evict.extend(NearId::of_key(key)),
+            Repair::InvalidateMany { tag, name, ids, .. } => evict.extend(
+                (ids.iter())
+                    .filter_map(|id| ListKey::held_head(Some((tag, *id)), Some(name)))
+                    .map(NearId::Head),
+            ),
+        }
+    }
+    evict
 }
 
 /// [`near_evictions`] of a write's own `updates`, less the counters of the tweets it creates:
-/// no process can hold those (a reader stores only counters Redis or Postgres had), so a new
-/// tweet answers without waiting for acknowledgements. (The outbox relay evicts them anyway:
-/// harmless, and rare.)
+/// no process can hold those (a reader stores only counters Redis or Postgres had). A new tweet
+/// still evicts the heads of its author's tweets and of its circle, and waits for their
+/// acknowledgements (round 12). (The outbox relay evicts the counters anyway: harmless, and
+/// rare.)
 fn evictions_of(updates: &[Update], repairs: &[Repair]) -> Vec<NearId> {
     let created: Vec<i64> = updates
         .iter()
@@ -514,6 +522,7 @@ impl Cache {
                 self.ttl(),
             ) else {
                 tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+                self.evict_before_the_relay(&staged.evict).await;
                 return;
             };
             for (update, _) in staged.deferred.iter().zip(exist).filter(|(_, e)| *e) {
@@ -523,6 +532,7 @@ impl Cache {
         }
         if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
             tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+            self.evict_before_the_relay(&staged.evict).await;
             return;
         }
         // Redis holds the new state: now no process may answer from its old memory.
@@ -545,11 +555,28 @@ impl Cache {
         }
     }
 
+    /// Evicts `evict` from every process's near cache for a write whose Redis step did not
+    /// confirm (a timeout may come after Redis applied it, or a replica did not acknowledge):
+    /// no process may keep answering from what the write replaced for the seconds until the
+    /// relay repeats the repairs and the eviction. Early and twice is safe: a reader that reads
+    /// Redis before the relay stores what it finds, and the relay evicts it again.
+    async fn evict_before_the_relay(&self, evict: &[NearId]) {
+        if let Some(near) = self.near_objects() {
+            let _ = near.evict_everywhere(self, evict).await;
+        }
+    }
+
     /// Applies updates that need no durability (a reader removing entries of tweets it found
-    /// deleted: the delete's own outbox row covers them). Best effort.
+    /// deleted: the delete's own outbox row covers them, and its eviction the other processes'
+    /// memory), then forgets what they change in this process's near cache (a held list's
+    /// head that still named the deleted tweets), so the reader's retry reads the list again.
+    /// Best effort.
     pub async fn apply_best_effort(&self, updates: &[Update]) {
-        if let Some((pipe, _)) = self.plan(updates) {
+        if let Some((pipe, repairs)) = self.plan(updates) {
             let _ = self.run::<()>(&pipe).await;
+            if let Some(near) = self.near_objects() {
+                near.forget_here(&near_evictions(&repairs));
+            }
         }
     }
 }

@@ -208,12 +208,13 @@ async fn a_warm_first_page_makes_no_postgres_query(db: PgPool) {
     assert_eq!(warm_tweets.status, StatusCode::OK);
     assert_eq!(warm_tweets.body, tweets);
 
-    // The control: a read that needs Postgres does fail while the tables are away.
+    // The control: a read that needs Postgres does fail while the tables are away. (The first
+    // page would not: this process holds its head, tweets, counters and author in memory; a
+    // page below a cursor reads the list from Redis, and finds it gone.)
     app.flush_cache().await;
+    let below = format!("/api/tweets/?user_id={alice}&created_at__lt=2100-01-01T00:00:00Z");
     assert_eq!(
-        app.get(&format!("/api/tweets/?user_id={alice}"), None)
-            .await
-            .status,
+        app.get(&below, None).await.status,
         StatusCode::INTERNAL_SERVER_ERROR
     );
     for t in tables {

@@ -1,6 +1,6 @@
-//! The near cache of tweet and user objects and tweet counters: pages take them from each
-//! process's memory, and a delete, a profile edit, a like or a comment answers only after every
-//! process forgot the old value.
+//! The near cache of tweet and user objects, tweet counters and the heads of user and circle
+//! timelines: pages take them from each process's memory, and a post, a delete, a profile edit,
+//! a like or a comment answers only after every process forgot the old value.
 
 use std::sync::atomic::Ordering;
 
@@ -9,6 +9,7 @@ use chirp::cache::AfterCommit;
 use chirp::cache::near::NearStats;
 use chirp::cache::objects::NearId;
 use chirp::config::Config;
+use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -256,4 +257,177 @@ async fn a_like_whose_server_died_before_announcing_it_is_counted_after_the_rela
         "the relay's eviction did not reach b"
     );
     assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+}
+
+/// The near-cache id of the head of `user`'s own tweets.
+fn posts_head(user: i64) -> NearId {
+    NearId::Head(Timeline::UserTweets(user).key())
+}
+
+/// The tweet ids on the first page of `uri`, as `app` answers it.
+async fn ids_on_page(app: &TestApp, uri: &str) -> Vec<i64> {
+    let res = app.get(uri, None).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let results = res.body["results"].as_array().expect("results").iter();
+    results.map(|t| t["id"].as_i64().expect("id")).collect()
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_warm_user_timeline_takes_its_entries_from_memory_until_a_new_tweet_evicts_them(
+    db: PgPool,
+) {
+    let app = TestApp::new(db).await;
+    let (alice, token) = app.signup("alice").await;
+    let first = app.tweet(&token, "first").await["id"].as_i64().expect("id");
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&app, &listing, posts_head(alice)).await;
+    // Redis's list now holds no tweet, only its completeness marker (whose score is -inf): a
+    // page that asked Redis would be empty; this one answers from memory.
+    let removed: usize = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(app.list_key(Timeline::UserTweets(alice)))
+        .arg("(-inf")
+        .arg("+inf")
+        .query_async(&mut app.redis().await)
+        .await
+        .expect("zremrangebyscore");
+    assert_eq!(removed, 1, "the tweet");
+    assert_eq!(ids_on_page(&app, &listing).await, [first]);
+    // A new tweet evicts the head before it answers: the page shows it at once.
+    let second = app.tweet(&token, "second").await["id"]
+        .as_i64()
+        .expect("id");
+    assert!(
+        !holds(&app, posts_head(alice)),
+        "the new tweet left the old head in memory"
+    );
+    assert_eq!(ids_on_page(&app, &listing).await.first(), Some(&second));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_posted_or_deleted_on_one_server_shows_at_once_on_another_that_held_the_timeline(
+    db: PgPool,
+) {
+    let (a, b, alice, token, first) = two_processes(db).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&b, &listing, posts_head(alice)).await;
+    assert_eq!(ids_on_page(&b, &listing).await, [first]);
+    let second = a.tweet(&token, "second").await["id"].as_i64().expect("id");
+    // No pause: the post answered only after b forgot the head.
+    assert!(!holds(&b, posts_head(alice)), "b still holds the old head");
+    assert_eq!(ids_on_page(&b, &listing).await, [second, first]);
+    read_until_held(&b, &listing, posts_head(alice)).await;
+    let res = a
+        .delete(&format!("/api/tweets/{second}/"), Some(&token))
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    assert!(
+        !holds(&b, posts_head(alice)),
+        "the delete left the head in b"
+    );
+    assert_eq!(ids_on_page(&b, &listing).await, [first]);
+    assert_eq!(stats(&a).unconfirmed.load(Ordering::Relaxed), 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_whose_server_died_before_announcing_it_shows_after_the_relay(db: PgPool) {
+    let (a, b, alice, token, first) = two_processes(db).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&b, &listing, posts_head(alice)).await;
+    // The posting process "dies" between its commit and its cache step.
+    a.state.cache.set_after_commit(AfterCommit::Crash);
+    let second = a.tweet(&token, "second").await["id"].as_i64().expect("id");
+    a.state.cache.set_after_commit(AfterCommit::Apply);
+    assert!(
+        holds(&b, posts_head(alice)),
+        "nothing announced the tweet yet"
+    );
+    assert!(a.relay().await >= 1);
+    assert!(
+        !holds(&b, posts_head(alice)),
+        "the relay's eviction did not reach b"
+    );
+    assert_eq!(ids_on_page(&b, &listing).await, [second, first]);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_writer_counts_its_own_process_without_waiting_for_its_acknowledgement(db: PgPool) {
+    let (a, b, alice, _, id) = two_processes(db).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&a, &listing, NearId::Counts(id)).await;
+    read_until_held(&b, &listing, NearId::Counts(id)).await;
+    let (_, bob) = a.signup("bob").await;
+    a.like(&bob, "tweet", id).await;
+    assert!(!holds(&b, NearId::Counts(id)), "b still holds the counters");
+    assert!(!holds(&a, NearId::Counts(id)), "a still holds the counters");
+    assert_eq!(stats(&a).unconfirmed.load(Ordering::Relaxed), 0);
+    // Both processes heard the eviction; only b acknowledged it through Redis.
+    let mut r = a.redis().await;
+    let sets: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*:acks", a.prefix))
+        .query_async(&mut r)
+        .await
+        .expect("keys");
+    assert!(!sets.is_empty(), "no eviction was acknowledged");
+    // (One set per eviction: the like's, and one more if the outbox relay's pass came first.)
+    for set in sets {
+        let acks: usize = redis::cmd("SCARD")
+            .arg(&set)
+            .query_async(&mut r)
+            .await
+            .expect("scard");
+        assert_eq!(
+            acks, 1,
+            "the writer acknowledged its own eviction through Redis"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_page_that_finds_a_deleted_tweet_in_a_held_timeline_reads_the_list_again(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, token) = app.signup("alice").await;
+    let kept = app.tweet(&token, "kept").await["id"].as_i64().expect("id");
+    let gone = app.tweet(&token, "gone").await["id"].as_i64().expect("id");
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_until_held(&app, &listing, posts_head(alice)).await;
+    // Where a delete has reached Redis (the tombstone) but not yet this process's memory (its
+    // eviction is on its way): the page drops the entry from the list and its held head, and
+    // reads the list again, instead of finding the entry in memory on every retry and giving
+    // up on the cache. (Postgres keeps the row here, so a page that gave up would show it.)
+    let keys = app.state.cache.keys().expect("cache on");
+    let _: () = redis::cmd("SET")
+        .arg(keys.tweet(gone))
+        .arg("-")
+        .query_async(&mut app.redis().await)
+        .await
+        .expect("set");
+    let near = app.state.cache.near_objects().expect("cache on");
+    near.forget_here(&[NearId::Tweet(gone)]);
+    assert_eq!(ids_on_page(&app, &listing).await, [kept]);
+    assert!(!holds(&app, NearId::Tweet(gone)));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_posted_into_a_circle_on_one_server_shows_at_once_on_another_that_held_it(
+    db: PgPool,
+) {
+    let (a, b, _, token, _) = two_processes(db).await;
+    let res = a
+        .post("/api/circles/", Some(&token), json!({"name": "near"}))
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let circle = res.body["id"].as_i64().expect("circle id");
+    let post = async |content: &str| {
+        let body = json!({"content": content, "circle_id": circle});
+        let res = a.post("/api/tweets/", Some(&token), body).await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        res.body["id"].as_i64().expect("id")
+    };
+    let first = post("first").await;
+    let uri = format!("/api/circles/{circle}/tweets/");
+    let head = NearId::Head(Timeline::Circle(circle).key());
+    read_until_held(&b, &uri, head).await;
+    let second = post("second").await;
+    assert!(!holds(&b, head), "b still holds the circle's old head");
+    assert_eq!(ids_on_page(&b, &uri).await, [second, first]);
 }
