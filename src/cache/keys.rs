@@ -106,9 +106,7 @@ impl ListKey {
             split_time: true,
         }
     }
-}
 
-impl ListKey {
     /// Whether a process may hold this list's head (its newest entries) in its near cache
     /// ([`super::near`]): a user's own tweets (`{u42}:posts`) and a circle's tweets
     /// (`{c3}:items`), which change only with a tweet written or deleted by one request, whose
