@@ -246,11 +246,7 @@ impl Keys {
     /// The object and id of a key built by [`Keys::object`] (any prefix); `None` for other
     /// keys.
     pub fn parse_object(key: &str) -> Option<(Object, i64)> {
-        let (head, name) = key.rsplit_once(':')?;
-        let (_, tag) = head.rsplit_once(":{")?;
-        let tag = tag.strip_suffix('}')?;
-        let (letter, id) = tag.split_at_checked(1)?;
-        let id: i64 = id.parse().ok()?;
+        let (letter, id, name) = Self::parse_tagged(key)?;
         [Object::Tweet, Object::TweetCounts, Object::User]
             .into_iter()
             .find(|o| o.parts() == (letter, name))
@@ -260,10 +256,16 @@ impl Keys {
     /// The held list ([`ListKey::head_held`]) a list key names (any prefix); `None` for any
     /// other key.
     pub fn parse_held_list(key: &str) -> Option<ListKey> {
+        let (letter, id, name) = Self::parse_tagged(key)?;
+        ListKey::held_head(Some((letter, id)), Some(name))
+    }
+
+    /// The one-letter tag, id and name of a key `{prefix}:{{letter}{id}}:{name}`.
+    fn parse_tagged(key: &str) -> Option<(&str, i64, &str)> {
         let (head, name) = key.rsplit_once(':')?;
         let (_, tag) = head.rsplit_once(":{")?;
         let (letter, id) = tag.strip_suffix('}')?.split_at_checked(1)?;
-        ListKey::held_head(Some((letter, id.parse().ok()?)), Some(name))
+        Some((letter, id.parse().ok()?, name))
     }
 
     /// A tweet's counts.

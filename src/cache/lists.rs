@@ -408,9 +408,7 @@ impl Cache {
                 pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
             }
             // A warm page of a held list whose counters are held too needs no round trip.
-            let asked =
-                head.is_none() || liked.is_some() || !unheld.is_empty() || ask_liked.is_some();
-            let mut replies = if asked {
+            let mut replies = if !pipe.is_empty() {
                 self.run::<Vec<redis::Value>>(&pipe).await?.into_iter()
             } else {
                 Vec::new().into_iter()

@@ -425,7 +425,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             return Ok(true);
         }
         let words: Vec<String> = keys.iter().map(K::to_message).collect();
-        let nonce = format!("{:016x}", rand::random::<u64>());
+        let nonce = new_nonce();
         let own = Arc::new(Own {
             heard: std::sync::atomic::AtomicBool::new(false),
             notify: tokio::sync::Notify::new(),
@@ -479,7 +479,7 @@ pub async fn broadcast(
     topic: &str,
     keys: &[String],
 ) -> Result<bool, CacheUnavailable> {
-    let nonce = format!("{:016x}", rand::random::<u64>());
+    let nonce = new_nonce();
     publish_and_wait(cache, topic, &nonce, keys, None).await
 }
 
@@ -572,6 +572,11 @@ async fn publish_and_wait(
 
 /// Acknowledgement polls a writer makes back to back before it sleeps between polls.
 const FAST_POLLS: u32 = 16;
+
+/// A random eviction id, 16 hex digits (it names the acknowledgement set).
+fn new_nonce() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
 
 /// `{p}:{r<nonce>}:acks`.
 fn ack_key(cache: &Cache, nonce: &str) -> Option<String> {
