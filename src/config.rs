@@ -169,6 +169,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub object_cache_secs: u64,
 
+    /// How many values (tweet and user objects, about 0.5 KB each; tweet counters, about 60
+    /// bytes; timeline heads, about 0.2 KB; small liked sets) each process keeps in its near
+    /// cache at most; 0 turns it off. `/healthz` counts the values it `missed`: a warm server
+    /// that misses more than a few per hundred needs more.
+    #[arg(long, global = true, env = "CHIRP_NEAR_CAPACITY", default_value_t = 100_000,
+          value_parser = clap::value_parser!(u64).range(0..=100_000_000))]
+    pub near_capacity: u64,
+
     /// Followers per fan-out batch (one set-based insert per batch).
     #[arg(long, global = true, env = "CHIRP_FANOUT_BATCH_SIZE", default_value_t = 1000,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]

@@ -260,6 +260,14 @@ impl Keys {
         ListKey::held_head(Some((letter, id)), Some(name))
     }
 
+    /// The user whose liked set a key names (any prefix); `None` for any other key.
+    pub fn parse_liked(key: &str) -> Option<i64> {
+        match Self::parse_tagged(key)? {
+            ("u", id, LIKED) => Some(id),
+            _ => None,
+        }
+    }
+
     /// The one-letter tag, id and name of a key `{prefix}:{{letter}{id}}:{name}`.
     fn parse_tagged(key: &str) -> Option<(&str, i64, &str)> {
         let (head, name) = key.rsplit_once(':')?;

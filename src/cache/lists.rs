@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use crate::cache::objects::{
-    LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, pipe_counts, pipe_liked,
+    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, pipe_counts, pipe_liked,
 };
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 use crate::model::TweetCounts;
@@ -355,7 +355,9 @@ impl Cache {
     /// others from there: [`Cache::held_for_range`]), and whether its viewer liked them, in the
     /// same round trip ([`Window::prefetched`], [`Window::prefetched_liked`]), so that
     /// hydration needs no second one when the page did not change. Only a page without a lower
-    /// bound takes them (the atomic pair stays within the list's slot).
+    /// bound takes them (the atomic pair stays within the list's slot). A viewer's or an
+    /// owner's liked set held in this process's near cache ([`HeldLikes`]) answers instead of
+    /// the `SMISMEMBER` or the sample; one not held is sampled along, to be held if small.
     ///
     /// A first page (neither bound) of a held list ([`ListKey::head_held`]: a user's own
     /// tweets, a circle's tweets) takes its members from the list's [`Head`] in this process's
@@ -372,13 +374,14 @@ impl Cache {
     ) -> Result<Option<Window>, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
-        let liked = match list.owner {
-            Owner::User(user) if with_owner_likes => Some(inner.keys.liked(user)),
+        let owner = match list.owner {
+            Owner::User(user) if with_owner_likes => Some(user),
             _ => None,
         };
+        let mut liked = owner.map(|user| inner.keys.liked(user));
         let bounds = Bounds::new(list.split_time, lt, gt);
-        let sample = |pipe: &mut redis::Pipeline| {
-            if let Some(liked) = &liked {
+        let sample = |pipe: &mut redis::Pipeline, liked: &Option<String>| {
+            if let Some(liked) = liked {
                 pipe.cmd("SRANDMEMBER").arg(liked).arg(LIKED_SAMPLE);
             }
         };
@@ -387,13 +390,19 @@ impl Cache {
         if gt.is_none() {
             // A first page of a held list: its head from memory, if held (`Head::serves`).
             let held_list = (lt.is_none() && list.head_held()).then_some(list);
-            let held = self.held_for_range(held_list, ahead);
+            let viewer = prefetch.liked_by.filter(|_| !ahead.is_empty());
+            let held = self.held_for_range(held_list, ahead, viewer.or(owner));
             let (lookup, head) = (held.lookup, held.head.filter(|h| h.serves(count)));
+            if viewer.is_none() && held.likes.is_some() {
+                // The owner's liked set is held whole (hydration takes it from memory), or is
+                // known to be larger than a sample: no sample.
+                liked = None;
+            }
             let mut pipe = redis::pipe();
             if head.is_none() {
                 bounds.pipe_members(&mut pipe, &key, count);
             }
-            sample(&mut pipe);
+            sample(&mut pipe, &liked);
             // The counters of the page's last tweets: from memory, else read along.
             let unheld: Vec<i64> = (ahead.iter().zip(&held.counts))
                 .filter(|(_, c)| c.is_none())
@@ -403,9 +412,19 @@ impl Cache {
             if !unheld.is_empty() {
                 pipe_counts(&mut pipe, &inner.keys, &unheld);
             }
-            let ask_liked = prefetch.liked_by.filter(|_| !ahead.is_empty());
+            // The viewer's likes of them: from memory, else read along (with a sample of the
+            // set, to hold it from now on if it is small).
+            let viewer_likes = viewer.and(held.likes.as_deref());
+            prefetched_liked = viewer_likes.and_then(|l| l.among(ahead));
+            let ask_liked = viewer.filter(|_| prefetched_liked.is_none());
+            let sample_viewer = ask_liked.filter(|_| viewer_likes.is_none());
             if let Some(viewer) = ask_liked {
                 pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
+            }
+            if let Some(viewer) = sample_viewer {
+                pipe.cmd("SRANDMEMBER")
+                    .arg(inner.keys.liked(viewer))
+                    .arg(HeldLikes::SAMPLE);
             }
             // A warm page of a held list whose counters are held too needs no round trip.
             let mut replies = if !pipe.is_empty() {
@@ -418,9 +437,16 @@ impl Cache {
                 None => bounds.members(&mut replies)?,
             };
             let mut next = || replies.next().ok_or(CacheUnavailable);
-            let owner_likes: Option<Vec<i64>> = match liked {
-                Some(_) => Some(redis::from_redis_value(next()?).map_err(|_| CacheUnavailable)?),
-                None => None,
+            let ids = |v: redis::Value| -> Result<Vec<i64>, CacheUnavailable> {
+                redis::from_redis_value(v).map_err(|_| CacheUnavailable)
+            };
+            let owner_likes: Option<Vec<i64>> = match (&liked, owner) {
+                (Some(_), Some(owner)) => {
+                    let sample = ids(next()?)?;
+                    self.remember_likes(lookup, owner, &sample, LIKED_SAMPLE);
+                    Some(sample)
+                }
+                _ => None,
             };
             if !unheld.is_empty() {
                 let read = decode_counts(next()?)?;
@@ -432,6 +458,10 @@ impl Cache {
             }
             if ask_liked.is_some() {
                 prefetched_liked = Some(decode_liked(ahead, next()?)?);
+            }
+            if let Some(viewer) = sample_viewer {
+                let sample = ids(next()?)?;
+                self.remember_likes(lookup, viewer, &sample, HeldLikes::SAMPLE);
             }
             let complete = match &head {
                 // As Redis would answer `count + 1`: complete only if the page holds it all.
@@ -468,7 +498,7 @@ impl Cache {
             .arg(0)
             .arg("WITHSCORES");
         bounds.pipe_members(&mut pipe, &key, count);
-        sample(&mut pipe);
+        sample(&mut pipe, &liked);
         let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
         let lowest: Members = replies
             .next()

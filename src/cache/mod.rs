@@ -214,7 +214,7 @@ impl Cache {
                 objects: near::Near::new(
                     objects::OBJECTS_TOPIC,
                     Duration::from_secs(config.object_cache_secs),
-                    objects::NEAR_CAPACITY,
+                    usize::try_from(config.near_capacity).unwrap_or(usize::MAX),
                 ),
                 pages: pages::PageMemory::default(),
             })),

@@ -46,6 +46,9 @@ pub trait NearKey: Eq + Hash + Copy + Send + Sync + 'static {
 pub struct NearStats {
     /// Values answered from this process's memory.
     pub hits: AtomicU64,
+    /// Values asked of this process's memory that it did not hold (or held past the TTL), while
+    /// it was trusted.
+    pub misses: AtomicU64,
     /// Evictions this process applied (its own and other processes').
     pub evictions: AtomicU64,
     /// Writes whose eviction not every subscriber acknowledged within [`ACK_WAIT`].
@@ -63,18 +66,37 @@ struct Link {
     stop: tokio::sync::watch::Receiver<bool>,
 }
 
-/// The values of a near cache and when each was stored. Hashed with foldhash (seeded per
-/// process): a page looks up about 40 ids, and SipHash took 2 % of a warm newsfeed page's
-/// instructions (callgrind).
-type Entries<K, V> = HashMap<K, (V, Instant), foldhash::fast::RandomState>;
+/// A value of a near cache, when it was read from Redis, and whether it was answered since the
+/// clock hand last passed it ([`Memory`]).
+struct Entry<V> {
+    value: V,
+    at: Instant,
+    used: bool,
+}
+
+/// The values of a near cache. Hashed with foldhash (seeded per process): a page looks up
+/// about 40 ids, and SipHash took 2 % of a warm newsfeed page's instructions (callgrind).
+type Entries<K, V> = HashMap<K, Entry<V>, foldhash::fast::RandomState>;
 
 /// Evictions remembered key by key: a lookup that began fewer than this many evictions ago
 /// refuses only the keys evicted since; an older one refuses everything it found.
 const RECENT_EVICTIONS: usize = 4096;
 
 /// The values, and what a lookup in flight needs to know of the evictions since it began.
+///
+/// **A full memory evicts by CLOCK** (second chance; Corbató, 1968; PostgreSQL's buffer
+/// manager sweeps its buffers the same way): the keys stand in a ring in the order they were
+/// stored, and an answered value is marked used; to make room, the hand takes keys off the
+/// front of the ring, gives a used one a second chance (unmarks it and puts it at the back) and
+/// drops the first unused one. So what the pages keep reading stays, and what was stored once
+/// and not read since goes, with the whole capacity in use and a few steps per insert. (Until
+/// round 13, a full memory dropped its oldest stored tenth by a scan under the lock, however
+/// often those values were read: BENCHMARKS.md, round 13.)
 struct Memory<K, V> {
     entries: Entries<K, V>,
+    /// Keys in the hand's order; a key evicted meanwhile stays until the hand reaches it.
+    ring: std::collections::VecDeque<K>,
+    capacity: usize,
     /// The keys of the latest evictions, each with the eviction count it made, oldest first.
     recent: std::collections::VecDeque<(u64, K)>,
     /// A lookup that began before this eviction count refuses everything: the memory was
@@ -82,13 +104,65 @@ struct Memory<K, V> {
     refuse_before: u64,
 }
 
-impl<K: Eq + Hash + Copy, V> Memory<K, V> {
-    fn new() -> Self {
+impl<K: Eq + Hash + Copy, V: Clone> Memory<K, V> {
+    /// A memory of at most `capacity` values.
+    fn new(capacity: usize) -> Self {
         Memory {
             entries: HashMap::default(),
+            ring: std::collections::VecDeque::new(),
+            capacity: capacity.max(1),
             recent: std::collections::VecDeque::new(),
             refuse_before: 0,
         }
+    }
+
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// The value of `key` if held and read from Redis less than `ttl` before `now`; marks it
+    /// used.
+    fn get(&mut self, key: &K, ttl: Duration, now: Instant) -> Option<V> {
+        let entry = self.entries.get_mut(key)?;
+        if now.duration_since(entry.at) >= ttl {
+            return None;
+        }
+        entry.used = true;
+        Some(entry.value.clone())
+    }
+
+    /// Stores `value` read from Redis at `at`, making room first if the memory is full.
+    fn insert(&mut self, key: K, value: V, at: Instant) {
+        if let Some(entry) = self.entries.get_mut(&key) {
+            (entry.value, entry.at) = (value, at);
+            return;
+        }
+        while self.entries.len() >= self.capacity && self.sweep() {}
+        let used = false;
+        self.entries.insert(key, Entry { value, at, used });
+        self.ring.push_back(key);
+        if self.ring.len() > 2 * self.capacity {
+            // Keys evicted meanwhile: rebuilt once per `capacity` of them at most.
+            self.ring = self.entries.keys().copied().collect();
+        }
+    }
+
+    /// Moves the hand until it drops a value; `false` if the ring is empty.
+    fn sweep(&mut self) -> bool {
+        while let Some(key) = self.ring.pop_front() {
+            match self.entries.get_mut(&key) {
+                None => {} // evicted meanwhile
+                Some(entry) if entry.used => {
+                    entry.used = false;
+                    self.ring.push_back(key);
+                }
+                Some(_) => {
+                    self.entries.remove(&key);
+                    return true;
+                }
+            }
+        }
+        false
     }
 
     /// Eviction `count` of `keys`.
@@ -104,30 +178,10 @@ impl<K: Eq + Hash + Copy, V> Memory<K, V> {
         }
     }
 
-    /// Makes room in a full memory of `capacity` values: drops the expired entries and, if
-    /// that frees less than a tenth, the oldest stored ones (the next to expire) until a tenth
-    /// is free. One scan per tenth of the capacity inserted, never one per insert; and the
-    /// memory stays warm: dropping everything instead (rounds 5–11) sent every page back to
-    /// Redis for its tweets, counters and authors each time a full memory overflowed
-    /// (BENCHMARKS.md, round 12).
-    fn make_room(&mut self, capacity: usize, ttl: Duration, now: Instant) {
-        self.entries
-            .retain(|_, (_, at)| now.duration_since(*at) < ttl);
-        let keep = capacity.saturating_sub((capacity / 10).max(1));
-        if self.entries.len() <= keep {
-            return;
-        }
-        let mut stored: Vec<Instant> = self.entries.values().map(|(_, at)| *at).collect();
-        let drop = stored.len() - keep;
-        // The `drop`-th oldest time: entries stored at it or before go (a page's values share
-        // one time, so a few more may go with it).
-        let (_, &mut cutoff, _) = stored.select_nth_unstable(drop - 1);
-        self.entries.retain(|_, (_, at)| *at > cutoff);
-    }
-
     /// Eviction `count` of everything.
     fn clear(&mut self, count: u64) {
         self.entries.clear();
+        self.ring.clear();
         self.recent.clear();
         self.refuse_before = count;
     }
@@ -180,7 +234,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     pub fn new(topic: &'static str, ttl: Duration, capacity: usize) -> Arc<Self> {
         Arc::new(Near {
             topic,
-            memory: Mutex::new(Memory::new()),
+            memory: Mutex::new(Memory::new(capacity)),
             ttl,
             capacity,
             epoch: AtomicU64::new(0),
@@ -289,12 +343,9 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             return None;
         }
         let now = Instant::now();
-        let memory = self.lock();
-        let get = |k: &K| match memory.entries.get(k) {
-            Some((v, at)) if now.duration_since(*at) < self.ttl => Some(v.clone()),
-            _ => None,
-        };
-        let found: Vec<Option<V>> = keys.iter().map(get).collect();
+        let mut memory = self.lock();
+        let mut get = |k: &K| memory.get(k, self.ttl, now);
+        let found: Vec<Option<V>> = keys.iter().map(&mut get).collect();
         let mut derived: Vec<(K, Option<V>)> = Vec::new();
         for key in found.iter().flatten().filter_map(&then) {
             if !derived.iter().any(|(d, _)| *d == key) {
@@ -304,8 +355,16 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         }
         drop(memory);
         let values = found.iter().chain(derived.iter().map(|(_, v)| v));
-        let hits = values.filter(|v| v.is_some()).count() as u64;
+        let (mut hits, mut misses) = (0, 0);
+        for value in values {
+            if value.is_some() {
+                hits += 1;
+            } else {
+                misses += 1;
+            }
+        }
         self.stats.hits.fetch_add(hits, Ordering::Relaxed);
+        self.stats.misses.fetch_add(misses, Ordering::Relaxed);
         Some((found, derived))
     }
 
@@ -348,13 +407,9 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         };
         let now = Instant::now();
         for (key, value) in values {
-            if evicted.contains(&key) {
-                continue;
+            if !evicted.contains(&key) {
+                memory.insert(key, value, now);
             }
-            if memory.entries.len() >= self.capacity {
-                memory.make_room(self.capacity, self.ttl, now);
-            }
-            memory.entries.insert(key, (value, now));
         }
     }
 
@@ -451,7 +506,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
 
     /// How many values this process holds now.
     pub fn len(&self) -> usize {
-        self.lock().entries.len()
+        self.lock().len()
     }
 
     /// Whether it holds none.
@@ -588,32 +643,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_memory_drops_the_expired_then_the_oldest_tenth_not_everything() {
-        let mut memory: Memory<i64, ()> = Memory::new();
+    fn a_full_memory_drops_what_was_not_read_since_the_hand_passed_and_keeps_what_was() {
+        let mut memory: Memory<i64, ()> = Memory::new(4);
         let start = Instant::now();
         let ttl = Duration::from_secs(60);
-        let at = |ms: u64| start + Duration::from_millis(ms);
-        for key in 0..100 {
-            memory.entries.insert(key, ((), at(key as u64)));
+        let held = |m: &Memory<i64, ()>| {
+            let mut keys: Vec<i64> = m.entries.keys().copied().collect();
+            keys.sort_unstable();
+            keys
+        };
+        for key in 0..4 {
+            memory.insert(key, (), start);
         }
-        // Nothing expired: the ten oldest go.
-        memory.make_room(100, ttl, at(100));
-        assert_eq!(memory.entries.len(), 90);
-        assert!((0..10).all(|k| !memory.entries.contains_key(&k)));
-        assert!((10..100).all(|k| memory.entries.contains_key(&k)));
-        // Expired entries free more than a tenth: only they go.
-        memory.make_room(100, ttl, at(60_050));
-        assert_eq!(
-            memory.entries.len(),
-            49,
-            "stored at 51..=99 ms are still fresh"
-        );
-        assert!(memory.entries.contains_key(&51) && !memory.entries.contains_key(&50));
+        // Read again, 0 and 2 get a second chance: the oldest unread values go instead.
+        assert_eq!(memory.get(&0, ttl, start), Some(()));
+        assert_eq!(memory.get(&2, ttl, start), Some(()));
+        memory.insert(4, (), start);
+        assert_eq!(held(&memory), vec![0, 2, 3, 4]);
+        memory.insert(5, (), start);
+        assert_eq!(held(&memory), vec![0, 2, 4, 5]);
+        // Their chance is used up unless they are read again: 2 is, 0 is not.
+        assert_eq!(memory.get(&2, ttl, start), Some(()));
+        memory.insert(6, (), start);
+        memory.insert(7, (), start);
+        assert_eq!(held(&memory), vec![2, 5, 6, 7], "0 and 4 went");
+        assert_eq!(memory.len(), 4);
+        // An evicted key leaves a stale place in the ring, which the hand skips.
+        memory.evict(1, &[6]);
+        memory.insert(8, (), start);
+        assert_eq!(held(&memory), vec![2, 5, 7, 8]);
+        memory.insert(9, (), start);
+        assert_eq!(held(&memory), vec![2, 7, 8, 9]);
+        // Evictions and inserts below the capacity keep the ring bounded.
+        for _ in 0..100 {
+            memory.evict(2, &[9]);
+            memory.insert(9, (), start);
+        }
+        assert!(memory.ring.len() <= 2 * 4, "{}", memory.ring.len());
+        // An expired value is not answered.
+        assert_eq!(memory.get(&7, ttl, start + ttl), None);
     }
 
     #[test]
     fn a_lookup_refuses_only_the_keys_evicted_since_it_began_unless_they_are_not_all_known() {
-        let mut memory: Memory<i64, ()> = Memory::new();
+        let mut memory: Memory<i64, ()> = Memory::new(100);
         memory.evict(1, &[10]);
         assert_eq!(memory.evicted_since(1, 1), Some(vec![]), "nothing since");
         memory.evict(2, &[20, 21]);

@@ -25,11 +25,6 @@ pub const TOO_MANY_MARKER: i64 = -2;
 /// `"{nonce} t17 u42 …"` (see [`super::near`]).
 pub const OBJECTS_TOPIC: &str = "objects";
 
-/// How many values (tweet and user objects, about 0.5 KB each; tweet counters, about 60 bytes
-/// each) a process keeps in its near cache: a tweet on a page takes two (its object and its
-/// counters), so the benchmark's 20,133 tweets and their authors take about 45,000.
-pub const NEAR_CAPACITY: usize = 100_000;
-
 /// An object a process may keep in its near cache: a tweet (`t17` in eviction messages), a
 /// user (`u42`) or a tweet's counters (`c17`). Tweets' public fields never change (a delete
 /// evicts them); a user changes with a new version (its [`super::Update::UserChanged`] evicts
@@ -38,13 +33,17 @@ pub const NEAR_CAPACITY: usize = 100_000;
 /// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone). The head of a
 /// held list (`hu42`: user 42's tweets, `hc3`: circle 3's; [`ListKey::head_held`]) changes
 /// with a tweet written or deleted, whose outbox repair evicts it the same way (round 12: a
-/// warm page of such a list then needs no round trip at all).
+/// warm page of such a list then needs no round trip at all). A user's liked set (`l42`,
+/// [`HeldLikes`]) changes with each of the user's likes and cancels, whose outbox repair (an
+/// invalidation of the set) evicts it the same way (round 13: a logged-in reader's warm page of
+/// a held list then needs no round trip either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NearId {
     Tweet(i64),
     User(i64),
     Counts(i64),
     Head(ListKey),
+    Likes(i64),
 }
 
 impl NearKey for NearId {
@@ -54,6 +53,7 @@ impl NearKey for NearId {
             NearId::User(id) => format!("u{id}"),
             NearId::Counts(id) => format!("c{id}"),
             NearId::Head(list) => format!("h{}", list.owner),
+            NearId::Likes(user) => format!("l{user}"),
         }
     }
     fn from_message(text: &str) -> Option<Self> {
@@ -61,6 +61,7 @@ impl NearKey for NearId {
             ("t", id) => id.parse().ok().map(NearId::Tweet),
             ("u", id) => id.parse().ok().map(NearId::User),
             ("c", id) => id.parse().ok().map(NearId::Counts),
+            ("l", id) => id.parse().ok().map(NearId::Likes),
             ("h", tag) => {
                 let (letter, id) = tag.split_at_checked(1)?;
                 ListKey::held_head(Some((letter, id.parse().ok()?)), None).map(NearId::Head)
@@ -72,10 +73,13 @@ impl NearKey for NearId {
 
 impl NearId {
     /// The object a key written by the outbox relay caches, if one a near cache may hold
-    /// (a tweet, a user, a tweet's counters, the head of a held list).
+    /// (a tweet, a user, a tweet's counters, the head of a held list, a liked set).
     pub fn of_key(key: &str) -> Option<Self> {
         if let Some(list) = Keys::parse_held_list(key) {
             return Some(NearId::Head(list));
+        }
+        if let Some(user) = Keys::parse_liked(key) {
+            return Some(NearId::Likes(user));
         }
         match Keys::parse_object(key)? {
             (Object::Tweet, id) => Some(NearId::Tweet(id)),
@@ -92,6 +96,62 @@ pub enum NearObject {
     User(CachedUser),
     Counts(TweetCounts),
     Head(std::sync::Arc<super::lists::Head>),
+    Likes(std::sync::Arc<HeldLikes>),
+}
+
+/// Most tweet ids of a user's liked set a process holds in its near cache ([`HeldLikes`]).
+pub const NEAR_LIKES: usize = 64;
+
+/// A user's cached liked set as a process holds it in its near cache ([`NearId::Likes`]),
+/// from an `SRANDMEMBER liked` that asked for more members than the set holds, so that it came
+/// whole ([`HeldLikes::from_sample`]): a logged-in reader's pages then take `has_liked` from
+/// memory instead of an `SMISMEMBER` of their tweets (round 13).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeldLikes {
+    /// Every tweet the user liked (at most [`NEAR_LIKES`]), sorted.
+    All(Box<[i64]>),
+    /// More than [`NEAR_LIKES`]: pages ask Redis (`SMISMEMBER`), and no sample is read again
+    /// while this is held.
+    Many,
+    /// The set's "too many likes to cache" marker: pages ask Postgres.
+    TooMany,
+}
+
+impl HeldLikes {
+    /// How many members to sample to learn whether a set is small: its marker, up to
+    /// [`NEAR_LIKES`] ids and one more.
+    pub const SAMPLE: usize = NEAR_LIKES + 2;
+
+    /// What `SRANDMEMBER liked {asked}` answered (`sample`) says of the whole set: `None` if the
+    /// set is not cached (no marker), or if the sample may be only a part of a set of up to
+    /// [`NEAR_LIKES`] ids (a smaller `asked`, such as a newsfeed's [`LIKED_SAMPLE`]).
+    pub fn from_sample(sample: &[i64], asked: usize) -> Option<Self> {
+        if !sample.contains(&LIKED_MARKER) {
+            return None;
+        }
+        if sample.contains(&TOO_MANY_MARKER) {
+            return Some(HeldLikes::TooMany);
+        }
+        if sample.len() < asked && sample.len() <= NEAR_LIKES + 1 {
+            let mut ids: Vec<i64> = sample.iter().copied().filter(|id| *id > 0).collect();
+            ids.sort_unstable();
+            return Some(HeldLikes::All(ids.into()));
+        }
+        (asked >= Self::SAMPLE).then_some(HeldLikes::Many)
+    }
+
+    /// Which of `tweet_ids` are liked; `None` for [`HeldLikes::Many`] (ask Redis).
+    pub fn among(&self, tweet_ids: &[i64]) -> Option<LikedAmong> {
+        match self {
+            HeldLikes::All(ids) => Some(LikedAmong::Liked(
+                (tweet_ids.iter().copied())
+                    .filter(|id| ids.binary_search(id).is_ok())
+                    .collect(),
+            )),
+            HeldLikes::Many => None,
+            HeldLikes::TooMany => Some(LikedAmong::TooMany),
+        }
+    }
 }
 
 /// What a range read found in this process's memory ([`Cache::held_for_range`]).
@@ -102,6 +162,8 @@ pub struct Held {
     pub head: Option<std::sync::Arc<super::lists::Head>>,
     /// The counters of the tweets asked for, in order (`None`: not held).
     pub counts: Vec<Option<TweetCounts>>,
+    /// The liked set asked for, if held.
+    pub likes: Option<std::sync::Arc<HeldLikes>>,
 }
 
 /// What the cache knows of one object.
@@ -498,16 +560,29 @@ impl Cache {
         let _ = self.run::<()>(&pipe).await;
     }
 
-    /// Which of `tweet_ids` `user` liked, from the user's cached liked set in one round trip
-    /// (`SMISMEMBER`).
+    /// Which of `tweet_ids` `user` liked: from the user's liked set held in this process's near
+    /// cache ([`HeldLikes`]), else from the cached set in Redis in one round trip (`SMISMEMBER`,
+    /// with a sample of the set to hold it from now on if it is small).
     pub async fn liked_among(
         &self,
         user: i64,
         tweet_ids: &[i64],
     ) -> Result<LikedAmong, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;
+        let held = self.held_for_range(None, &[], Some(user));
+        if let Some(known) = held.likes.as_deref().and_then(|l| l.among(tweet_ids)) {
+            return Ok(known);
+        }
         let mut pipe = redis::pipe();
         pipe_liked(&mut pipe, keys, user, tweet_ids);
+        if held.likes.is_none() {
+            pipe.cmd("SRANDMEMBER")
+                .arg(keys.liked(user))
+                .arg(HeldLikes::SAMPLE);
+            let (flags, sample): (Vec<bool>, Vec<i64>) = self.run(&pipe).await?;
+            self.remember_likes(held.lookup, user, &sample, HeldLikes::SAMPLE);
+            return Ok(liked_from_flags(tweet_ids, flags));
+        }
         let (flags,): (Vec<bool>,) = self.run(&pipe).await?;
         Ok(liked_from_flags(tweet_ids, flags))
     }
@@ -546,21 +621,30 @@ impl Cache {
     }
 
     /// What this process holds in its near cache for a range read: the head of `head` (a held
-    /// list's newest entries, [`ListKey::head_held`]) and the counters of `tweet_ids`, in order
-    /// (`None`: not held, or the near cache may not answer now), with the lookup to hand to
-    /// [`Cache::remember_counts`] and [`Cache::remember_head`] for what the read finds in Redis
-    /// instead. Nothing held if the cache is off.
-    pub fn held_for_range(&self, head: Option<ListKey>, tweet_ids: &[i64]) -> Held {
+    /// list's newest entries, [`ListKey::head_held`]), the counters of `tweet_ids`, in order
+    /// (`None`: not held, or the near cache may not answer now) and the liked set of `likes_of`,
+    /// with the lookup to hand to [`Cache::remember_counts`], [`Cache::remember_head`] and
+    /// [`Cache::remember_likes`] for what the read finds in Redis instead. Nothing held if the
+    /// cache is off.
+    pub fn held_for_range(
+        &self,
+        head: Option<ListKey>,
+        tweet_ids: &[i64],
+        likes_of: Option<i64>,
+    ) -> Held {
         let near = self.near_objects();
-        let Some(near) = near.filter(|_| head.is_some() || !tweet_ids.is_empty()) else {
+        let asks = head.is_some() || !tweet_ids.is_empty() || likes_of.is_some();
+        let Some(near) = near.filter(|_| asks) else {
             return Held {
                 lookup: None,
                 head: None,
                 counts: vec![None; tweet_ids.len()],
+                likes: None,
             };
         };
         let lookup = near.begin(self);
         let wanted: Vec<NearId> = (head.map(NearId::Head).into_iter())
+            .chain(likes_of.map(NearId::Likes))
             .chain(tweet_ids.iter().map(|id| NearId::Counts(*id)))
             .collect();
         let mut found = near
@@ -570,6 +654,13 @@ impl Cache {
         let head = match head {
             Some(_) => match found.next() {
                 Some(Some(NearObject::Head(h))) => Some(h),
+                _ => None,
+            },
+            None => None,
+        };
+        let likes = match likes_of {
+            Some(_) => match found.next() {
+                Some(Some(NearObject::Likes(l))) => Some(l),
                 _ => None,
             },
             None => None,
@@ -584,6 +675,20 @@ impl Cache {
             lookup: Some(lookup),
             head,
             counts,
+            likes,
+        }
+    }
+
+    /// Remembers what a sample of `user`'s liked set (`SRANDMEMBER liked {asked}`) read by a
+    /// lookup that began at `lookup` says of the whole set ([`HeldLikes::from_sample`]), unless
+    /// the set was evicted since.
+    pub fn remember_likes(&self, lookup: Option<Lookup>, user: i64, sample: &[i64], asked: usize) {
+        let (Some(near), Some(lookup)) = (self.near_objects(), lookup) else {
+            return;
+        };
+        if let Some(held) = HeldLikes::from_sample(sample, asked) {
+            let value = NearObject::Likes(std::sync::Arc::new(held));
+            near.insert(self, lookup, [(NearId::Likes(user), value)]);
         }
     }
 
@@ -628,7 +733,9 @@ impl Cache {
     /// `viewer_likes` is a sample of the viewer's liked set when the caller read one already
     /// (a newsfeed's range read does: [`crate::cache::Window::owner_likes`]); if it is the
     /// whole set, the page's likes come from it ([`liked_from_sample`]) without the
-    /// `SMISMEMBER` of the page's tweets.
+    /// `SMISMEMBER` of the page's tweets. So do they if this process holds the set
+    /// ([`HeldLikes`]); if it does not, the `SMISMEMBER` comes with a sample that may let it
+    /// hold the set from now on.
     ///
     /// `prefetched`: counters the range read took along ([`super::pages`]); only the others
     /// are asked for, and a page that needs nothing else makes no round trip at all.
@@ -650,13 +757,20 @@ impl Cache {
         let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
             .map(|(at, id)| prefetched.get(at, *id).map(Some))
             .collect();
-        // The tweets, the counters not prefetched and, in the same lookup, the tweets' authors.
+        // The viewer's likes, if a sample or the range read answered them.
+        let mut known = viewer_likes
+            .and_then(|sample| liked_from_sample(tweet_ids, sample))
+            .or_else(|| prefetched.liked_of(tweet_ids));
+        let likes_of = viewer.filter(|_| known.is_none());
+        // The tweets, the counters not prefetched, the viewer's liked set and, in the same
+        // lookup, the tweets' authors.
         let wanted: Vec<NearId> = (tweet_ids.iter().map(|id| NearId::Tweet(*id)))
             .chain(
                 (tweet_ids.iter().zip(&counts))
                     .filter(|(_, c)| c.is_none())
                     .map(|(id, _)| NearId::Counts(*id)),
             )
+            .chain(likes_of.map(NearId::Likes))
             .collect();
         let author_of = |o: &NearObject| match o {
             NearObject::Tweet(t) if with_authors => Some(NearId::User(t.user_id)),
@@ -665,6 +779,13 @@ impl Cache {
         let (mut held, held_authors) = near
             .get_many_then(self, &wanted, author_of)
             .unwrap_or_else(|| (vec![None; wanted.len()], Vec::new()));
+        let held_likes = match likes_of.and_then(|_| held.pop()) {
+            Some(Some(NearObject::Likes(l))) => Some(l),
+            _ => None,
+        };
+        if let Some(l) = &held_likes {
+            known = l.among(tweet_ids);
+        }
         let held_counts = held.split_off(tweet_ids.len());
         let mut held_counts = held_counts.into_iter();
         for c in counts.iter_mut().filter(|c| c.is_none()) {
@@ -706,12 +827,16 @@ impl Cache {
         if !ask_users.is_empty() {
             keys.pipe_mget(&mut pipe, Object::User, &ask_users);
         }
-        let known = viewer_likes
-            .and_then(|sample| liked_from_sample(tweet_ids, sample))
-            .or_else(|| prefetched.liked_of(tweet_ids));
         let ask_liked = matches!((viewer, &known), (Some(_), None));
+        // A liked set not held: a sample too, to hold it from now on if it is small.
+        let sample_likes = likes_of.filter(|_| held_likes.is_none());
         if let (Some(v), true) = (viewer, ask_liked) {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
+        }
+        if let Some(v) = sample_likes {
+            pipe.cmd("SRANDMEMBER")
+                .arg(keys.liked(v))
+                .arg(HeldLikes::SAMPLE);
         }
         let asks = !ask_tweets.is_empty() || !ask_counts.is_empty() || !ask_users.is_empty();
         let mut values: Vec<redis::Value> = if asks || ask_liked {
@@ -762,6 +887,13 @@ impl Cache {
             (Some(_), Some(known)) => Some(known),
             (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
         };
+        if let Some(v) = sample_likes {
+            let sample: Vec<i64> =
+                redis::from_redis_value(next("likes")?).map_err(|_| CacheUnavailable)?;
+            if let Some(l) = HeldLikes::from_sample(&sample, HeldLikes::SAMPLE) {
+                found.push((NearId::Likes(v), NearObject::Likes(std::sync::Arc::new(l))));
+            }
+        }
         if with_authors && !read_authors.is_empty() {
             // The authors of the tweets just read: from the near cache, else one more MGET.
             authors.add(self, near, read_authors);
@@ -1032,6 +1164,57 @@ mod tests {
     }
 
     #[test]
+    fn a_liked_set_is_held_whole_only_from_a_sample_that_asked_for_more_than_it_holds() {
+        let (m, many) = (LIKED_MARKER, TOO_MANY_MARKER);
+        let all = |ids: &[i64]| Some(HeldLikes::All(ids.into()));
+        // Not cached: nothing to hold.
+        assert_eq!(HeldLikes::from_sample(&[], HeldLikes::SAMPLE), None);
+        assert_eq!(HeldLikes::from_sample(&[5, 3], HeldLikes::SAMPLE), None);
+        // Whole: fewer members than asked, sorted, without the marker.
+        assert_eq!(
+            HeldLikes::from_sample(&[9, m, 3], HeldLikes::SAMPLE),
+            all(&[3, 9])
+        );
+        assert_eq!(HeldLikes::from_sample(&[m], LIKED_SAMPLE), all(&[]));
+        assert_eq!(
+            HeldLikes::from_sample(&[m, many], 2),
+            Some(HeldLikes::TooMany)
+        );
+        // As many as asked: a part of a larger set.
+        let full: Vec<i64> = std::iter::once(m)
+            .chain(1..HeldLikes::SAMPLE as i64)
+            .collect();
+        assert_eq!(full.len(), HeldLikes::SAMPLE);
+        assert_eq!(
+            HeldLikes::from_sample(&full, HeldLikes::SAMPLE),
+            Some(HeldLikes::Many)
+        );
+        let eight: Vec<i64> = std::iter::once(m).chain(1..LIKED_SAMPLE as i64).collect();
+        assert_eq!(
+            HeldLikes::from_sample(&eight, LIKED_SAMPLE),
+            None,
+            "maybe small"
+        );
+        let whole: Vec<i64> = std::iter::once(m).chain(1..=NEAR_LIKES as i64).collect();
+        assert_eq!(
+            HeldLikes::from_sample(&whole, HeldLikes::SAMPLE),
+            Some(HeldLikes::All((1..=NEAR_LIKES as i64).collect())),
+        );
+        // What they say of a page.
+        let liked = |held: &HeldLikes| match held.among(&[1, 3, 9, 12]) {
+            Some(LikedAmong::Liked(ids)) => {
+                let mut ids: Vec<i64> = ids.into_iter().collect();
+                ids.sort_unstable();
+                Some(ids)
+            }
+            _ => None,
+        };
+        assert_eq!(liked(&HeldLikes::All([3, 9, 10].into())), Some(vec![3, 9]));
+        assert_eq!(HeldLikes::Many.among(&[1]), None);
+        assert_eq!(HeldLikes::TooMany.among(&[1]), Some(LikedAmong::TooMany));
+    }
+
+    #[test]
     fn near_ids_travel_as_messages_and_come_from_their_keys() {
         for id in [
             NearId::Tweet(17),
@@ -1040,10 +1223,13 @@ mod tests {
             NearId::Tweet(i64::MAX),
             NearId::Head(ListKey::timeline(keys::Owner::User(42), "posts")),
             NearId::Head(ListKey::timeline(keys::Owner::Circle(3), "items")),
+            NearId::Likes(42),
         ] {
             assert_eq!(NearId::from_message(&id.to_message()), Some(id));
         }
-        for bad in ["", "t", "x17", "t-", "u4 2", "h", "hl7", "hch5", "hu"] {
+        for bad in [
+            "", "t", "x17", "t-", "u4 2", "h", "hl7", "hch5", "hu", "l", "lx",
+        ] {
             assert_eq!(NearId::from_message(bad), None, "{bad:?}");
         }
         let keys = Keys::new("p").unwrap();
@@ -1054,6 +1240,7 @@ mod tests {
             Some(NearId::Counts(17))
         );
         assert_eq!(NearId::of_key(&keys.user_counts(42)), None);
+        assert_eq!(NearId::of_key(&keys.liked(42)), Some(NearId::Likes(42)));
         assert_eq!(
             NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),
             None

@@ -92,6 +92,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             Some(near) => json!({
                 "held": near.len(),
                 "answered": near.stats.hits.load(Ordering::Relaxed),
+                "missed": near.stats.misses.load(Ordering::Relaxed),
                 "evictions": near.stats.evictions.load(Ordering::Relaxed),
                 "unconfirmed": near.stats.unconfirmed.load(Ordering::Relaxed),
             }),

@@ -274,14 +274,7 @@ async fn rank_scores_are_exact_under_concurrency_after_a_flush_and_after_a_cance
 
     // A cancelled like lowers the score at once; a like on a tweet outside the rank's day
     // creates nothing (no blind increment of a missing key).
-    let res = app
-        .post(
-            "/api/likes/cancel/",
-            Some(&users[0].1),
-            json!({"content_type": "tweet", "object_id": liked}),
-        )
-        .await;
-    assert_eq!(res.body["deleted"], json!(1));
+    assert_eq!(app.unlike(&users[0].1, "tweet", liked).await, 1);
     assert_eq!(ranked(&app.get(&uri, None).await.body)[0], (liked, 29));
     app.flush_cache().await;
     app.post(

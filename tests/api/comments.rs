@@ -267,11 +267,6 @@ async fn the_detail_shows_each_comment_and_like_as_they_come_and_go(db: PgPool) 
     );
     app.delete(&format!("/api/comments/{comment}/"), Some(&tb))
         .await;
-    app.post(
-        "/api/likes/cancel/",
-        Some(&tb),
-        json!({"content_type": "tweet", "object_id": tweet}),
-    )
-    .await;
+    assert_eq!(app.unlike(&tb, "tweet", tweet).await, 1);
     assert_eq!(seen(app.get(&uri, Some(&tb)).await.body), none());
 }

@@ -204,6 +204,19 @@ impl TestApp {
         assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
     }
 
+    /// Cancels a like of a `tweet` or a `comment`; returns how many likes it deleted (0 or 1).
+    pub async fn unlike(&self, token: &str, kind: &str, id: i64) -> i64 {
+        let res = self
+            .post(
+                "/api/likes/cancel/",
+                Some(token),
+                json!({"content_type": kind, "object_id": id}),
+            )
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        res.body["deleted"].as_i64().expect("deleted")
+    }
+
     pub async fn follow(&self, token: &str, target: i64) {
         let res = self
             .post(

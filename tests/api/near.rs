@@ -61,6 +61,27 @@ async fn held_in_memory(app: &TestApp, uri: &str) {
     .await;
 }
 
+/// `has_liked` of tweet `id` on the first page of `uri`, as `app` answers it to `token`.
+async fn liked_on_page(app: &TestApp, uri: &str, token: &str, id: i64) -> bool {
+    let res = app.get(uri, Some(token)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let results = res.body["results"].as_array().expect("results").iter();
+    let tweet = (results.into_iter())
+        .find(|t| t["id"] == id)
+        .expect("tweet on the page");
+    tweet["has_liked"].as_bool().expect("has_liked")
+}
+
+/// Reads `uri` as `token` on `app` until its memory holds `object`.
+async fn read_as_until_held(app: &TestApp, uri: &str, token: &str, object: NearId) {
+    eventually("the object is held in memory", async || {
+        let res = app.get(uri, Some(token)).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        holds(app, object)
+    })
+    .await;
+}
+
 /// Two processes on one Redis prefix, and a tweet of alice's: `(a, b, alice, her token, tweet)`.
 async fn two_processes(db: PgPool) -> (TestApp, TestApp, i64, String, i64) {
     two_processes_with(db, |_| {}).await
@@ -238,25 +259,31 @@ async fn a_like_and_a_comment_on_one_server_count_at_once_on_another_that_held_t
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn a_like_whose_server_died_before_announcing_it_is_counted_after_the_relay(db: PgPool) {
+async fn a_like_whose_server_died_before_announcing_it_is_counted_and_shown_to_its_reader_after_the_relay(
+    db: PgPool,
+) {
     let (a, b, alice, _, id) = two_processes(db).await;
     let listing = format!("/api/tweets/?user_id={alice}");
-    read_until_held(&b, &listing, NearId::Counts(id)).await;
-    let (_, bob) = a.signup("bob").await;
+    let (bob, token) = b.signup("bob").await;
+    // b holds the tweet's counters and bob's liked set.
+    read_as_until_held(&b, &listing, &token, NearId::Counts(id)).await;
+    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    let held = [NearId::Counts(id), NearId::Likes(bob)];
     // The liking process "dies" between its commit and its cache step.
     a.state.cache.set_after_commit(AfterCommit::Crash);
-    a.like(&bob, "tweet", id).await;
+    a.like(&token, "tweet", id).await;
     a.state.cache.set_after_commit(AfterCommit::Apply);
     assert!(
-        holds(&b, NearId::Counts(id)),
+        held.iter().all(|o| holds(&b, *o)),
         "nothing announced the like yet"
     );
     assert!(a.relay().await >= 1);
     assert!(
-        !holds(&b, NearId::Counts(id)),
+        held.iter().all(|o| !holds(&b, *o)),
         "the relay's eviction did not reach b"
     );
     assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+    assert!(liked_on_page(&b, &listing, &token, id).await);
 }
 
 /// The near-cache id of the head of `user`'s own tweets.
@@ -430,4 +457,97 @@ async fn a_tweet_posted_into_a_circle_on_one_server_shows_at_once_on_another_tha
     let second = post("second").await;
     assert!(!holds(&b, head), "b still holds the circle's old head");
     assert_eq!(ids_on_page(&b, &uri).await, [second, first]);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_near_cache_smaller_than_a_page_holds_no_more_than_its_capacity_and_pages_stay_exact(
+    db: PgPool,
+) {
+    // A page of five tweets needs twelve values (the head, five tweets and their counters,
+    // the author): a memory of six turns its generations on every page.
+    let app = TestApp::with(db, |c| c.near_capacity = 6).await;
+    let (alice, token) = app.signup("alice").await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let tweet = app.tweet(&token, &format!("tweet {n}")).await;
+        ids.insert(0, tweet["id"].as_i64().expect("id"));
+    }
+    let listing = format!("/api/tweets/?user_id={alice}");
+    for _ in 0..6 {
+        assert_eq!(ids_on_page(&app, &listing).await, ids);
+        let health = app.get("/healthz", None).await;
+        let held = health.body["near_objects"]["held"].as_u64().expect("held");
+        assert!(held <= 6, "{held} values held in a memory of 6");
+    }
+    let health = app.get("/healthz", None).await;
+    let missed = health.body["near_objects"]["missed"]
+        .as_u64()
+        .expect("missed");
+    assert!(missed > 0, "{}", health.body);
+    // A delete still reaches the small memory.
+    let gone = ids.remove(2);
+    let res = app
+        .delete(&format!("/api/tweets/{gone}/"), Some(&token))
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    assert_eq!(ids_on_page(&app, &listing).await, ids);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_readers_likes_come_from_memory_and_a_like_or_cancel_on_another_server_shows_at_once(
+    db: PgPool,
+) {
+    let (a, b, alice, _, id) = two_processes(db).await;
+    let (bob, token) = b.signup("bob").await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    // Redis's liked set now says bob liked the tweet (Postgres does not): b answers from its
+    // memory, which holds the set as it was.
+    let liked_key = format!("{}:{{u{bob}}}:liked", b.prefix);
+    let added: usize = redis::cmd("SADD")
+        .arg(&liked_key)
+        .arg(id)
+        .query_async(&mut b.redis().await)
+        .await
+        .expect("sadd");
+    assert_eq!(added, 1);
+    assert!(!liked_on_page(&b, &listing, &token, id).await);
+    // A like on a evicts the set everywhere before it answers: b shows it at once.
+    a.like(&token, "tweet", id).await;
+    assert!(
+        !holds(&b, NearId::Likes(bob)),
+        "b still holds bob's old likes"
+    );
+    assert!(liked_on_page(&b, &listing, &token, id).await);
+    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    assert!(liked_on_page(&b, &listing, &token, id).await);
+    assert_eq!(a.unlike(&token, "tweet", id).await, 1);
+    assert!(!liked_on_page(&b, &listing, &token, id).await);
+    assert_eq!(stats(&a).unconfirmed.load(Ordering::Relaxed), 0);
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_tweet_detail_takes_its_readers_likes_from_memory(db: PgPool) {
+    let (a, b, _, alice_token, id) = two_processes(db).await;
+    // A liked tweet: its detail page asks whether the reader liked it too.
+    a.like(&alice_token, "tweet", id).await;
+    let (bob, token) = b.signup("bob").await;
+    let detail = format!("/api/tweets/{id}/");
+    read_as_until_held(&b, &detail, &token, NearId::Likes(bob)).await;
+    let has_liked = async || {
+        let res = b.get(&detail, Some(&token)).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        res.body["has_liked"].as_bool().expect("has_liked")
+    };
+    // As above: Redis's set says bob liked it, b's memory (rightly) does not.
+    let added: usize = redis::cmd("SADD")
+        .arg(format!("{}:{{u{bob}}}:liked", b.prefix))
+        .arg(id)
+        .query_async(&mut b.redis().await)
+        .await
+        .expect("sadd");
+    assert_eq!(added, 1);
+    assert!(!has_liked().await);
+    a.like(&token, "tweet", id).await;
+    assert!(has_liked().await);
 }
