@@ -417,7 +417,8 @@ impl Cache {
             let viewer_likes = viewer.and(held.likes.as_deref());
             prefetched_liked = viewer_likes.and_then(|l| l.among(ahead));
             let ask_liked = viewer.filter(|_| prefetched_liked.is_none());
-            let sample_viewer = ask_liked.filter(|_| viewer_likes.is_none());
+            let sample_viewer =
+                ask_liked.filter(|_| viewer_likes.is_none() && self.may_hold(lookup));
             if let Some(viewer) = ask_liked {
                 pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
             }

@@ -72,6 +72,9 @@ struct Entry<V> {
     value: V,
     at: Instant,
     used: bool,
+    /// Its place in the ring (a key evicted and stored again has a new one; the hand skips
+    /// the old).
+    slot: u64,
 }
 
 /// The values of a near cache. Hashed with foldhash (seeded per process): a page looks up
@@ -94,8 +97,11 @@ const RECENT_EVICTIONS: usize = 4096;
 /// often those values were read: BENCHMARKS.md, round 13.)
 struct Memory<K, V> {
     entries: Entries<K, V>,
-    /// Keys in the hand's order; a key evicted meanwhile stays until the hand reaches it.
-    ring: std::collections::VecDeque<K>,
+    /// Keys and their slots in the hand's order; a slot whose key was evicted meanwhile stays
+    /// until the hand reaches it.
+    ring: std::collections::VecDeque<(K, u64)>,
+    /// The next slot.
+    slots: u64,
     capacity: usize,
     /// The keys of the latest evictions, each with the eviction count it made, oldest first.
     recent: std::collections::VecDeque<(u64, K)>,
@@ -110,6 +116,7 @@ impl<K: Eq + Hash + Copy, V: Clone> Memory<K, V> {
         Memory {
             entries: HashMap::default(),
             ring: std::collections::VecDeque::new(),
+            slots: 0,
             capacity: capacity.max(1),
             recent: std::collections::VecDeque::new(),
             refuse_before: 0,
@@ -138,23 +145,33 @@ impl<K: Eq + Hash + Copy, V: Clone> Memory<K, V> {
             return;
         }
         while self.entries.len() >= self.capacity && self.sweep() {}
-        let used = false;
-        self.entries.insert(key, Entry { value, at, used });
-        self.ring.push_back(key);
+        let (used, slot) = (false, self.slots);
+        self.slots += 1;
+        self.entries.insert(
+            key,
+            Entry {
+                value,
+                at,
+                used,
+                slot,
+            },
+        );
+        self.ring.push_back((key, slot));
         if self.ring.len() > 2 * self.capacity {
-            // Keys evicted meanwhile: rebuilt once per `capacity` of them at most.
-            self.ring = self.entries.keys().copied().collect();
+            // Slots of keys evicted meanwhile: rebuilt once per `capacity` of them at most.
+            self.ring = (self.entries.iter()).map(|(k, e)| (*k, e.slot)).collect();
         }
     }
 
     /// Moves the hand until it drops a value; `false` if the ring is empty.
     fn sweep(&mut self) -> bool {
-        while let Some(key) = self.ring.pop_front() {
+        while let Some((key, slot)) = self.ring.pop_front() {
             match self.entries.get_mut(&key) {
-                None => {} // evicted meanwhile
+                None => {}                              // evicted meanwhile
+                Some(entry) if entry.slot != slot => {} // evicted and stored again since
                 Some(entry) if entry.used => {
                     entry.used = false;
-                    self.ring.push_back(key);
+                    self.ring.push_back((key, slot));
                 }
                 Some(_) => {
                     self.entries.remove(&key);
@@ -371,6 +388,12 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     /// The value of one key, if this process may answer from memory and holds it.
     pub fn get(&self, cache: &Cache, key: &K) -> Option<V> {
         self.get_many(cache, std::slice::from_ref(key))?.pop()?
+    }
+
+    /// Whether [`Near::insert`] may store what a lookup that began at `lookup` finds (not if
+    /// this near cache is off, or the process was not subscribed when it began).
+    pub fn may_store(&self, lookup: &Lookup) -> bool {
+        self.enabled() && lookup.2
     }
 
     /// Call before looking values up in Redis or Postgres.
@@ -674,6 +697,12 @@ mod tests {
         assert_eq!(held(&memory), vec![2, 5, 7, 8]);
         memory.insert(9, (), start);
         assert_eq!(held(&memory), vec![2, 7, 8, 9]);
+        // A key evicted and stored again takes a new place: the hand skips its old one (next
+        // in the ring, after the stale place of 6).
+        memory.evict(2, &[7]);
+        memory.insert(7, (), start);
+        memory.insert(10, (), start);
+        assert_eq!(held(&memory), vec![2, 7, 9, 10], "8 went, not the new 7");
         // Evictions and inserts below the capacity keep the ring bounded.
         for _ in 0..100 {
             memory.evict(2, &[9]);
@@ -681,7 +710,8 @@ mod tests {
         }
         assert!(memory.ring.len() <= 2 * 4, "{}", memory.ring.len());
         // An expired value is not answered.
-        assert_eq!(memory.get(&7, ttl, start + ttl), None);
+        assert_eq!(memory.get(&10, ttl, start), Some(()));
+        assert_eq!(memory.get(&10, ttl, start + ttl), None);
     }
 
     #[test]

@@ -123,21 +123,24 @@ impl HeldLikes {
     pub const SAMPLE: usize = NEAR_LIKES + 2;
 
     /// What `SRANDMEMBER liked {asked}` answered (`sample`) says of the whole set: `None` if the
-    /// set is not cached (no marker), or if the sample may be only a part of a set of up to
-    /// [`NEAR_LIKES`] ids (a smaller `asked`, such as a newsfeed's [`LIKED_SAMPLE`]).
+    /// set is not cached (an empty sample; a whole one without the marker), or if the sample
+    /// may be only a part of a set of up to [`NEAR_LIKES`] ids (a smaller `asked`, such as a
+    /// newsfeed's [`LIKED_SAMPLE`]). A full sample of [`HeldLikes::SAMPLE`] is a larger set
+    /// whether or not it drew the marker (a set exists only with it: `SET_FILL` writes it,
+    /// `SET_ADD` never creates a set), which a large set's sample rarely does.
     pub fn from_sample(sample: &[i64], asked: usize) -> Option<Self> {
+        if sample.len() >= asked {
+            return (asked >= Self::SAMPLE).then_some(HeldLikes::Many);
+        }
         if !sample.contains(&LIKED_MARKER) {
             return None;
         }
         if sample.contains(&TOO_MANY_MARKER) {
             return Some(HeldLikes::TooMany);
         }
-        if sample.len() < asked && sample.len() <= NEAR_LIKES + 1 {
-            let mut ids: Vec<i64> = sample.iter().copied().filter(|id| *id > 0).collect();
-            ids.sort_unstable();
-            return Some(HeldLikes::All(ids.into()));
-        }
-        (asked >= Self::SAMPLE).then_some(HeldLikes::Many)
+        let mut ids: Vec<i64> = sample.iter().copied().filter(|id| *id > 0).collect();
+        ids.sort_unstable();
+        Some(HeldLikes::All(ids.into()))
     }
 
     /// Which of `tweet_ids` are liked; `None` for [`HeldLikes::Many`] (ask Redis).
@@ -575,7 +578,7 @@ impl Cache {
         }
         let mut pipe = redis::pipe();
         pipe_liked(&mut pipe, keys, user, tweet_ids);
-        if held.likes.is_none() {
+        if held.likes.is_none() && self.may_hold(held.lookup) {
             pipe.cmd("SRANDMEMBER")
                 .arg(keys.liked(user))
                 .arg(HeldLikes::SAMPLE);
@@ -676,6 +679,16 @@ impl Cache {
             head,
             counts,
             likes,
+        }
+    }
+
+    /// Whether a read that began at `lookup` may store what it finds in this process's near
+    /// cache (not if it is off or was not subscribed): a sample read only to be held is not
+    /// asked for otherwise.
+    pub fn may_hold(&self, lookup: Option<Lookup>) -> bool {
+        match (self.near_objects(), lookup) {
+            (Some(near), Some(lookup)) => near.may_store(&lookup),
+            _ => false,
         }
     }
 
@@ -829,7 +842,7 @@ impl Cache {
         }
         let ask_liked = matches!((viewer, &known), (Some(_), None));
         // A liked set not held: a sample too, to hold it from now on if it is small.
-        let sample_likes = likes_of.filter(|_| held_likes.is_none());
+        let sample_likes = likes_of.filter(|_| held_likes.is_none() && near.may_store(&lookup));
         if let (Some(v), true) = (viewer, ask_liked) {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
         }
@@ -1177,16 +1190,21 @@ mod tests {
         );
         assert_eq!(HeldLikes::from_sample(&[m], LIKED_SAMPLE), all(&[]));
         assert_eq!(
-            HeldLikes::from_sample(&[m, many], 2),
+            HeldLikes::from_sample(&[m, many], LIKED_SAMPLE),
             Some(HeldLikes::TooMany)
         );
-        // As many as asked: a part of a larger set.
+        // As many as asked: a part of a larger set, with or without its marker.
         let full: Vec<i64> = std::iter::once(m)
             .chain(1..HeldLikes::SAMPLE as i64)
             .collect();
         assert_eq!(full.len(), HeldLikes::SAMPLE);
         assert_eq!(
             HeldLikes::from_sample(&full, HeldLikes::SAMPLE),
+            Some(HeldLikes::Many)
+        );
+        let unmarked: Vec<i64> = (1..=HeldLikes::SAMPLE as i64).collect();
+        assert_eq!(
+            HeldLikes::from_sample(&unmarked, HeldLikes::SAMPLE),
             Some(HeldLikes::Many)
         );
         let eight: Vec<i64> = std::iter::once(m).chain(1..LIKED_SAMPLE as i64).collect();
