@@ -5,7 +5,8 @@
 use std::sync::atomic::Ordering;
 
 use crate::cache::objects::{
-    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, pipe_counts, pipe_liked,
+    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, decode_sample, pipe_counts,
+    pipe_liked, pipe_liked_sample,
 };
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 use crate::model::TweetCounts;
@@ -378,11 +379,12 @@ impl Cache {
             Owner::User(user) if with_owner_likes => Some(user),
             _ => None,
         };
-        let mut liked = owner.map(|user| inner.keys.liked(user));
+        // Whose liked set to sample along with the list (the owner's, unless held).
+        let mut sampled = owner;
         let bounds = Bounds::new(list.split_time, lt, gt);
-        let sample = |pipe: &mut redis::Pipeline, liked: &Option<String>| {
-            if let Some(liked) = liked {
-                pipe.cmd("SRANDMEMBER").arg(liked).arg(LIKED_SAMPLE);
+        let sample = |pipe: &mut redis::Pipeline, sampled: Option<i64>| {
+            if let Some(user) = sampled {
+                pipe_liked_sample(pipe, &inner.keys, user, LIKED_SAMPLE);
             }
         };
         let (mut prefetched, mut prefetched_liked) = (Vec::new(), None);
@@ -396,13 +398,13 @@ impl Cache {
             if viewer.is_none() && held.likes.is_some() {
                 // The owner's liked set is held whole (hydration takes it from memory), or is
                 // known to be larger than a sample: no sample.
-                liked = None;
+                sampled = None;
             }
             let mut pipe = redis::pipe();
             if head.is_none() {
                 bounds.pipe_members(&mut pipe, &key, count);
             }
-            sample(&mut pipe, &liked);
+            sample(&mut pipe, sampled);
             // The counters of the page's last tweets: from memory, else read along.
             let unheld: Vec<i64> = (ahead.iter().zip(&held.counts))
                 .filter(|(_, c)| c.is_none())
@@ -423,9 +425,7 @@ impl Cache {
                 pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
             }
             if let Some(viewer) = sample_viewer {
-                pipe.cmd("SRANDMEMBER")
-                    .arg(inner.keys.liked(viewer))
-                    .arg(HeldLikes::SAMPLE);
+                pipe_liked_sample(&mut pipe, &inner.keys, viewer, HeldLikes::SAMPLE);
             }
             // A warm page of a held list whose counters are held too needs no round trip.
             let mut replies = if !pipe.is_empty() {
@@ -438,16 +438,13 @@ impl Cache {
                 None => bounds.members(&mut replies)?,
             };
             let mut next = || replies.next().ok_or(CacheUnavailable);
-            let ids = |v: redis::Value| -> Result<Vec<i64>, CacheUnavailable> {
-                redis::from_redis_value(v).map_err(|_| CacheUnavailable)
-            };
-            let owner_likes: Option<Vec<i64>> = match (&liked, owner) {
-                (Some(_), Some(owner)) => {
-                    let sample = ids(next()?)?;
+            let owner_likes: Option<Vec<i64>> = match sampled {
+                Some(owner) => {
+                    let sample = decode_sample(next()?)?;
                     self.remember_likes(lookup, owner, &sample, LIKED_SAMPLE);
                     Some(sample)
                 }
-                _ => None,
+                None => None,
             };
             if !unheld.is_empty() {
                 let read = decode_counts(next()?)?;
@@ -461,7 +458,7 @@ impl Cache {
                 prefetched_liked = Some(decode_liked(ahead, next()?)?);
             }
             if let Some(viewer) = sample_viewer {
-                let sample = ids(next()?)?;
+                let sample = decode_sample(next()?)?;
                 self.remember_likes(lookup, viewer, &sample, HeldLikes::SAMPLE);
             }
             let complete = match &head {
@@ -499,20 +496,15 @@ impl Cache {
             .arg(0)
             .arg("WITHSCORES");
         bounds.pipe_members(&mut pipe, &key, count);
-        sample(&mut pipe, &liked);
+        sample(&mut pipe, sampled);
         let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
         let lowest: Members = replies
             .next()
             .and_then(|v| redis::from_redis_value(v).ok())
             .ok_or(CacheUnavailable)?;
         let mut items = bounds.members(&mut replies)?;
-        let owner_likes: Option<Vec<i64>> = match liked {
-            Some(_) => Some(
-                replies
-                    .next()
-                    .and_then(|v| redis::from_redis_value(v).ok())
-                    .ok_or(CacheUnavailable)?,
-            ),
+        let owner_likes: Option<Vec<i64>> = match sampled {
+            Some(_) => Some(decode_sample(replies.next().ok_or(CacheUnavailable)?)?),
             None => None,
         };
         let mut lowest = lowest.into_iter();

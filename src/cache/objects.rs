@@ -143,6 +143,15 @@ impl HeldLikes {
         Some(HeldLikes::All(ids.into()))
     }
 
+    /// The near-cache entry of `user`'s liked set from a sample ([`HeldLikes::from_sample`]).
+    fn entry(user: i64, sample: &[i64], asked: usize) -> Option<(NearId, NearObject)> {
+        let held = HeldLikes::from_sample(sample, asked)?;
+        Some((
+            NearId::Likes(user),
+            NearObject::Likes(std::sync::Arc::new(held)),
+        ))
+    }
+
     /// Which of `tweet_ids` are liked; `None` for [`HeldLikes::Many`] (ask Redis).
     pub fn among(&self, tweet_ids: &[i64]) -> Option<LikedAmong> {
         match self {
@@ -579,9 +588,7 @@ impl Cache {
         let mut pipe = redis::pipe();
         pipe_liked(&mut pipe, keys, user, tweet_ids);
         if held.likes.is_none() && self.may_hold(held.lookup) {
-            pipe.cmd("SRANDMEMBER")
-                .arg(keys.liked(user))
-                .arg(HeldLikes::SAMPLE);
+            pipe_liked_sample(&mut pipe, keys, user, HeldLikes::SAMPLE);
             let (flags, sample): (Vec<bool>, Vec<i64>) = self.run(&pipe).await?;
             self.remember_likes(held.lookup, user, &sample, HeldLikes::SAMPLE);
             return Ok(liked_from_flags(tweet_ids, flags));
@@ -699,9 +706,8 @@ impl Cache {
         let (Some(near), Some(lookup)) = (self.near_objects(), lookup) else {
             return;
         };
-        if let Some(held) = HeldLikes::from_sample(sample, asked) {
-            let value = NearObject::Likes(std::sync::Arc::new(held));
-            near.insert(self, lookup, [(NearId::Likes(user), value)]);
+        if let Some(entry) = HeldLikes::entry(user, sample, asked) {
+            near.insert(self, lookup, [entry]);
         }
     }
 
@@ -847,9 +853,7 @@ impl Cache {
             pipe_liked(&mut pipe, keys, v, tweet_ids);
         }
         if let Some(v) = sample_likes {
-            pipe.cmd("SRANDMEMBER")
-                .arg(keys.liked(v))
-                .arg(HeldLikes::SAMPLE);
+            pipe_liked_sample(&mut pipe, keys, v, HeldLikes::SAMPLE);
         }
         let asks = !ask_tweets.is_empty() || !ask_counts.is_empty() || !ask_users.is_empty();
         let mut values: Vec<redis::Value> = if asks || ask_liked {
@@ -901,11 +905,8 @@ impl Cache {
             (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
         };
         if let Some(v) = sample_likes {
-            let sample: Vec<i64> =
-                redis::from_redis_value(next("likes")?).map_err(|_| CacheUnavailable)?;
-            if let Some(l) = HeldLikes::from_sample(&sample, HeldLikes::SAMPLE) {
-                found.push((NearId::Likes(v), NearObject::Likes(std::sync::Arc::new(l))));
-            }
+            let sample = decode_sample(next("likes")?)?;
+            found.extend(HeldLikes::entry(v, &sample, HeldLikes::SAMPLE));
         }
         if with_authors && !read_authors.is_empty() {
             // The authors of the tweets just read: from the near cache, else one more MGET.
@@ -1033,6 +1034,18 @@ pub(crate) fn pipe_liked(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, twe
         .arg(LIKED_MARKER)
         .arg(TOO_MANY_MARKER)
         .arg(tweet_ids);
+}
+
+/// `SRANDMEMBER liked {count}`: up to `count` members of `user`'s liked set, all of them when
+/// it holds fewer (decode its reply with [`decode_sample`]; what it says of a page:
+/// [`liked_from_sample`]; of the whole set: [`HeldLikes::from_sample`]).
+pub(crate) fn pipe_liked_sample(pipe: &mut redis::Pipeline, keys: &Keys, user: i64, count: usize) {
+    pipe.cmd("SRANDMEMBER").arg(keys.liked(user)).arg(count);
+}
+
+/// Decodes the reply of [`pipe_liked_sample`].
+pub(crate) fn decode_sample(value: redis::Value) -> Result<Vec<i64>, CacheUnavailable> {
+    redis::from_redis_value(value).map_err(|_| CacheUnavailable)
 }
 
 /// Members of a liked set that a newsfeed read samples with its range (`SRANDMEMBER liked 8`,

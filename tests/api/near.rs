@@ -10,7 +10,7 @@ use chirp::cache::near::NearStats;
 use chirp::cache::objects::NearId;
 use chirp::config::Config;
 use chirp::timeline::Timeline;
-use serde_json::json;
+use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::helpers::{CountsOf, Proxy, TestApp, eventually};
@@ -30,23 +30,33 @@ fn holds(app: &TestApp, object: NearId) -> bool {
 
 /// Reads `uri` on `app` until its memory holds `object`.
 async fn read_until_held(app: &TestApp, uri: &str, object: NearId) {
+    read_as_until_held(app, uri, None, object).await;
+}
+
+/// Reads `uri` on `app` as `token` (anonymously: `None`) until its memory holds `object`.
+async fn read_as_until_held(app: &TestApp, uri: &str, token: Option<&str>, object: NearId) {
     eventually("the object is held in memory", async || {
-        let res = app.get(uri, None).await;
+        let res = app.get(uri, token).await;
         assert_eq!(res.status, StatusCode::OK, "{}", res.body);
         holds(app, object)
     })
     .await;
 }
 
-/// `field` of tweet `id` on the first page of `uri`, as `app` answers it.
-async fn count_on_page(app: &TestApp, uri: &str, id: i64, field: &str) -> i64 {
-    let res = app.get(uri, None).await;
+/// Tweet `id` on the first page of `uri`, as `app` answers it to `token`.
+async fn tweet_on_page(app: &TestApp, uri: &str, token: Option<&str>, id: i64) -> Value {
+    let res = app.get(uri, token).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.body);
     let results = res.body["results"].as_array().expect("results").iter();
-    let tweet = results
-        .into_iter()
+    (results.into_iter())
         .find(|t| t["id"] == id)
-        .expect("tweet on the page");
+        .expect("tweet on the page")
+        .clone()
+}
+
+/// `field` of tweet `id` on the first page of `uri`, as `app` answers it.
+async fn count_on_page(app: &TestApp, uri: &str, id: i64, field: &str) -> i64 {
+    let tweet = tweet_on_page(app, uri, None, id).await;
     tweet[field].as_i64().expect("count")
 }
 
@@ -63,23 +73,21 @@ async fn held_in_memory(app: &TestApp, uri: &str) {
 
 /// `has_liked` of tweet `id` on the first page of `uri`, as `app` answers it to `token`.
 async fn liked_on_page(app: &TestApp, uri: &str, token: &str, id: i64) -> bool {
-    let res = app.get(uri, Some(token)).await;
-    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-    let results = res.body["results"].as_array().expect("results").iter();
-    let tweet = (results.into_iter())
-        .find(|t| t["id"] == id)
-        .expect("tweet on the page");
+    let tweet = tweet_on_page(app, uri, Some(token), id).await;
     tweet["has_liked"].as_bool().expect("has_liked")
 }
 
-/// Reads `uri` as `token` on `app` until its memory holds `object`.
-async fn read_as_until_held(app: &TestApp, uri: &str, token: &str, object: NearId) {
-    eventually("the object is held in memory", async || {
-        let res = app.get(uri, Some(token)).await;
-        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-        holds(app, object)
-    })
-    .await;
+/// Adds tweet `id` to `user`'s liked set in Redis alone, behind every process's back (a
+/// process that answers from memory does not see it).
+async fn like_in_redis_alone(app: &TestApp, user: i64, id: i64) {
+    let key = app.state.cache.keys().expect("cache on").liked(user);
+    let added: usize = redis::cmd("SADD")
+        .arg(key)
+        .arg(id)
+        .query_async(&mut app.redis().await)
+        .await
+        .expect("sadd");
+    assert_eq!(added, 1);
 }
 
 /// Two processes on one Redis prefix, and a tweet of alice's: `(a, b, alice, her token, tweet)`.
@@ -266,8 +274,8 @@ async fn a_like_whose_server_died_before_announcing_it_is_counted_and_shown_to_i
     let listing = format!("/api/tweets/?user_id={alice}");
     let (bob, token) = b.signup("bob").await;
     // b holds the tweet's counters and bob's liked set.
-    read_as_until_held(&b, &listing, &token, NearId::Counts(id)).await;
-    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    read_as_until_held(&b, &listing, Some(&token), NearId::Counts(id)).await;
+    read_as_until_held(&b, &listing, Some(&token), NearId::Likes(bob)).await;
     let held = [NearId::Counts(id), NearId::Likes(bob)];
     // The liking process "dies" between its commit and its cache step.
     a.state.cache.set_after_commit(AfterCommit::Crash);
@@ -500,17 +508,10 @@ async fn a_readers_likes_come_from_memory_and_a_like_or_cancel_on_another_server
     let (a, b, alice, _, id) = two_processes(db).await;
     let (bob, token) = b.signup("bob").await;
     let listing = format!("/api/tweets/?user_id={alice}");
-    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    read_as_until_held(&b, &listing, Some(&token), NearId::Likes(bob)).await;
     // Redis's liked set now says bob liked the tweet (Postgres does not): b answers from its
     // memory, which holds the set as it was.
-    let liked_key = format!("{}:{{u{bob}}}:liked", b.prefix);
-    let added: usize = redis::cmd("SADD")
-        .arg(&liked_key)
-        .arg(id)
-        .query_async(&mut b.redis().await)
-        .await
-        .expect("sadd");
-    assert_eq!(added, 1);
+    like_in_redis_alone(&b, bob, id).await;
     assert!(!liked_on_page(&b, &listing, &token, id).await);
     // A like on a evicts the set everywhere before it answers: b shows it at once.
     a.like(&token, "tweet", id).await;
@@ -519,7 +520,7 @@ async fn a_readers_likes_come_from_memory_and_a_like_or_cancel_on_another_server
         "b still holds bob's old likes"
     );
     assert!(liked_on_page(&b, &listing, &token, id).await);
-    read_as_until_held(&b, &listing, &token, NearId::Likes(bob)).await;
+    read_as_until_held(&b, &listing, Some(&token), NearId::Likes(bob)).await;
     assert!(liked_on_page(&b, &listing, &token, id).await);
     assert_eq!(a.unlike(&token, "tweet", id).await, 1);
     assert!(!liked_on_page(&b, &listing, &token, id).await);
@@ -533,20 +534,14 @@ async fn a_tweet_detail_takes_its_readers_likes_from_memory(db: PgPool) {
     a.like(&alice_token, "tweet", id).await;
     let (bob, token) = b.signup("bob").await;
     let detail = format!("/api/tweets/{id}/");
-    read_as_until_held(&b, &detail, &token, NearId::Likes(bob)).await;
+    read_as_until_held(&b, &detail, Some(&token), NearId::Likes(bob)).await;
     let has_liked = async || {
         let res = b.get(&detail, Some(&token)).await;
         assert_eq!(res.status, StatusCode::OK, "{}", res.body);
         res.body["has_liked"].as_bool().expect("has_liked")
     };
     // As above: Redis's set says bob liked it, b's memory (rightly) does not.
-    let added: usize = redis::cmd("SADD")
-        .arg(format!("{}:{{u{bob}}}:liked", b.prefix))
-        .arg(id)
-        .query_async(&mut b.redis().await)
-        .await
-        .expect("sadd");
-    assert_eq!(added, 1);
+    like_in_redis_alone(&b, bob, id).await;
     assert!(!has_liked().await);
     a.like(&token, "tweet", id).await;
     assert!(has_liked().await);
