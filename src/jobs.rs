@@ -9,7 +9,8 @@
 //! `pg_notify` runs inside the write's transaction: Postgres serialises the commits of
 //! notifying transactions on one lock, which halved the commit rate at 16 writers
 //! (BENCHMARKS.md). A runner that misses a wake-up polls every second. A worker claims the oldest ready job with
-//! `FOR UPDATE SKIP LOCKED` and takes a 30 s lease (`locked_until`); it deletes the row when done.
+//! `FOR UPDATE SKIP LOCKED` and takes a 30 s lease (`locked_until`); it deletes the row when done
+//! (a fan-out part deletes its own row in its last batch's transaction: [`finish`]).
 //! A job that fails is retried with exponential backoff (`run_after`), and after
 //! [`MAX_ATTEMPTS`] it is kept with `failed_at` set. A worker that crashes leaves its lease to
 //! expire, and the next worker resumes the job: every step is idempotent (`on conflict`, sorted
@@ -192,6 +193,17 @@ pub async fn save_progress(
     sqlx::query(sql)
         .bind(job_id)
         .bind(progress)
+        .execute(db)
+        .await
+        .map(|_| ())
+}
+
+/// Ends job `job_id` inside the transaction of its last step, so that the job is gone when
+/// that step's work commits (a fan-out part's last batch); the runner's own delete after the job
+/// returns then finds nothing.
+pub async fn finish(db: impl sqlx::PgExecutor<'_>, job_id: i64) -> sqlx::Result<()> {
+    sqlx::query("delete from jobs where id = $1")
+        .bind(job_id)
         .execute(db)
         .await
         .map(|_| ())

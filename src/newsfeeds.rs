@@ -272,8 +272,16 @@ pub async fn fanout(
             })
             .collect();
         let staged = worker.cache.stage_merges(&mut tx, updates).await?;
-        // The progress commits with the batch: a retry resumes exactly after it.
-        jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
+        // The progress commits with the batch: a retry resumes exactly after it. A part's last
+        // batch ends the part's job instead: its rows, its outbox row and the job's end commit
+        // together, so the part is done when its last rows are (the cache step after the
+        // commit is the outbox row's to repair, as for every batch).
+        let done = batch.len() < worker.batch_size || until.is_some_and(|end| last >= end);
+        if done && until.is_some() {
+            jobs::finish(&mut *tx, job_id).await?;
+        } else {
+            jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
+        }
         tx.commit().await.context("committing a fan-out batch")?;
         // The streams (they only need the commit), then the cached newsfeeds, in a task of
         // their own while the next batch is inserted (its merges touch other followers' lists;
@@ -291,7 +299,7 @@ pub async fn fanout(
             cache.finish(&db, staged).await
         }));
         progress = Some(last);
-        if batch.len() < worker.batch_size {
+        if done {
             break;
         }
     }

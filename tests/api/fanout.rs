@@ -335,6 +335,34 @@ async fn a_fan_out_of_two_batches_is_shared_by_two_runners_and_the_job_runs_the_
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_fan_out_part_ends_its_job_in_the_commit_of_its_last_batch(db: PgPool) {
+    // Batches of 3, 12 followers: two parts of 6, each exactly two full batches, so the part
+    // knows its last batch by its end, not by a short batch.
+    let app = TestApp::with(db, |c| c.fanout_batch_size = 3).await;
+    let (_, fans, id) = star_posts_and_one_runner_starts(&app, 12, 3).await;
+    assert_eq!(parts_of(&app, id).await.len(), 1);
+    // Run the part's body alone, without the runner's delete after it.
+    let worker = &app.state.worker;
+    let (claim, job) = worker.claim().await.unwrap().unwrap();
+    let Ok(chirp::jobs::Job::FanoutPart {
+        tweet_id,
+        progress,
+        until,
+    }) = job
+    else {
+        panic!("not a part: {job:?}");
+    };
+    chirp::newsfeeds::fanout(worker, claim.id, tweet_id, progress, Some(until))
+        .await
+        .unwrap();
+    assert!(
+        parts_of(&app, id).await.is_empty(),
+        "the part's job is gone"
+    );
+    every_fan_has_it_once(&app, &fans, id).await;
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_big_accounts_fan_out_is_cut_into_parts_of_at_most_eight_batches(db: PgPool) {
     // Batches of 1: 20 followers would be two parts of 10, but a part holds at most 8 batches:
     // parts of 8, 8 and 4, the job itself running the last.
