@@ -7,8 +7,9 @@
 //!    `MULTI`/`EXEC` of two for a page with a lower bound). A page without a lower bound also
 //!    prefetches the counters of the tweets it showed the last time this process served it
 //!    ([`crate::cache::pages`]) that the near cache does not hold, in the same round trip. A
-//!    first page of a user's own tweets or a circle's tweets takes its members from the
-//!    list's head in the near cache instead, when held ([`crate::cache::lists::Head`]).
+//!    first page of a user's own tweets, a list's timeline or a circle's tweets takes its
+//!    members from the list's head in the near cache instead, when held
+//!    ([`crate::cache::lists::Head`]).
 //! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
 //!    list, circle or user gets nothing cached), start a load (its generation), load the
 //!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with

@@ -31,9 +31,10 @@ pub const OBJECTS_TOPIC: &str = "objects";
 /// it); counters change with every like and comment, whose [`super::Update::TweetCounts`]
 /// evicts them everywhere before the write answers, as any versioned value the outbox writes
 /// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone). The head of a
-/// held list (`hu42`: user 42's tweets, `hc3`: circle 3's; [`ListKey::head_held`]) changes
-/// with a tweet written or deleted, whose outbox repair evicts it the same way (round 12: a
-/// warm page of such a list then needs no round trip at all). A user's liked set (`l42`,
+/// held list (`hu42`: user 42's tweets, `hc3`: circle 3's, `hl7`: list 7's timeline;
+/// [`ListKey::head_held`]) changes with a tweet written or deleted, or a fan-out or membership
+/// job's batch, whose outbox repair evicts it the same way (round 12, and round 14 for list
+/// timelines: a warm page of such a list then needs no round trip at all). A user's liked set (`l42`,
 /// [`HeldLikes`]) changes with each of the user's likes and cancels, whose outbox repair (an
 /// invalidation of the set) evicts it the same way (round 13: a logged-in reader's warm page of
 /// a held list then needs no round trip either).
@@ -1254,12 +1255,13 @@ mod tests {
             NearId::Tweet(i64::MAX),
             NearId::Head(ListKey::timeline(keys::Owner::User(42), "posts")),
             NearId::Head(ListKey::timeline(keys::Owner::Circle(3), "items")),
+            NearId::Head(ListKey::timeline(keys::Owner::List(7), "items")),
             NearId::Likes(42),
         ] {
             assert_eq!(NearId::from_message(&id.to_message()), Some(id));
         }
         for bad in [
-            "", "t", "x17", "t-", "u4 2", "h", "hl7", "hch5", "hu", "l", "lx",
+            "", "t", "x17", "t-", "u4 2", "h", "hx7", "hch5", "hu", "l", "lx",
         ] {
             assert_eq!(NearId::from_message(bad), None, "{bad:?}");
         }
@@ -1276,17 +1278,18 @@ mod tests {
             NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),
             None
         );
-        // Heads are held of a user's own tweets and a circle's, never of a newsfeed or a
-        // list's timeline (changed by every fan-out batch).
+        // Heads are held of a user's own tweets, a circle's and a list's timeline, never of a
+        // newsfeed (changed by every fan-out batch).
         let posts = ListKey::timeline(keys::Owner::User(42), "posts");
         let circle = ListKey::timeline(keys::Owner::Circle(3), "items");
-        for held in [posts, circle] {
+        let list = ListKey::timeline(keys::Owner::List(7), "items");
+        for held in [posts, circle, list] {
             assert!(held.head_held());
             assert_eq!(NearId::of_key(&keys.list(held)), Some(NearId::Head(held)));
         }
         for other in [
             ListKey::timeline(keys::Owner::User(42), "feed"),
-            ListKey::timeline(keys::Owner::List(7), "items"),
+            ListKey::timeline(keys::Owner::List(7), "feed"),
         ] {
             assert!(!other.head_held(), "{other}");
             assert_eq!(NearId::of_key(&keys.list(other)), None, "{other}");
@@ -1309,11 +1312,18 @@ mod tests {
                 name: "feed".to_owned(),
                 ids: vec![42],
             },
+            // A list fan-out batch's repair.
+            crate::cache::Repair::InvalidateMany {
+                prefix: "p".to_owned(),
+                tag: "l".to_owned(),
+                name: "items".to_owned(),
+                ids: vec![7],
+            },
         ];
         let circle4 = ListKey::timeline(keys::Owner::Circle(4), "items");
         assert_eq!(
             crate::cache::update::near_evictions(&repairs),
-            [posts, circle, circle4].map(NearId::Head)
+            [posts, circle, circle4, list].map(NearId::Head)
         );
     }
 

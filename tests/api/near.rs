@@ -1,5 +1,5 @@
-//! The near cache of tweet and user objects, tweet counters and the heads of user and circle
-//! timelines: pages take them from each process's memory, and a post, a delete, a profile edit,
+//! The near cache of tweet and user objects, tweet counters and the heads of user, list and
+//! circle timelines: pages take them from each process's memory, and a post, a delete, a profile edit,
 //! a like or a comment answers only after every process forgot the old value.
 
 use std::sync::atomic::Ordering;
@@ -465,6 +465,87 @@ async fn a_tweet_posted_into_a_circle_on_one_server_shows_at_once_on_another_tha
     let second = post("second").await;
     assert!(!holds(&b, head), "b still holds the circle's old head");
     assert_eq!(ids_on_page(&b, &uri).await, [second, first]);
+}
+
+/// `owner`'s new list holding `member`, with the member's tweets copied in (its backfill job
+/// run on `app`); returns the list's id and its first page's uri.
+async fn list_of(app: &TestApp, owner: &str, member: i64) -> (i64, String) {
+    let res = app
+        .post("/api/lists/", Some(owner), json!({"name": "near"}))
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let list = res.body["id"].as_i64().expect("list id");
+    let res = app
+        .post(
+            &format!("/api/lists/{list}/members/"),
+            Some(owner),
+            json!({"user_id": member}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    app.drain().await;
+    (list, format!("/api/lists/{list}/timeline/"))
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_warm_list_timeline_takes_its_entries_from_memory_until_a_members_fan_out_evicts_them(
+    db: PgPool,
+) {
+    let app = TestApp::new(db).await;
+    let (alice, token) = app.signup("alice").await;
+    let first = app.tweet(&token, "first").await["id"].as_i64().expect("id");
+    let (_, owner) = app.signup("owner").await;
+    let (list, uri) = list_of(&app, &owner, alice).await;
+    let head = NearId::Head(Timeline::List(list).key());
+    read_until_held(&app, &uri, head).await;
+    // Redis's list now holds no tweet, only its completeness marker: a page that asked Redis
+    // would be empty; this one answers from memory.
+    let removed: usize = redis::cmd("ZREMRANGEBYSCORE")
+        .arg(app.list_key(Timeline::List(list)))
+        .arg("(-inf")
+        .arg("+inf")
+        .query_async(&mut app.redis().await)
+        .await
+        .expect("zremrangebyscore");
+    assert_eq!(removed, 1, "the tweet");
+    assert_eq!(ids_on_page(&app, &uri).await, [first]);
+    // The fan-out of alice's next tweet merges it into Redis's list and then evicts the head.
+    let second = app.tweet(&token, "second").await["id"]
+        .as_i64()
+        .expect("id");
+    app.drain().await;
+    assert!(
+        !holds(&app, head),
+        "the fan-out left the old head in memory"
+    );
+    assert_eq!(ids_on_page(&app, &uri).await.first(), Some(&second));
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_list_timeline_held_on_another_server_shows_a_fanned_out_tweet_and_a_removed_member_at_once(
+    db: PgPool,
+) {
+    let (a, b, alice, token, first) = two_processes(db).await;
+    let (_, owner) = a.signup("owner").await;
+    let (list, uri) = list_of(&a, &owner, alice).await;
+    let head = NearId::Head(Timeline::List(list).key());
+    read_until_held(&b, &uri, head).await;
+    assert_eq!(ids_on_page(&b, &uri).await, [first]);
+    // The fan-out job runs on a; its cache step ends only after b forgot the head.
+    let second = a.tweet(&token, "second").await["id"].as_i64().expect("id");
+    a.drain().await;
+    assert!(!holds(&b, head), "b still holds the list's old head");
+    assert_eq!(ids_on_page(&b, &uri).await, [second, first]);
+    // A member removed: the unmerge job evicts the head the same way.
+    read_until_held(&b, &uri, head).await;
+    let res = a
+        .delete(&format!("/api/lists/{list}/members/{alice}/"), Some(&owner))
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    a.drain().await;
+    assert!(!holds(&b, head), "the unmerge left the head in b");
+    assert_eq!(ids_on_page(&b, &uri).await, Vec::<i64>::new());
+    assert_eq!(stats(&a).unconfirmed.load(Ordering::Relaxed), 0);
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
