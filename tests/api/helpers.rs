@@ -337,6 +337,22 @@ impl TestApp {
         }
     }
 
+    /// Creates a list of `token`'s user named `name`; returns its id.
+    pub async fn new_list(&self, token: &str, name: &str) -> i64 {
+        let body = json!({"name": name, "description": "people"});
+        let res = self.post("/api/lists/", Some(token), body).await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        res.body["id"].as_i64().expect("id")
+    }
+
+    /// Adds `user` to `list` as its owner (`token`); returns the membership's body.
+    pub async fn add_to_list(&self, token: &str, list: i64, user: i64) -> Value {
+        let uri = format!("/api/lists/{list}/members/");
+        let res = self.post(&uri, Some(token), json!({"user_id": user})).await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+        res.body
+    }
+
     /// Creates a user directly (no password hashing) with a token: for tests that need many.
     pub async fn quick_user(&self, name: &str) -> (i64, String) {
         let id: i64 = sqlx::query_scalar(

@@ -9,31 +9,6 @@ use sqlx::PgPool;
 
 use crate::helpers::{TestApp, page_all, tweet_ids};
 
-/// Creates a list and returns its id.
-async fn new_list(app: &TestApp, token: &str, name: &str) -> i64 {
-    let res = app
-        .post(
-            "/api/lists/",
-            Some(token),
-            json!({"name": name, "description": "people"}),
-        )
-        .await;
-    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-    res.body["id"].as_i64().expect("id")
-}
-
-async fn add(app: &TestApp, token: &str, list: i64, user: i64) -> serde_json::Value {
-    let res = app
-        .post(
-            &format!("/api/lists/{list}/members/"),
-            Some(token),
-            json!({"user_id": user}),
-        )
-        .await;
-    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-    res.body
-}
-
 /// The list's tweets as Postgres says, newest first.
 async fn truth(app: &TestApp, list: i64) -> Vec<i64> {
     sqlx::query_scalar(
@@ -50,11 +25,11 @@ async fn truth(app: &TestApp, list: i64) -> Vec<i64> {
 async fn a_list_timeline_pages_across_the_cached_window_into_postgres(db: PgPool) {
     let app = TestApp::with(db, |c| c.cache_list_limit = 5).await;
     let (_, owner) = app.quick_user("owner").await;
-    let list = new_list(&app, &owner, "writers").await;
+    let list = app.new_list(&owner, "writers").await;
     let (outsider, to) = app.quick_user("outsider").await;
     for i in 0..3 {
         let (id, token) = app.quick_user(&format!("member{i}")).await;
-        add(&app, &owner, list, id).await;
+        app.add_to_list(&owner, list, id).await;
         for j in 0..4 {
             app.tweet(&token, &format!("member {i} tweet {j}")).await;
         }
@@ -89,7 +64,7 @@ async fn adding_a_member_backfills_and_removing_one_takes_their_tweets_out(db: P
     let (_, owner) = app.quick_user("owner").await;
     let (alice, ta) = app.quick_user("alice").await;
     let (bob, tb) = app.quick_user("bob").await;
-    let list = new_list(&app, &owner, "friends").await;
+    let list = app.new_list(&owner, "friends").await;
     let uri = format!("/api/lists/{list}/timeline/");
     let old = app.tweet(&ta, "before she was added").await["id"]
         .as_i64()
@@ -105,10 +80,10 @@ async fn adding_a_member_backfills_and_removing_one_takes_their_tweets_out(db: P
     );
 
     // Added: the backfill brings her earlier tweet into the cached list.
-    let added = add(&app, &owner, list, alice).await;
+    let added = app.add_to_list(&owner, list, alice).await;
     assert_eq!(added["user"]["id"], json!(alice));
     assert_eq!(
-        add(&app, &owner, list, alice).await,
+        app.add_to_list(&owner, list, alice).await,
         json!({"success": true, "duplicate": true})
     );
     app.drain().await;
@@ -120,7 +95,7 @@ async fn adding_a_member_backfills_and_removing_one_takes_their_tweets_out(db: P
     assert_eq!(tweet_ids(&app.get(&uri, None).await.body), vec![old]);
 
     // Her new tweet is fanned out to the list; bob's (not a member) is not.
-    add(&app, &owner, list, bob).await;
+    app.add_to_list(&owner, list, bob).await;
     let new = app.tweet(&ta, "after").await["id"].as_i64().unwrap();
     let by_bob = app.tweet(&tb, "bob's").await["id"].as_i64().unwrap();
     app.drain().await;
@@ -163,7 +138,7 @@ async fn only_the_owner_changes_a_list_and_bad_input_changes_nothing(db: PgPool)
     let app = TestApp::new(db).await;
     let (owner_id, owner) = app.quick_user("owner").await;
     let (other_id, other) = app.quick_user("other").await;
-    let list = new_list(&app, &owner, "mine").await;
+    let list = app.new_list(&owner, "mine").await;
 
     let res = app
         .post(
@@ -214,7 +189,7 @@ async fn only_the_owner_changes_a_list_and_bad_input_changes_nothing(db: PgPool)
     assert_eq!(mine["results"][0]["owner"]["id"], json!(owner_id));
     assert_eq!(mine["results"][0]["members_count"], json!(0));
 
-    add(&app, &owner, list, other_id).await;
+    app.add_to_list(&owner, list, other_id).await;
     let members = app
         .get(&format!("/api/lists/{list}/members/"), None)
         .await
@@ -332,8 +307,8 @@ async fn timelines_of_unknown_or_deleted_owners_are_a_404_and_cache_nothing(db: 
     let (_, owner) = app.signup("owner").await;
     let (writer, tw) = app.signup("writer").await;
     let id = app.tweet(&tw, "listed").await["id"].as_i64().unwrap();
-    let list = new_list(&app, &owner, "readers").await;
-    add(&app, &owner, list, writer).await;
+    let list = app.new_list(&owner, "readers").await;
+    app.add_to_list(&owner, list, writer).await;
     app.drain().await;
     // Twice: the second page comes from the cached timeline, with no existence query.
     for _ in 0..2 {

@@ -299,6 +299,18 @@ fn posts_head(user: i64) -> NearId {
     NearId::Head(Timeline::UserTweets(user).key())
 }
 
+/// Removes every entry but the completeness marker (whose score is -inf) from `timeline`'s list
+/// in Redis, behind the near cache's back; returns how many it removed.
+async fn empty_in_redis(app: &TestApp, timeline: Timeline) -> usize {
+    redis::cmd("ZREMRANGEBYSCORE")
+        .arg(app.list_key(timeline))
+        .arg("(-inf")
+        .arg("+inf")
+        .query_async(&mut app.redis().await)
+        .await
+        .expect("zremrangebyscore")
+}
+
 /// The tweet ids on the first page of `uri`, as `app` answers it.
 async fn ids_on_page(app: &TestApp, uri: &str) -> Vec<i64> {
     let res = app.get(uri, None).await;
@@ -316,16 +328,9 @@ async fn a_warm_user_timeline_takes_its_entries_from_memory_until_a_new_tweet_ev
     let first = app.tweet(&token, "first").await["id"].as_i64().expect("id");
     let listing = format!("/api/tweets/?user_id={alice}");
     read_until_held(&app, &listing, posts_head(alice)).await;
-    // Redis's list now holds no tweet, only its completeness marker (whose score is -inf): a
-    // page that asked Redis would be empty; this one answers from memory.
-    let removed: usize = redis::cmd("ZREMRANGEBYSCORE")
-        .arg(app.list_key(Timeline::UserTweets(alice)))
-        .arg("(-inf")
-        .arg("+inf")
-        .query_async(&mut app.redis().await)
-        .await
-        .expect("zremrangebyscore");
-    assert_eq!(removed, 1, "the tweet");
+    // Redis's list now holds no tweet, only its completeness marker: a page that asked Redis
+    // would be empty; this one answers from memory.
+    assert_eq!(empty_in_redis(&app, Timeline::UserTweets(alice)).await, 1);
     assert_eq!(ids_on_page(&app, &listing).await, [first]);
     // A new tweet evicts the head before it answers: the page shows it at once.
     let second = app.tweet(&token, "second").await["id"]
@@ -470,19 +475,8 @@ async fn a_tweet_posted_into_a_circle_on_one_server_shows_at_once_on_another_tha
 /// `owner`'s new list holding `member`, with the member's tweets copied in (its backfill job
 /// run on `app`); returns the list's id and its first page's uri.
 async fn list_of(app: &TestApp, owner: &str, member: i64) -> (i64, String) {
-    let res = app
-        .post("/api/lists/", Some(owner), json!({"name": "near"}))
-        .await;
-    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-    let list = res.body["id"].as_i64().expect("list id");
-    let res = app
-        .post(
-            &format!("/api/lists/{list}/members/"),
-            Some(owner),
-            json!({"user_id": member}),
-        )
-        .await;
-    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let list = app.new_list(owner, "near").await;
+    app.add_to_list(owner, list, member).await;
     app.drain().await;
     (list, format!("/api/lists/{list}/timeline/"))
 }
@@ -498,16 +492,7 @@ async fn a_warm_list_timeline_takes_its_entries_from_memory_until_a_members_fan_
     let (list, uri) = list_of(&app, &owner, alice).await;
     let head = NearId::Head(Timeline::List(list).key());
     read_until_held(&app, &uri, head).await;
-    // Redis's list now holds no tweet, only its completeness marker: a page that asked Redis
-    // would be empty; this one answers from memory.
-    let removed: usize = redis::cmd("ZREMRANGEBYSCORE")
-        .arg(app.list_key(Timeline::List(list)))
-        .arg("(-inf")
-        .arg("+inf")
-        .query_async(&mut app.redis().await)
-        .await
-        .expect("zremrangebyscore");
-    assert_eq!(removed, 1, "the tweet");
+    assert_eq!(empty_in_redis(&app, Timeline::List(list)).await, 1);
     assert_eq!(ids_on_page(&app, &uri).await, [first]);
     // The fan-out of alice's next tweet merges it into Redis's list and then evicts the head.
     let second = app.tweet(&token, "second").await["id"]
