@@ -361,9 +361,9 @@ impl Cache {
     /// the `SMISMEMBER` or the sample; one not held is sampled along, to be held if small.
     ///
     /// A first page (neither bound) of a held list ([`ListKey::head_held`]: a user's own
-    /// tweets, a list's timeline, a circle's tweets) takes its members from the list's [`Head`] in this process's
-    /// near cache when it serves the page, and remembers the head it read otherwise: a warm
-    /// page whose counters are held too makes no round trip at all.
+    /// tweets, a list's timeline, a circle's tweets) takes its members from the list's [`Head`]
+    /// in this process's near cache when it serves the page, and remembers the head it read
+    /// otherwise: a warm page whose counters are held too makes no round trip at all.
     pub async fn range(
         &self,
         list: ListKey,

@@ -34,8 +34,8 @@ pub const OBJECTS_TOPIC: &str = "objects";
 /// held list (`hu42`: user 42's tweets, `hc3`: circle 3's, `hl7`: list 7's timeline;
 /// [`ListKey::head_held`]) changes with a tweet written or deleted, or a fan-out or membership
 /// job's batch, whose outbox repair evicts it the same way (round 12, and round 14 for list
-/// timelines: a warm page of such a list then needs no round trip at all). A user's liked set (`l42`,
-/// [`HeldLikes`]) changes with each of the user's likes and cancels, whose outbox repair (an
+/// timelines: a warm page of such a list then needs no round trip at all). A user's liked set
+/// (`l42`, [`HeldLikes`]) changes with each of the user's likes and cancels, whose outbox repair (an
 /// invalidation of the set) evicts it the same way (round 13: a logged-in reader's warm page of
 /// a held list then needs no round trip either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1312,7 +1312,8 @@ mod tests {
                 name: "feed".to_owned(),
                 ids: vec![42],
             },
-            // A list fan-out batch's repair.
+            // Lists' timelines invalidated together (as `Repair::invalidate_lists` groups
+            // them; a list fan-out batch stages an `Invalidate` of each, mapped as above).
             crate::cache::Repair::InvalidateMany {
                 prefix: "p".to_owned(),
                 tag: "l".to_owned(),

@@ -1,6 +1,7 @@
 //! The near cache of tweet and user objects, tweet counters and the heads of user, list and
-//! circle timelines: pages take them from each process's memory, and a post, a delete, a profile edit,
-//! a like or a comment answers only after every process forgot the old value.
+//! circle timelines: pages take them from each process's memory, and a post, a delete, a
+//! profile edit, a like or a comment answers only after every process forgot the old value (a
+//! list's fan-out or membership job goes on only after that).
 
 use std::sync::atomic::Ordering;
 
@@ -492,6 +493,7 @@ async fn a_warm_list_timeline_takes_its_entries_from_memory_until_a_members_fan_
     let (list, uri) = list_of(&app, &owner, alice).await;
     let head = NearId::Head(Timeline::List(list).key());
     read_until_held(&app, &uri, head).await;
+    // A page that asked Redis would now be empty; this one answers from memory.
     assert_eq!(empty_in_redis(&app, Timeline::List(list)).await, 1);
     assert_eq!(ids_on_page(&app, &uri).await, [first]);
     // The fan-out of alice's next tweet merges it into Redis's list and then evicts the head.
