@@ -198,9 +198,9 @@ pub async fn save_progress(
         .map(|_| ())
 }
 
-/// Ends job `job_id` inside the transaction of its last step, so that the job is gone when
-/// that step's work commits (a fan-out part's last batch); the runner's own delete after the job
-/// returns then finds nothing.
+/// Ends job `job_id`: the runner's delete after a job returns, or, inside the transaction of a
+/// job's last step, the job's own (a fan-out part's last batch), so that the job is gone when
+/// that step's work commits; the runner's delete then finds nothing.
 pub async fn finish(db: impl sqlx::PgExecutor<'_>, job_id: i64) -> sqlx::Result<()> {
     sqlx::query("delete from jobs where id = $1")
         .bind(job_id)
@@ -303,12 +303,7 @@ impl Worker {
         );
         let result = self.dispatch(claim, &job).instrument(span.clone()).await;
         match result {
-            Ok(()) => {
-                sqlx::query("delete from jobs where id = $1")
-                    .bind(claim.id)
-                    .execute(&self.db)
-                    .await?;
-            }
+            Ok(()) => finish(&self.db, claim.id).await?,
             Err(e) => {
                 span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));
                 self.fail(claim, &format!("{e:#}"), false).await?;

@@ -144,29 +144,36 @@ impl TestApp {
         self.request(Method::POST, uri, token, Some(body)).await
     }
 
+    /// [`TestApp::post`] that must answer `status`; returns the answer's body.
+    pub async fn post_expecting(
+        &self,
+        status: StatusCode,
+        uri: &str,
+        token: Option<&str>,
+        body: Value,
+    ) -> Value {
+        let res = self.post(uri, token, body).await;
+        assert_eq!(res.status, status, "{}", res.body);
+        res.body
+    }
+
     /// Signs up `name` and returns `(id, token)`.
     pub async fn signup(&self, name: &str) -> (i64, String) {
-        let res = self
-            .post(
-                "/api/accounts/signup/",
-                None,
-                json!({"username": name, "email": format!("{name}@example.com"), "password": "correct horse"}),
-            )
+        let body = json!({"username": name, "email": format!("{name}@example.com"), "password": "correct horse"});
+        let body = self
+            .post_expecting(StatusCode::CREATED, "/api/accounts/signup/", None, body)
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
         (
-            res.body["user"]["id"].as_i64().expect("id"),
-            res.body["token"].as_str().expect("token").to_owned(),
+            body["user"]["id"].as_i64().expect("id"),
+            body["token"].as_str().expect("token").to_owned(),
         )
     }
 
     /// Posts a tweet and returns its JSON.
     pub async fn tweet(&self, token: &str, content: &str) -> Value {
-        let res = self
-            .post("/api/tweets/", Some(token), json!({"content": content}))
-            .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-        res.body
+        let body = json!({"content": content});
+        self.post_expecting(StatusCode::CREATED, "/api/tweets/", Some(token), body)
+            .await
     }
 
     /// Posts `n` tweets `"{prefix}0"`, `"{prefix}1"`, … and returns their ids, oldest first.
@@ -181,51 +188,33 @@ impl TestApp {
 
     /// Comments on a tweet and returns the comment's id.
     pub async fn comment(&self, token: &str, tweet: i64, content: &str) -> i64 {
-        let res = self
-            .post(
-                "/api/comments/",
-                Some(token),
-                json!({"tweet_id": tweet, "content": content}),
-            )
+        let body = json!({"tweet_id": tweet, "content": content});
+        let body = self
+            .post_expecting(StatusCode::CREATED, "/api/comments/", Some(token), body)
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-        res.body["id"].as_i64().expect("id")
+        body["id"].as_i64().expect("id")
     }
 
     /// Likes a `tweet` or a `comment`.
     pub async fn like(&self, token: &str, kind: &str, id: i64) {
-        let res = self
-            .post(
-                "/api/likes/",
-                Some(token),
-                json!({"content_type": kind, "object_id": id}),
-            )
+        let body = json!({"content_type": kind, "object_id": id});
+        self.post_expecting(StatusCode::CREATED, "/api/likes/", Some(token), body)
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
     }
 
     /// Cancels a like of a `tweet` or a `comment`; returns how many likes it deleted (0 or 1).
     pub async fn unlike(&self, token: &str, kind: &str, id: i64) -> i64 {
-        let res = self
-            .post(
-                "/api/likes/cancel/",
-                Some(token),
-                json!({"content_type": kind, "object_id": id}),
-            )
+        let body = json!({"content_type": kind, "object_id": id});
+        let body = self
+            .post_expecting(StatusCode::OK, "/api/likes/cancel/", Some(token), body)
             .await;
-        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-        res.body["deleted"].as_i64().expect("deleted")
+        body["deleted"].as_i64().expect("deleted")
     }
 
     pub async fn follow(&self, token: &str, target: i64) {
-        let res = self
-            .post(
-                &format!("/api/friendships/{target}/follow/"),
-                Some(token),
-                json!({}),
-            )
+        let uri = format!("/api/friendships/{target}/follow/");
+        self.post_expecting(StatusCode::CREATED, &uri, Some(token), json!({}))
             .await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
     }
 
     /// Runs every ready job (fan-out, backfill, unmerge) to completion.
@@ -340,17 +329,18 @@ impl TestApp {
     /// Creates a list of `token`'s user named `name`; returns its id.
     pub async fn new_list(&self, token: &str, name: &str) -> i64 {
         let body = json!({"name": name, "description": "people"});
-        let res = self.post("/api/lists/", Some(token), body).await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-        res.body["id"].as_i64().expect("id")
+        let body = self
+            .post_expecting(StatusCode::CREATED, "/api/lists/", Some(token), body)
+            .await;
+        body["id"].as_i64().expect("id")
     }
 
     /// Adds `user` to `list` as its owner (`token`); returns the membership's body.
     pub async fn add_to_list(&self, token: &str, list: i64, user: i64) -> Value {
         let uri = format!("/api/lists/{list}/members/");
-        let res = self.post(&uri, Some(token), json!({"user_id": user})).await;
-        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
-        res.body
+        let body = json!({"user_id": user});
+        self.post_expecting(StatusCode::CREATED, &uri, Some(token), body)
+            .await
     }
 
     /// Creates a user directly (no password hashing) with a token: for tests that need many.
