@@ -382,6 +382,7 @@ fn entry_of(tweet: &TweetRecord) -> ListEntry {
         tweet_id: tweet.id,
         author_id: tweet.user_id,
         created_at: tweet.created_at,
+        shift: 0,
     }
 }
 
@@ -488,6 +489,7 @@ pub async fn rank(
                     tweet_id,
                     author_id,
                     created_at,
+                    shift: 0,
                 })
             })
             .collect();

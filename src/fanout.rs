@@ -29,6 +29,9 @@ pub struct Pair {
     pub lock: &'static str,
     /// `select exists (…)`: does the pair exist now?
     pub exists: &'static str,
+    /// A statement the backfill runs before `copy` (a newsfeed takes its head lock:
+    /// [`crate::newsfeeds::stamp`]).
+    pub head: Option<&'static str>,
     /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets,
     /// `$4` = the arrival time).
     pub copy: &'static str,
@@ -71,6 +74,13 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
         .await
         .ok()
         .and_then(|mut g| g.pop());
+    if let Some(head) = pair.head {
+        sqlx::query(head)
+            .bind(pair.owner)
+            .execute(&mut *tx)
+            .await
+            .context("locking the timeline's head")?;
+    }
     let rows: Vec<ListEntry> = sqlx::query_as(pair.copy)
         .bind(pair.owner)
         .bind(pair.source)

@@ -496,6 +496,7 @@ pub async fn fanout(
             tweet_id,
             author_id: author,
             created_at,
+            shift: 0,
         };
         let index: HashMap<i64, usize> = lists.iter().enumerate().map(|(i, l)| (*l, i)).collect();
         let updates: Vec<Update> = inserted
@@ -527,6 +528,7 @@ fn membership(list: i64, member: i64) -> Pair {
         source: member,
         lock: "list-member",
         exists: "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
+        head: None,
         copy: "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
                select $1, t.id, t.created_at, $4 from tweets t
                where t.user_id = $2 order by t.created_at desc limit $3

@@ -35,12 +35,56 @@ macro_rules! newsfeed_rows {
     };
 }
 
+/// The `shift` column of a [`ListEntry`] read from `newsfeeds n join tweets t`: how many µs the
+/// entry's time lies past its tweet's (see [`stamp`]).
+macro_rules! shift_column {
+    () => {
+        " (extract(epoch from n.created_at - t.created_at) * 1000000)::bigint as shift "
+    };
+}
+
+/// Stamps new entries of the newsfeeds of `readers` (ascending ids, no repeats) with a tweet
+/// posted at `at`: each entry's time is `at` if that is above everything the reader's
+/// newsfeed ever held (its head), else the head plus 1 µs; the heads move to the new times.
+/// Returns `(reader, entry time)` in `readers`' order.
+///
+/// The head rows stay locked until the transaction ends, so the writers of one newsfeed (the
+/// author's own row, fan-out batches, a follow's backfill) commit its entries in the order of
+/// their times: whoever sees an entry sees every older one, and a refresh with
+/// `created_at__gt` = the newest entry a client holds returns exactly what it has not seen
+/// (docs/API.md, "Refresh and resume are exact"). Ids in ascending order: two batches lock
+/// their common readers in the same order and never deadlock. A reader without a head row
+/// (no entry yet) gets one.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn stamp(
+    tx: &mut PgConnection,
+    readers: &[i64],
+    at: Timestamp,
+) -> sqlx::Result<Vec<(i64, Timestamp)>> {
+    sqlx::query_as(
+        "insert into feed_heads as h (user_id, head)
+         select r, $2 from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update
+             set head = greatest(excluded.head, h.head + interval '1 microsecond')
+         returning user_id, head",
+    )
+    .bind(readers)
+    .bind(at)
+    .fetch_all(tx)
+    .await
+}
+
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
 pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
-        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
-         from newsfeeds n join tweets t on t.id = n.tweet_id
-         where n.user_id = $1 order by n.created_at desc limit $2",
+        concat!(
+            "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
+            shift_column!(),
+            "from newsfeeds n join tweets t on t.id = n.tweet_id
+             where n.user_id = $1 order by n.created_at desc limit $2"
+        ),
     )
     .bind(user_id)
     .bind(limit as i64)
@@ -70,28 +114,6 @@ pub async fn page(
     .await
 }
 
-/// Rows of user `user_id`'s newsfeed whose tweet is older than `gt` but that arrived after
-/// `gt` (a fan-out or backfill that landed behind newer tweets), newest tweet first, hydrated:
-/// what a `created_at__gt` refresh adds to the rows newer than its cursor. One index scan on
-/// `(user_id, arrived_at)`.
-pub async fn late_arrivals(
-    db: &PgPool,
-    user_id: i64,
-    gt: Timestamp,
-    limit: usize,
-) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
-        newsfeed_rows!(),
-        "where n.user_id = $1 and n.arrived_at > $2 and n.created_at < $2
-         order by n.created_at desc limit $3"
-    ))
-    .bind(user_id)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
-}
-
 /// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any
 /// order; rows of deleted tweets are absent): the Postgres side of a stream's catch-up while
 /// Redis does not answer.
@@ -106,32 +128,37 @@ pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Resul
     .await
 }
 
-/// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction); returns
-/// its id.
+/// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction), stamped
+/// by [`stamp`]; returns its id and its time.
 pub async fn insert_own(
     tx: &mut PgConnection,
     author: i64,
     tweet_id: i64,
     created_at: Timestamp,
-) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
-        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at) values ($1, $2, $3, $3)
-         returning id",
+) -> sqlx::Result<(i64, Timestamp)> {
+    let at = stamp(&mut *tx, &[author], created_at)
+        .await?
+        .first()
+        .map_or(created_at, |(_, at)| *at);
+    let id = sqlx::query_scalar(
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         values ($1, $2, $3, clock_timestamp()) returning id",
     )
     .bind(author)
     .bind(tweet_id)
-    .bind(created_at)
+    .bind(at)
     .fetch_one(tx)
-    .await
+    .await?;
+    Ok((id, at))
 }
 
 /// Deletes every newsfeed row of a tweet (in the delete's transaction); returns
-/// `(newsfeed_id, reader)` of each.
+/// `(newsfeed_id, reader, entry time)` of each.
 pub async fn delete_for_tweet(
     tx: &mut PgConnection,
     tweet_id: i64,
-) -> sqlx::Result<Vec<(i64, i64)>> {
-    sqlx::query_as("delete from newsfeeds where tweet_id = $1 returning id, user_id")
+) -> sqlx::Result<Vec<(i64, i64, Timestamp)>> {
+    sqlx::query_as("delete from newsfeeds where tweet_id = $1 returning id, user_id, created_at")
         .bind(tweet_id)
         .fetch_all(tx)
         .await
@@ -187,11 +214,6 @@ pub async fn fanout(
     };
     // The previous batch's cache step, overlapping this batch's insert.
     let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
-    // A batch inserts with a plain `INSERT` (ON CONFLICT's speculative insertion cost about a
-    // fifth more: BENCHMARKS.md, round 8). A row that exists already (a follow's backfill that
-    // raced the batch, or an unfollow and follow that moved a friendship between parts) fails
-    // it: the batch is rolled back and runs again with `ON CONFLICT`, which returns that row.
-    let mut careful = false;
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
@@ -226,46 +248,45 @@ pub async fn fanout(
             .iter()
             .map(|f| Timeline::Newsfeed(*f).key())
             .collect();
+        // Each follower's entry time, under its newsfeed's head lock (ascending ids).
+        let mut readers = followers.clone();
+        readers.sort_unstable();
+        readers.dedup();
+        let (readers, times): (Vec<i64>, Vec<Timestamp>) = stamp(&mut tx, &readers, created_at)
+            .await
+            .context("stamping a batch of newsfeed entries")?
+            .into_iter()
+            .unzip();
         let arrived_at = chrono::Utc::now();
-        let insert = sqlx::query_as(if careful {
+        // A follower whose newsfeed has the tweet already (a follow's backfill that ran first,
+        // an unfollow and follow that moved a friendship between parts) is skipped: under the
+        // head locks, this statement's snapshot sees every row of the tweet in their newsfeeds.
+        let insert = sqlx::query_as(
             "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-             select f, $2, $3, $4 from unnest($1::bigint[]) as f
-             on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-             returning user_id, id"
-        } else {
-            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-             select f, $2, $3, $4 from unnest($1::bigint[]) as f
-             returning user_id, id"
-        })
-        .bind(&followers)
+             select r, $2, at, $4 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
+             where r not in (select user_id from newsfeeds where tweet_id = $2)
+             returning user_id, id, created_at",
+        )
+        .bind(&readers)
         .bind(tweet_id)
-        .bind(created_at)
+        .bind(&times)
         .bind(arrived_at)
         .fetch_all(&mut *tx);
         // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
         let guards = guards.ok();
-        let rows: Vec<(i64, i64)> = match rows {
-            Err(e) if !careful && crate::db::violates(&e, "newsfeeds_pkey") => {
-                careful = true;
-                continue; // dropping `tx` rolls the batch back
-            }
-            rows => rows.context("inserting a batch of newsfeed rows")?,
-        };
-        careful = false;
+        let rows: Vec<(i64, i64, Timestamp)> =
+            rows.context("inserting a batch of newsfeed rows")?;
         let arrivals: Vec<(i64, i64, Timestamp)> =
-            rows.iter().map(|(f, id)| (*f, *id, arrived_at)).collect();
-        let row_of: HashMap<i64, i64> = rows.into_iter().collect();
+            rows.iter().map(|(f, id, _)| (*f, *id, arrived_at)).collect();
+        let row_of: HashMap<i64, (i64, Timestamp)> =
+            rows.into_iter().map(|(f, id, at)| (f, (id, at))).collect();
         let updates: Vec<Update> = followers
             .iter()
             .enumerate()
             .filter_map(|(i, f)| {
-                let entry = ListEntry {
-                    id: *row_of.get(f)?,
-                    tweet_id,
-                    author_id: author,
-                    created_at,
-                };
+                let (id, at) = *row_of.get(f)?;
+                let entry = ListEntry::stamped(id, tweet_id, author, created_at, at);
                 let timeline = Timeline::Newsfeed(*f);
                 let guard = guards.as_ref().and_then(|g| g.get(i).cloned());
                 Some(timeline.guarded_merge(guard, &[entry]))
@@ -421,18 +442,44 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         source: followee,
         lock: "newsfeed-pair",
         exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        // Takes the follower's head lock (see [`stamp`]) before the copy reads the newsfeed.
+        head: Some(
+            "insert into feed_heads as h (user_id, head) values ($1, '-infinity')
+             on conflict (user_id) do update set head = h.head",
+        ),
         // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
-        // waited for, and its tweet skipped.
-        copy: "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-               select $1, t.id, t.created_at, $4 from (
+        // waited for, and its tweet skipped. Tweets the newsfeed has already are skipped (an
+        // entry of the tweet is never below the tweet's time); the rest are stamped above the
+        // head in their own order (`greatest` of two increasing sequences), and the head moves.
+        copy: "with x as (
                    select id, created_at from tweets where user_id = $2
-                   order by created_at desc limit $3 for key share) t
-               on conflict (user_id, created_at) do update set tweet_id = excluded.tweet_id
-               returning id, tweet_id, $2::bigint as author_id, created_at",
-        remove: "delete from newsfeeds n using tweets t
-                 where n.user_id = $1 and t.user_id = $2
-                   and n.created_at = t.created_at and n.tweet_id = t.id
-                 returning n.id, n.tweet_id, t.user_id as author_id, n.created_at",
+                   order by created_at desc limit $3 for key share),
+               t as (
+                   select id, created_at, row_number() over (order by created_at) as r from x
+                   where id not in (
+                       select n.tweet_id from newsfeeds n
+                       where n.user_id = $1 and n.created_at >= (select min(created_at) from x))),
+               ins as (
+                   insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+                   select $1, t.id,
+                          greatest(t.created_at,
+                                   (select head from feed_heads where user_id = $1)
+                                       + t.r * interval '1 microsecond'),
+                          $4
+                   from t
+                   returning id, tweet_id, created_at),
+               up as (
+                   update feed_heads set head = greatest(head, (select max(created_at) from ins))
+                   where user_id = $1)
+               select ins.id, ins.tweet_id, $2::bigint as author_id, ins.created_at,
+                      (extract(epoch from ins.created_at - t.created_at) * 1000000)::bigint as shift
+               from ins join t on t.id = ins.tweet_id",
+        remove: concat!(
+            "delete from newsfeeds n using tweets t
+             where n.user_id = $1 and t.user_id = $2 and n.tweet_id = t.id
+             returning n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
+            shift_column!()
+        ),
     }
 }
 
@@ -462,7 +509,7 @@ pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::R
 /// author, at the tweet's `created_at`. Rows already there are left alone. Imported rows have
 /// no `arrived_at`: they are not late for anyone's refresh. Returns how many rows were added.
 pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64> {
-    sqlx::query(
+    let added = sqlx::query(
         "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
          select f.from_user_id, t.id, t.created_at, null::timestamptz
          from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
@@ -470,7 +517,19 @@ pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64>
          select t.user_id, t.id, t.created_at, null from import_tweets i join tweets t on t.id = i.id
          on conflict do nothing",
     )
+    .execute(&mut *conn)
+    .await?;
+    // The readers' heads (see [`stamp`]) move up to the newest entry they got.
+    sqlx::query(
+        "insert into feed_heads as h (user_id, head)
+         select n.user_id, max(n.created_at) from newsfeeds n
+         where n.user_id in (select f.from_user_id from import_tweets i join tweets t on t.id = i.id
+                             join friendships f on f.to_user_id = t.user_id
+                             union select t.user_id from import_tweets i join tweets t on t.id = i.id)
+         group by n.user_id
+         on conflict (user_id) do update set head = greatest(h.head, excluded.head)",
+    )
     .execute(conn)
-    .await
-    .map(|done| done.rows_affected())
+    .await?;
+    Ok(added.rows_affected())
 }

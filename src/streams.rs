@@ -755,6 +755,7 @@ pub async fn catch_up_page(
             tweet_id: r.tweet_id,
             author_id: r.author_id,
             created_at: r.created_at,
+            shift: 0,
         })
         .collect();
     let items = match timeline::hydrate_entries(db, cache, &entries, Some(user_id)).await? {

@@ -32,7 +32,7 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::lists::{pack_member, split_time, unpack_entry};
+use crate::cache::lists::{pack_member, pack_member_shifted, split_time, unpack_entry, unpack_shifted};
 use crate::cache::objects::{Cached, CachedTweet, CachedUser, Prefetched};
 use crate::cache::pages::PageShape;
 use crate::cache::{
@@ -71,12 +71,15 @@ impl Timeline {
     }
 
     /// The member of `entry` in this timeline's list ([`pack_member`]): its sub-second part,
-    /// then the newsfeed row id and the tweet id in a newsfeed, the tweet id in any other
-    /// timeline. No author: hydration takes it from the tweet (near-cached on a warm page).
+    /// then the newsfeed row id and the tweet id (and the entry's shift past its tweet's time,
+    /// if any: [`pack_member_shifted`]) in a newsfeed, the tweet id in any other timeline. No
+    /// author: hydration takes it from the tweet (near-cached on a warm page).
     pub fn member(self, entry: impl Into<ListMember>) -> Vec<u8> {
         let entry: ListMember = entry.into();
         match self {
-            Timeline::Newsfeed(_) => pack_member(entry.sub_micros, &[entry.id, entry.tweet_id]),
+            Timeline::Newsfeed(_) => {
+                pack_member_shifted(entry.sub_micros, [entry.id, entry.tweet_id], entry.shift)
+            }
             Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
                 pack_member(entry.sub_micros, &[entry.tweet_id])
             }
@@ -87,20 +90,21 @@ impl Timeline {
     /// encoding. (Its score, the item's second, is not read: hydration takes the time from the
     /// tweet.)
     pub fn parse(self, member: &[u8]) -> Option<ListMember> {
-        let (sub_micros, id, tweet_id) = match self {
+        let (sub_micros, id, tweet_id, shift) = match self {
             Timeline::Newsfeed(_) => {
-                let (sub, [id, tweet_id]) = unpack_entry::<2>(member)?;
-                (sub, id, tweet_id)
+                let (sub, [id, tweet_id], shift) = unpack_shifted(member)?;
+                (sub, id, tweet_id, shift)
             }
             Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
                 let (sub, [tweet_id]) = unpack_entry::<1>(member)?;
-                (sub, tweet_id, tweet_id)
+                (sub, tweet_id, tweet_id, 0)
             }
         };
         Some(ListMember {
             id,
             tweet_id,
             sub_micros,
+            shift,
         })
     }
 
@@ -152,9 +156,10 @@ impl Timeline {
         })
     }
 
-    /// Entries older than `gt` that arrived after `gt` (see [`read`]); only fan-out timelines
-    /// (newsfeeds, lists) have them (a user's own and a circle's tweets are listed in the
-    /// transaction that writes them).
+    /// Entries older than `gt` that arrived after `gt` (see [`read`]); only list timelines have
+    /// them (a newsfeed entry that arrives behind newer ones is stamped above them:
+    /// [`newsfeeds::stamp`]; a user's own and a circle's tweets are listed in the transaction
+    /// that writes them).
     async fn late_arrivals(
         self,
         db: &PgPool,
@@ -162,9 +167,8 @@ impl Timeline {
         limit: usize,
     ) -> sqlx::Result<Vec<FeedRow>> {
         match self {
-            Timeline::Newsfeed(user) => newsfeeds::late_arrivals(db, user, gt, limit).await,
             Timeline::List(list) => lists::late_arrivals(db, list, gt, limit).await,
-            Timeline::UserTweets(_) | Timeline::Circle(_) => Ok(Vec::new()),
+            Timeline::Newsfeed(_) | Timeline::UserTweets(_) | Timeline::Circle(_) => Ok(Vec::new()),
         }
     }
 
@@ -193,13 +197,31 @@ pub struct ListEntry {
     pub tweet_id: i64,
     /// The tweet's author (the cached member leaves it out: hydration reads it from the tweet).
     pub author_id: i64,
+    /// The entry's time: its tweet's `created_at`, plus `shift`.
     pub created_at: Timestamp,
+    /// How many µs the entry's time lies past its tweet's: 0 but for a newsfeed entry that
+    /// arrived behind newer ones ([`newsfeeds::stamp`]).
+    #[sqlx(default)]
+    pub shift: i64,
+}
+
+impl ListEntry {
+    /// The entry `id` of a tweet posted at `tweet_at`, stamped `at` in its timeline.
+    pub fn stamped(id: i64, tweet_id: i64, author_id: i64, tweet_at: Timestamp, at: Timestamp) -> Self {
+        ListEntry {
+            id,
+            tweet_id,
+            author_id,
+            created_at: at,
+            shift: time::to_micros(at) - time::to_micros(tweet_at),
+        }
+    }
 }
 
 /// What the member of a cached list entry encodes: a [`ListEntry`] without its author and
 /// with only the sub-second part of its time. Every timeline entry's time is its tweet's
-/// `created_at`, so a cached page takes it from the hydrated tweet instead of asking Redis for
-/// the scores.
+/// `created_at` plus its shift, so a cached page takes it from the hydrated tweet instead of
+/// asking Redis for the scores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ListMember {
     /// See [`ListEntry::id`].
@@ -207,6 +229,8 @@ pub struct ListMember {
     pub tweet_id: i64,
     /// The µs of `created_at` past its whole second (0–999,999).
     pub sub_micros: u32,
+    /// See [`ListEntry::shift`].
+    pub shift: i64,
 }
 
 impl From<&ListEntry> for ListMember {
@@ -215,6 +239,7 @@ impl From<&ListEntry> for ListMember {
             id: e.id,
             tweet_id: e.tweet_id,
             sub_micros: split_time(time::to_micros(e.created_at)).1,
+            shift: e.shift,
         }
     }
 }
@@ -252,7 +277,8 @@ impl TweetBody {
         }
     }
 
-    /// When the tweet was posted: also the time of every timeline entry of it.
+    /// When the tweet was posted: also the time of its timeline entries, but for a newsfeed
+    /// entry's shift ([`ListEntry::shift`]).
     pub fn created_at(&self) -> Timestamp {
         match self {
             TweetBody::Record(t) => t.created_at,
@@ -309,7 +335,7 @@ macro_rules! feed_row_columns {
         " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
           t.likes_count, t.comments_count, t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
-          u.created_at as author_created_at "
+          u.created_at as author_created_at, t.created_at as tweet_created_at "
     };
 }
 
@@ -332,6 +358,8 @@ pub struct FeedRow {
     pub avatar_url: Option<String>,
     pub version: i64,
     pub author_created_at: Timestamp,
+    /// The tweet's time (the entry's, `created_at`, may lie later: [`ListEntry::shift`]).
+    pub tweet_created_at: Timestamp,
 }
 
 impl From<FeedRow> for Item {
@@ -343,7 +371,7 @@ impl From<FeedRow> for Item {
                 id: r.tweet_id,
                 user_id: r.author_id,
                 content: r.content,
-                created_at: r.created_at,
+                created_at: r.tweet_created_at,
                 circle_id: r.circle_id,
                 photo_urls: r.photo_urls,
                 coordinates: r.coordinates,
@@ -689,7 +717,7 @@ async fn hydrate(
         match found {
             Some((tweet, counts, author)) => items.push(Item {
                 id: e.id,
-                created_at: tweet.created_at(),
+                created_at: time::from_micros(time::to_micros(tweet.created_at()) + e.shift),
                 tweet,
                 author,
                 counts,

@@ -131,6 +131,14 @@ impl TweetJson {
         })
     }
 
+    /// When the tweet was posted.
+    pub fn created_at(&self) -> Timestamp {
+        match self {
+            TweetJson::Typed(t) => t.created_at,
+            TweetJson::Spliced { tweet, .. } => tweet.created_at,
+        }
+    }
+
     /// The tweet's `created_at` as its JSON string's text, when the tweet is spliced from the
     /// cache: its members hold it formatted (`"id":17,"created_at":"…"` lead them), so a newsfeed
     /// item, whose time is its tweet's, copies it instead of formatting it again (chrono's
@@ -277,8 +285,23 @@ pub async fn create(
 ) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let (tweet, staged) =
-        db::with_unique_timestamp(&["tweets_created_at_key"], |created_at| async move {
+        db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
             let mut tx = db.begin().await?;
+            // The author's row lock first, the time after it: one author's tweets commit in
+            // the order of their times (also across processes whose clocks differ), so a
+            // refresh of the author's tweets from the newest one a client holds misses none.
+            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+            let newest: Option<Timestamp> =
+                sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
+                    .bind(author)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let created_at = match newest {
+                Some(newest) if newest >= now => {
+                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
+                }
+                _ => now,
+            };
             let tweet: TweetRecord = sqlx::query_as(
                 "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
                                      coordinates, place)
@@ -295,8 +318,8 @@ pub async fn create(
             .bind(new.place.clone().map(sqlx::types::Json))
             .fetch_one(&mut *tx)
             .await?;
-            let newsfeed_id = newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
-            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+            let (newsfeed_id, feed_at) =
+                newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
             if let Some(circle) = circle {
                 circles::shift_tweets(&mut tx, circle, 1).await?;
             }
@@ -306,19 +329,18 @@ pub async fn create(
                 list_progress: None,
             };
             jobs::enqueue(&mut tx, &fanout).await?;
-            let entry = ListEntry {
-                id: newsfeed_id,
-                tweet_id: tweet.id,
-                author_id: author,
-                created_at,
-            };
-            let updates = [Timeline::UserTweets(author), Timeline::Newsfeed(author)]
-                .into_iter()
-                .map(|t| Update::Merge {
-                    list: t.key(),
-                    guard: Guard::None,
-                    entries: vec![t.scored(&entry)],
-                })
+            let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
+            let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+            let updates = [
+                (Timeline::UserTweets(author), own),
+                (Timeline::Newsfeed(author), feed),
+            ]
+            .into_iter()
+            .map(|(t, entry)| Update::Merge {
+                list: t.key(),
+                guard: Guard::None,
+                entries: vec![t.scored(&entry)],
+            })
                 .chain([
                     Update::TweetCreated {
                         tweet: tweet.clone(),
@@ -403,7 +425,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     let readers = newsfeeds::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's newsfeed rows")?;
-    let reader_ids: Vec<i64> = readers.iter().map(|(_, reader)| *reader).collect();
+    let reader_ids: Vec<i64> = readers.iter().map(|(_, reader, _)| *reader).collect();
     let lists = lists::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's list timeline rows")?;
@@ -436,11 +458,18 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
         let feeds = readers
             .into_iter()
-            .map(|(newsfeed_id, reader)| (Timeline::Newsfeed(reader), newsfeed_id))
-            .chain(lists.into_iter().map(|list| (Timeline::List(list), id)));
-        updates.extend(feeds.map(|(timeline, entry_id)| Update::Remove {
+            .map(|(newsfeed_id, reader, at)| {
+                let entry = ListEntry::stamped(newsfeed_id, id, me, tweet.created_at, at);
+                (Timeline::Newsfeed(reader), entry)
+            })
+            .chain(
+                lists
+                    .into_iter()
+                    .map(|list| (Timeline::List(list), entry_of(id, id, &tweet))),
+            );
+        updates.extend(feeds.map(|(timeline, entry)| Update::Remove {
             list: timeline.key(),
-            members: vec![timeline.member(&entry_of(entry_id, id, &tweet))],
+            members: vec![timeline.member(&entry)],
         }));
     }
     let staged = cache.stage(&mut tx, &updates).await?;
@@ -458,6 +487,7 @@ fn entry_of(id: i64, tweet_id: i64, tweet: &TweetRecord) -> ListEntry {
         tweet_id,
         author_id: tweet.user_id,
         created_at: tweet.created_at,
+        shift: 0,
     }
 }
 

@@ -129,6 +129,41 @@ pub fn unpack_entry<const N: usize>(member: &[u8]) -> Option<(u32, [i64; N])> {
     Some((sub, unpack_ids::<N>(rest)?))
 }
 
+/// The header bit of a member of [`pack_member_shifted`]: its ids carry a third value. (A header
+/// of two ids uses its three low bits, of three its six low bits; the top bit must stay clear,
+/// see [`pack_member`].)
+const SHIFTED: u8 = 0x40;
+
+/// The member of a newsfeed entry (`ids` = newsfeed row id, tweet id) whose time lies `shift` µs
+/// past its tweet's (an entry that arrived behind newer ones: [`crate::newsfeeds::stamp`]), `sub`
+/// µs into its second: [`pack_member`] of three ids, flagged in the header. `shift` 0 is the
+/// plain two-id member.
+pub fn pack_member_shifted(sub: u32, ids: [i64; 2], shift: i64) -> Vec<u8> {
+    if shift <= 0 {
+        return pack_member(sub, &ids);
+    }
+    let mut member = pack_member(sub, &[ids[0], ids[1], shift]);
+    let header = if sub > 0 { 3 } else { 0 };
+    member[header] |= SHIFTED;
+    member
+}
+
+/// Unpacks a member of [`pack_member_shifted`]: its sub-second part, its two ids and its shift
+/// (0 for a plain member); `None` for the marker or anything else.
+pub fn unpack_shifted(member: &[u8]) -> Option<(u32, [i64; 2], i64)> {
+    let (sub, rest) = split_member(member)?;
+    let header = *rest.first()?;
+    if header & SHIFTED == 0 {
+        return Some((sub, unpack_ids::<2>(rest)?, 0));
+    }
+    let mut copy = [0u8; 1 + 3 * 8];
+    let copy = copy.get_mut(..rest.len())?;
+    copy.copy_from_slice(rest);
+    copy[0] = header & !SHIFTED;
+    let [id, tweet_id, shift] = unpack_ids::<3>(copy)?;
+    Some((sub, [id, tweet_id], shift))
+}
+
 /// The time (µs) of an entry of [`pack_entry`] from its score and member.
 pub fn entry_time(score: i64, member: &[u8]) -> Option<i64> {
     let (sub, _) = split_member(member)?;
@@ -614,6 +649,24 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shifted_newsfeed_members_round_trip_and_plain_ones_stay_as_they_were() {
+        for sub in [0, 1, 65_536, 999_999] {
+            for ids in [[1, 2], [5_781_487, 796_000_000_000_000_000], [i64::MAX, 255]] {
+                let plain = pack_member_shifted(sub, ids, 0);
+                assert_eq!(plain, pack_member(sub, &ids));
+                assert_eq!(unpack_shifted(&plain), Some((sub, ids, 0)));
+                for shift in [1, 999, 86_400_000_000] {
+                    let member = pack_member_shifted(sub, ids, shift);
+                    assert_eq!(unpack_shifted(&member), Some((sub, ids, shift)));
+                    // Its time is still the prefix: the order in a list does not change.
+                    assert_eq!(split_member(&member).map(|(s, _)| s), Some(sub));
+                }
+            }
+        }
+        assert_eq!(unpack_shifted(MARKER.as_bytes()), None);
+    }
 
     #[test]
     fn split_time_entries_round_trip_and_sort_by_time() {

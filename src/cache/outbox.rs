@@ -33,6 +33,39 @@ const REPAIRS_PER_PIPELINE: usize = 2000;
 /// # Errors
 /// Redis or Postgres failed; the rows not yet applied stay in the table.
 pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Result<usize> {
+    relay_rows(cache, db, min_age, None).await
+}
+
+/// Applies and deletes outbox row `id` at once, even while Redis is marked down (as the relay
+/// does): what a writer does when its own cache step failed or was not tried, before it
+/// answers. Until then a reader's load that began before the write's commit could still store
+/// what the write replaced (the repairs bump the generations that refuse it), and another
+/// process could answer from its memory for the seconds until the relay took the row. Returns
+/// whether the row was applied (or is gone: another process's relay took it).
+pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
+    match relay_rows(cache, db, Duration::ZERO, Some(id)).await {
+        Ok(_) => {
+            let left: Result<bool, _> =
+                sqlx::query_scalar("select exists (select 1 from cache_outbox where id = $1)")
+                    .bind(id)
+                    .fetch_one(db)
+                    .await;
+            matches!(left, Ok(false))
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, outbox_id = id, "outbox row left to the relay");
+            false
+        }
+    }
+}
+
+/// [`relay`] of the rows at least `min_age` old, or of row `only` alone.
+async fn relay_rows(
+    cache: &Cache,
+    db: &PgPool,
+    min_age: Duration,
+    only: Option<i64>,
+) -> anyhow::Result<usize> {
     let Some(ttl) = cache.ttl() else { return Ok(0) };
     let upto: Option<i64> = sqlx::query_scalar("select max(id) from cache_outbox")
         .fetch_one(db)
@@ -45,12 +78,14 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
         let rows: Vec<(i64, Json<serde_json::Value>)> = sqlx::query_as(
             "select id, repairs from cache_outbox
              where id > $1 and id <= $2 and created_at <= now() - make_interval(secs => $3)
+               and ($4::bigint is null or id = $4)
              order by id limit 100
              for update skip locked",
         )
         .bind(after)
         .bind(upto)
         .bind(min_age.as_secs_f64())
+        .bind(only)
         .fetch_all(&mut *tx)
         .await
         .context("claiming outbox rows")?;

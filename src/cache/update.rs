@@ -521,8 +521,7 @@ impl Cache {
                 self.keys(),
                 self.ttl(),
             ) else {
-                tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
-                self.evict_before_the_relay(&staged.evict).await;
+                self.repair_now(db, id, &staged.evict).await;
                 return;
             };
             for (update, _) in staged.deferred.iter().zip(exist).filter(|(_, e)| *e) {
@@ -531,8 +530,7 @@ impl Cache {
             }
         }
         if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
-            tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
-            self.evict_before_the_relay(&staged.evict).await;
+            self.repair_now(db, id, &staged.evict).await;
             return;
         }
         // Redis holds the new state: now no process may answer from its old memory.
@@ -553,6 +551,20 @@ impl Cache {
             // Harmless: the relay re-applies the repairs later.
             tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
         }
+    }
+
+    /// The cache step of a committed write failed or was not tried (Redis timed out, was
+    /// marked down, or is being fenced after a flush): applies its outbox row now, as the relay
+    /// would (an invalidation bumps the generation a concurrent load saw, so the load can not
+    /// store what the write replaced; a flushed Redis is cleared by the fence anyway), then
+    /// evicts the near caches. Only if Redis does not answer at all is the row left to the relay
+    /// (the other processes' subscriptions are then broken too, and their memory cleared).
+    async fn repair_now(&self, db: &PgPool, id: i64, evict: &[NearId]) {
+        if super::outbox::relay_one(self, db, id).await {
+            return; // the relay's pass evicted the near caches too
+        }
+        tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+        self.evict_before_the_relay(evict).await;
     }
 
     /// Evicts `evict` from every process's near cache for a write whose Redis step did not

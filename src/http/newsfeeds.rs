@@ -15,7 +15,8 @@ pub fn router() -> Router<AppState> {
 }
 
 /// A page of `NewsFeed` objects `{"id", "created_at", "tweet": Tweet}` (the id is the newsfeed
-/// row's, `created_at` the tweet's).
+/// row's, `created_at` the entry's: its tweet's, or later for an entry that arrived behind newer
+/// ones, see [`crate::newsfeeds::stamp`]).
 async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<JsonBody> {
     let req = query.page()?;
     let timeline = Timeline::Newsfeed(auth.user_id);

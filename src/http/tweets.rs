@@ -109,13 +109,15 @@ pub(crate) fn timeline_body(items: Vec<Item>, req: &PageRequest, newsfeed: bool)
             out.extend_from_slice(b"{\"id\":");
             out.extend_from_slice(itoa::Buffer::new().format(*id).as_bytes());
             out.extend_from_slice(b",\"created_at\":\"");
-            // An item's time is its tweet's `created_at` (`timeline::hydrate`).
+            // An entry's time is nearly always its tweet's `created_at`, whose text a cached
+            // tweet holds; an entry that arrived behind newer ones lies later
+            // (`newsfeeds::stamp`).
             match tweet.created_at_text() {
-                Some(text) => {
+                Some(text) if tweet.created_at() == *created_at => {
                     debug_assert_eq!(text, time::format(created_at));
                     out.extend_from_slice(text.as_bytes());
                 }
-                None => out.extend_from_slice(time::format(created_at).as_bytes()),
+                _ => out.extend_from_slice(time::format(created_at).as_bytes()),
             }
             out.extend_from_slice(b"\",\"tweet\":");
             tweet.write(&mut out);

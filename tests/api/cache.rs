@@ -456,6 +456,7 @@ async fn a_merge_inside_the_floors_second_keeps_only_what_lies_above_the_floor(d
         tweet_id,
         author_id: 1,
         created_at: chrono::DateTime::from_timestamp_micros(second + micros).unwrap(),
+        shift: 0,
     };
     // An incomplete list whose floor is half a second into `second`.
     let generation = cache.begin_load(list.key()).await.unwrap();

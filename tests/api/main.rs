@@ -9,6 +9,7 @@ mod circles;
 mod comments;
 mod fanout;
 mod friendships;
+mod history;
 mod helpers;
 mod import;
 mod likes;
