@@ -8,7 +8,8 @@
 -- what it has not seen.
 create table feed_heads (
     user_id bigint      primary key references users (id) on delete cascade,
-    head    timestamptz not null  -- the newest entry time this newsfeed ever had
+    head    timestamptz not null, -- the newest entry time this newsfeed ever had
+    prev    timestamptz           -- the head before the last write (its cache merge's predecessor)
 );
 insert into feed_heads (user_id, head)
 select user_id, max(created_at) from newsfeeds group by user_id;

@@ -672,6 +672,7 @@ async fn store_batch(
         .map(|(channel, entries)| Update::Merge {
             list: backlog_key(channel),
             guard: Guard::None,
+            after: None,
             entries,
         })
         .collect();
@@ -952,6 +953,7 @@ async fn cached_after(
                 let repair = Update::Merge {
                     list: key,
                     guard: Guard::None,
+                    after: None,
                     entries,
                 };
                 cache.apply_best_effort(&[repair]).await;

@@ -335,6 +335,7 @@ pub fn created_updates(tweet: &TweetRecord) -> Vec<Update> {
     let mut updates = vec![Update::Merge {
         list: timeline.key(),
         guard: Guard::None,
+        after: None,
         entries: vec![timeline.scored(&entry)],
     }];
     updates.extend(score_update(tweet, &TweetCounts::default()));

@@ -29,8 +29,9 @@ pub struct Pair {
     pub lock: &'static str,
     /// `select exists (…)`: does the pair exist now?
     pub exists: &'static str,
-    /// A statement the backfill runs before `copy` (a newsfeed takes its head lock:
-    /// [`crate::newsfeeds::stamp`]).
+    /// A statement the backfill runs before `copy` that returns the timeline's newest entry
+    /// time, if any (a newsfeed takes its head lock: [`crate::newsfeeds::stamp`]): the
+    /// predecessor that guards the backfill's cache merge.
     pub head: Option<&'static str>,
     /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets,
     /// `$4` = the arrival time).
@@ -74,13 +75,14 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
         .await
         .ok()
         .and_then(|mut g| g.pop());
-    if let Some(head) = pair.head {
-        sqlx::query(head)
+    let after: Option<crate::time::Timestamp> = match pair.head {
+        Some(head) => sqlx::query_scalar(head)
             .bind(pair.owner)
-            .execute(&mut *tx)
+            .fetch_one(&mut *tx)
             .await
-            .context("locking the timeline's head")?;
-    }
+            .context("locking the timeline's head")?,
+        None => None,
+    };
     let rows: Vec<ListEntry> = sqlx::query_as(pair.copy)
         .bind(pair.owner)
         .bind(pair.source)
@@ -94,7 +96,7 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
     }
     let staged = worker
         .cache
-        .stage(&mut tx, &[pair.timeline.guarded_merge(guard, &rows)])
+        .stage(&mut tx, &[pair.timeline.guarded_merge(guard, after, &rows)])
         .await?;
     tx.commit().await.context("committing the backfill")?;
     worker.cache.finish(&worker.db, staged).await;

@@ -503,7 +503,7 @@ pub async fn fanout(
             .iter()
             .map(|l| {
                 let guard = index.get(l).and_then(|i| guards.as_ref()?.get(*i).cloned());
-                Timeline::List(*l).guarded_merge(guard, &[entry])
+                Timeline::List(*l).guarded_merge(guard, None, &[entry])
             })
             .collect();
         let staged = worker.cache.stage(&mut tx, &updates).await?;

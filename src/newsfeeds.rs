@@ -43,10 +43,13 @@ macro_rules! shift_column {
     };
 }
 
-/// Stamps new entries of the newsfeeds of `readers` (ascending ids, no repeats) with a tweet
-/// posted at `at`: each entry's time is `at` if that is above everything the reader's
-/// newsfeed ever held (its head), else the head plus 1 µs; the heads move to the new times.
-/// Returns `(reader, entry time)` in `readers`' order.
+/// Stamps new entries of tweet `tweet_id`, posted at `at`, in the newsfeeds of `readers`
+/// (ascending ids, no repeats): each entry's time is `at` if that is above everything the
+/// reader's newsfeed ever held (its head), else the head plus 1 µs; the heads move to the new
+/// times. A reader whose newsfeed has the tweet already (a follow's backfill copied it) keeps its
+/// head: the caller inserts no row for it.
+/// Returns `(reader, entry time, the head before)` in `readers`' order: the head before is
+/// the entry's predecessor, which guards its cache merge ([`crate::cache::Update::Merge`]).
 ///
 /// The head rows stay locked until the transaction ends, so the writers of one newsfeed (the
 /// author's own row, fan-out batches, a follow's backfill) commit its entries in the order of
@@ -61,17 +64,26 @@ macro_rules! shift_column {
 pub async fn stamp(
     tx: &mut PgConnection,
     readers: &[i64],
+    tweet_id: i64,
     at: Timestamp,
-) -> sqlx::Result<Vec<(i64, Timestamp)>> {
+) -> sqlx::Result<Vec<(i64, Timestamp, Option<Timestamp>)>> {
+    // An entry of the tweet lies at or after the tweet's time: a short range of the newsfeed.
     sqlx::query_as(
         "insert into feed_heads as h (user_id, head)
          select r, $2 from unnest($1::bigint[]) with ordinality as x(r, i) order by i
          on conflict (user_id) do update
-             set head = greatest(excluded.head, h.head + interval '1 microsecond')
-         returning user_id, head",
+             set prev = case when exists (select 1 from newsfeeds n where n.user_id = h.user_id
+                                          and n.created_at >= $2 and n.tweet_id = $3)
+                             then h.prev else nullif(h.head, '-infinity') end,
+                 head = case when exists (select 1 from newsfeeds n where n.user_id = h.user_id
+                                          and n.created_at >= $2 and n.tweet_id = $3)
+                             then h.head
+                             else greatest(excluded.head, h.head + interval '1 microsecond') end
+         returning user_id, head, prev",
     )
     .bind(readers)
     .bind(at)
+    .bind(tweet_id)
     .fetch_all(tx)
     .await
 }
@@ -114,6 +126,24 @@ pub async fn page(
     .await
 }
 
+/// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): rows of
+/// one newsfeed take ids in the order of their times ([`stamp`] serializes their writers), so
+/// every entry after `at` has a larger id (a stream's `since`, [`crate::streams::Cursor::since`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn last_id_through(db: &PgPool, user_id: i64, at: Timestamp) -> sqlx::Result<i64> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "select id from newsfeeds where user_id = $1 and created_at <= $2
+         order by created_at desc limit 1",
+    )
+    .bind(user_id)
+    .bind(at)
+    .fetch_optional(db)
+    .await?;
+    Ok(id.unwrap_or(0))
+}
+
 /// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any
 /// order; rows of deleted tweets are absent): the Postgres side of a stream's catch-up while
 /// Redis does not answer.
@@ -129,17 +159,17 @@ pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Resul
 }
 
 /// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction), stamped
-/// by [`stamp`]; returns its id and its time.
+/// by [`stamp`]; returns its id, its time and its predecessor's.
 pub async fn insert_own(
     tx: &mut PgConnection,
     author: i64,
     tweet_id: i64,
     created_at: Timestamp,
-) -> sqlx::Result<(i64, Timestamp)> {
-    let at = stamp(&mut *tx, &[author], created_at)
+) -> sqlx::Result<(i64, Timestamp, Option<Timestamp>)> {
+    let (at, prev) = stamp(&mut *tx, &[author], tweet_id, created_at)
         .await?
         .first()
-        .map_or(created_at, |(_, at)| *at);
+        .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
     let id = sqlx::query_scalar(
         "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
          values ($1, $2, $3, clock_timestamp()) returning id",
@@ -149,7 +179,7 @@ pub async fn insert_own(
     .bind(at)
     .fetch_one(tx)
     .await?;
-    Ok((id, at))
+    Ok((id, at, prev))
 }
 
 /// Deletes every newsfeed row of a tweet (in the delete's transaction); returns
@@ -252,20 +282,30 @@ pub async fn fanout(
         let mut readers = followers.clone();
         readers.sort_unstable();
         readers.dedup();
-        let (readers, times): (Vec<i64>, Vec<Timestamp>) = stamp(&mut tx, &readers, created_at)
+        let stamped = stamp(&mut tx, &readers, tweet_id, created_at)
             .await
-            .context("stamping a batch of newsfeed entries")?
-            .into_iter()
-            .unzip();
+            .context("stamping a batch of newsfeed entries")?;
+        let times: Vec<Timestamp> = stamped.iter().map(|(_, at, _)| *at).collect();
+        let prev_of: HashMap<i64, Option<Timestamp>> =
+            stamped.iter().map(|(r, _, prev)| (*r, *prev)).collect();
+        let readers: Vec<i64> = stamped.into_iter().map(|(r, _, _)| r).collect();
         let arrived_at = chrono::Utc::now();
         // A follower whose newsfeed has the tweet already (a follow's backfill that ran first,
-        // an unfollow and follow that moved a friendship between parts) is skipped: under the
-        // head locks, this statement's snapshot sees every row of the tweet in their newsfeeds.
+        // an unfollow and follow that moved a friendship between parts) gets no second row:
+        // under the head locks, this statement's snapshot sees every row of the tweet in their
+        // newsfeeds.
+        // Their rows (a batch that committed before a crash, whose merges its outbox row has
+        // not applied) are merged again: a merge is idempotent.
         let insert = sqlx::query_as(
-            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-             select r, $2, at, $4 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
-             where r not in (select user_id from newsfeeds where tweet_id = $2)
-             returning user_id, id, created_at",
+            "with ins as (
+                 insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+                 select r, $2, at, $4 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
+                 where r not in (select user_id from newsfeeds where tweet_id = $2)
+                 returning user_id, id, created_at)
+             select user_id, id, created_at, true from ins
+             union all
+             select user_id, id, created_at, false from newsfeeds
+             where tweet_id = $2 and user_id = any($1)",
         )
         .bind(&readers)
         .bind(tweet_id)
@@ -275,21 +315,29 @@ pub async fn fanout(
         // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
         let guards = guards.ok();
-        let rows: Vec<(i64, i64, Timestamp)> =
+        let rows: Vec<(i64, i64, Timestamp, bool)> =
             rows.context("inserting a batch of newsfeed rows")?;
-        let arrivals: Vec<(i64, i64, Timestamp)> =
-            rows.iter().map(|(f, id, _)| (*f, *id, arrived_at)).collect();
-        let row_of: HashMap<i64, (i64, Timestamp)> =
-            rows.into_iter().map(|(f, id, at)| (f, (id, at))).collect();
+        // Rows that were there already are streamed too: a follow's backfill that copied the
+        // tweet first does not stream it (a stream skips a row it delivered).
+        let arrivals: Vec<(i64, i64, Timestamp)> = rows
+            .iter()
+            .map(|(f, id, ..)| (*f, *id, arrived_at))
+            .collect();
+        let row_of: HashMap<i64, (i64, Timestamp, bool)> = rows
+            .into_iter()
+            .map(|(f, id, at, new)| (f, (id, at, new)))
+            .collect();
         let updates: Vec<Update> = followers
             .iter()
             .enumerate()
             .filter_map(|(i, f)| {
-                let (id, at) = *row_of.get(f)?;
+                let (id, at, new) = *row_of.get(f)?;
                 let entry = ListEntry::stamped(id, tweet_id, author, created_at, at);
                 let timeline = Timeline::Newsfeed(*f);
                 let guard = guards.as_ref().and_then(|g| g.get(i).cloned());
-                Some(timeline.guarded_merge(guard, &[entry]))
+                // A row merged again (it was there before this batch) follows no new head.
+                let after = prev_of.get(f).copied().flatten().filter(|_| new);
+                Some(timeline.guarded_merge(guard, after, &[entry]))
             })
             .collect();
         let staged = worker.cache.stage_merges(&mut tx, updates).await?;
@@ -445,7 +493,8 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         // Takes the follower's head lock (see [`stamp`]) before the copy reads the newsfeed.
         head: Some(
             "insert into feed_heads as h (user_id, head) values ($1, '-infinity')
-             on conflict (user_id) do update set head = h.head",
+             on conflict (user_id) do update set head = h.head
+             returning nullif(head, '-infinity')",
         ),
         // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
         // waited for, and its tweet skipped. Tweets the newsfeed has already are skipped (an
@@ -466,11 +515,12 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                                    (select head from feed_heads where user_id = $1)
                                        + t.r * interval '1 microsecond'),
                           $4
-                   from t
+                   from t order by t.r
                    returning id, tweet_id, created_at),
                up as (
-                   update feed_heads set head = greatest(head, (select max(created_at) from ins))
-                   where user_id = $1)
+                   update feed_heads set prev = nullif(head, '-infinity'),
+                                         head = greatest(head, (select max(created_at) from ins))
+                   where user_id = $1 and exists (select 1 from ins))
                select ins.id, ins.tweet_id, $2::bigint as author_id, ins.created_at,
                       (extract(epoch from ins.created_at - t.created_at) * 1000000)::bigint as shift
                from ins join t on t.id = ins.tweet_id",

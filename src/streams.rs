@@ -601,9 +601,18 @@ impl Cursor {
         }
     }
 
-    /// A stream that starts with everything that arrived in the newsfeed after `since`.
-    pub fn since(since: Timestamp) -> Self {
-        Self::starting_at(since)
+    /// A stream that starts with every entry of the newsfeed after the entry at `since` (a
+    /// newsfeed `created_at` the client holds: strictly after it, docs/API.md "Refresh and
+    /// resume are exact"). `base` is the newest row id at or before `since`
+    /// ([`crate::newsfeeds::last_id_through`]): a newsfeed's rows take ids in the order of their
+    /// times, so every later entry has a larger id, and the entry at `since` is not replayed
+    /// although it arrived after its own time. The floor lies [`SETTLE_US`] before `since`, so
+    /// a row stamped a little after its arrival time is not left out.
+    pub fn since(since: Timestamp, base: i64) -> Self {
+        let mut cursor = Self::starting_at(since);
+        cursor.base = base.max(0);
+        cursor.floor_us = cursor.floor_us.saturating_sub(SETTLE_US);
+        cursor
     }
 
     /// Parses a token made by [`Cursor::token`]; `None` if malformed.

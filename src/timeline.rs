@@ -110,13 +110,20 @@ impl Timeline {
 
     /// The merge of fan-out `entries` into this timeline's cached list, guarded by the removal
     /// generation `guard` read while the rows the merge adds were locked (see
-    /// [`crate::cache::Guard::Removals`]); without one (Redis could not be asked) the safe
-    /// update is to drop the list.
-    pub fn guarded_merge(self, guard: Option<String>, entries: &[ListEntry]) -> Update {
+    /// [`crate::cache::Guard::Removals`]) and by their predecessor `after` (the timeline's
+    /// newest entry before them, if known: [`Update::Merge`]); without a generation (Redis
+    /// could not be asked) the safe update is to drop the list.
+    pub fn guarded_merge(
+        self,
+        guard: Option<String>,
+        after: Option<Timestamp>,
+        entries: &[ListEntry],
+    ) -> Update {
         match guard {
             Some(r) => Update::Merge {
                 list: self.key(),
                 guard: Guard::Removals(r),
+                after: after.map(time::to_micros),
                 entries: entries.iter().map(|e| self.scored(e)).collect(),
             },
             None => Update::Invalidate { list: self.key() },

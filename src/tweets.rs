@@ -318,7 +318,7 @@ pub async fn create(
             .bind(new.place.clone().map(sqlx::types::Json))
             .fetch_one(&mut *tx)
             .await?;
-            let (newsfeed_id, feed_at) =
+            let (newsfeed_id, feed_at, feed_prev) =
                 newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
             if let Some(circle) = circle {
                 circles::shift_tweets(&mut tx, circle, 1).await?;
@@ -331,14 +331,17 @@ pub async fn create(
             jobs::enqueue(&mut tx, &fanout).await?;
             let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
             let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+            // Each merge names its predecessor: a list that lacks it (an earlier write's cache
+            // step has not landed yet) is dropped instead.
             let updates = [
-                (Timeline::UserTweets(author), own),
-                (Timeline::Newsfeed(author), feed),
+                (Timeline::UserTweets(author), own, newest),
+                (Timeline::Newsfeed(author), feed, feed_prev),
             ]
             .into_iter()
-            .map(|(t, entry)| Update::Merge {
+            .map(|(t, entry, after)| Update::Merge {
                 list: t.key(),
                 guard: Guard::None,
+                after: after.map(crate::time::to_micros),
                 entries: vec![t.scored(&entry)],
             })
                 .chain([

@@ -102,14 +102,18 @@ local function above(a, b)
 end
 "#;
 
-/// `MERGE list gen | guard ttl limit score member ...` → 1 if applied, 0 if the list was
+/// `MERGE list gen | guard ttl limit after score member ...` → 1 if applied, 0 if the list was
 /// dropped instead. Adds entries to a cached list (never creates one), skipping entries below
 /// the floor of an incomplete list (its lowest entry, in the set's order: score, then member
 /// bytes; a timeline scores whole seconds and its members start with the sub-second part, see
 /// [`super::lists::pack_entry`]), trims it to `limit` and bumps `w`. `guard` is `*` (no guard)
 /// or the removal generation `r` read when the merge was planned (`""` if there was none): if a
 /// removal landed since, the list is dropped instead (the safe answer to a race with an unfollow
-/// or a delete).
+/// or a delete). `after` is `""` or the time of the entry the merged one follows in its
+/// timeline (µs since the score epoch: score × 10⁶ + the member's sub-second prefix), its
+/// *predecessor*: if the list's newest entry is older, the list lacks an entry whose own merge
+/// has not landed yet (two writers' cache steps reached Redis out of order), and a reader that
+/// saw this entry without that one would refresh past it: the list is dropped instead.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{GENERATIONS}{ABOVE}
@@ -119,12 +123,29 @@ if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
   if redis.call('DEL', KEYS[1]) == 1 or has_gen then bump(KEYS[2], ttl, false) end
   return 0
 end
+if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local newest = nil
+  if top[1] and top[1] ~= '#' then
+    local m, sub = top[1], 0
+    local b1 = string.byte(m, 1)
+    if b1 >= 128 and #m >= 3 then
+      sub = (b1 - 128) * 65536 + string.byte(m, 2) * 256 + string.byte(m, 3)
+    end
+    newest = tonumber(top[2]) * 1000000 + sub
+  end
+  if newest == nil or newest < tonumber(ARGV[4]) then
+    redis.call('DEL', KEYS[1])
+    bump(KEYS[2], ttl, false)
+    return 0
+  end
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   local complete = lowest[1] == '#'
   local floor, floor_member = nil, lowest[1]
   if not complete then floor = tonumber(lowest[2]) end
-  for i = 4, #ARGV, 2 do
+  for i = 5, #ARGV, 2 do
     local score = tonumber(ARGV[i])
     if complete or score > floor or (score == floor and above(ARGV[i + 1], floor_member)) then
       redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])

@@ -36,6 +36,10 @@ pub enum Update {
     Merge {
         list: ListKey,
         guard: Guard,
+        /// The time (µs) of the entry the merged ones follow in the timeline, if the writer
+        /// knows it (a newsfeed's head before the write, an author's newest tweet): a list whose
+        /// newest entry is older is dropped instead ([`scripts::MERGE`]).
+        after: Option<i64>,
         entries: Vec<Scored>,
     },
     /// Remove members from a list (if cached).
@@ -199,6 +203,7 @@ impl Update {
             Update::Merge {
                 list,
                 guard,
+                after,
                 entries,
             } => {
                 let key = keys.list(*list);
@@ -209,6 +214,13 @@ impl Update {
                     Guard::Removals(r) => inv.arg(r.as_str()),
                 };
                 inv.arg(ttl).arg(limit);
+                match after {
+                    Some(at) => {
+                        let (score, sub) = super::lists::split_time(*at);
+                        inv.arg(score * 1_000_000 + i64::from(sub))
+                    }
+                    None => inv.arg(""),
+                };
                 for (score, member) in entries {
                     inv.arg(*score).arg(member);
                 }

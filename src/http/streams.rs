@@ -247,10 +247,12 @@ async fn user(
         };
     let resume = match (resume, query.0.get("since")) {
         (Some(cursor), _) => Some(cursor),
-        (None, Some(since)) => Some(Cursor::since(
-            time::parse_cursor(since)
-                .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?,
-        )),
+        (None, Some(since)) => {
+            let since = time::parse_cursor(since)
+                .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?;
+            let base = crate::newsfeeds::last_id_through(&state.db, auth.user_id, since).await?;
+            Some(Cursor::since(since, base))
+        }
         (None, None) => None,
     };
     if let Some(cursor) = &resume {

@@ -89,7 +89,7 @@ async fn copy_rows(
 /// Empties every table chirp writes (`--reset`).
 pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
     sqlx::query(
-        "truncate users, auth_tokens, tweets, friendships, newsfeeds, jobs, cache_outbox,
+        "truncate users, auth_tokens, tweets, friendships, newsfeeds, feed_heads, jobs, cache_outbox,
                   comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
                   circles, circle_members, notifications, chat_channels, chat_members,
                   chat_messages restart identity",

@@ -478,6 +478,7 @@ async fn a_merge_inside_the_floors_second_keeps_only_what_lies_above_the_floor(d
         .apply_best_effort(&[Update::Merge {
             list: list.key(),
             guard: Guard::None,
+            after: None,
             entries: merged.iter().map(|e| list.scored(e)).collect(),
         }])
         .await;
@@ -485,6 +486,51 @@ async fn a_merge_inside_the_floors_second_keeps_only_what_lies_above_the_floor(d
         app.cached_members(list).await.unwrap(),
         ["20", "21", "13", "10"].map(String::from),
         "above the floor: merged in order; below it, in the same second: left to Postgres"
+    );
+}
+
+/// Two writers' cache steps that reach Redis out of order: a merge whose predecessor (the
+/// timeline's newest entry before it) the list lacks drops the list, so no reader sees the
+/// newer entry without the older one (and then refreshes past it); one whose predecessor is
+/// there, sub-second part included, is applied.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_merge_whose_predecessor_has_not_landed_drops_the_list(db: PgPool) {
+    use chirp::cache::{Guard, Update};
+    use chirp::timeline::ListEntry;
+
+    let app = TestApp::new(db).await;
+    let cache = &app.state.cache;
+    let list = Timeline::UserTweets(1);
+    let second = 1_478_606_400_000_000_i64;
+    let at = |micros: i64| chrono::DateTime::from_timestamp_micros(second + micros).unwrap();
+    let entry = |tweet_id: i64, micros: i64| ListEntry {
+        id: tweet_id,
+        tweet_id,
+        author_id: 1,
+        created_at: at(micros),
+        shift: 0,
+    };
+    let fill = async || {
+        let generation = cache.begin_load(list.key()).await.unwrap();
+        let loaded = [entry(10, 700_001)].map(|e| list.scored(&e));
+        assert!(cache.fill(list.key(), &generation, true, &loaded).await.unwrap());
+    };
+    let merge = |e: ListEntry, after: i64| Update::Merge {
+        list: list.key(),
+        guard: Guard::None,
+        after: Some(second + after),
+        entries: vec![list.scored(&e)],
+    };
+    fill().await;
+    // Entry 12 follows 11 (same second, a µs later than 10), which has not landed.
+    cache.apply_best_effort(&[merge(entry(12, 900_000), 700_002)]).await;
+    assert_eq!(app.cached_members(list).await, None, "dropped");
+    fill().await;
+    cache.apply_best_effort(&[merge(entry(11, 700_002), 700_001)]).await;
+    cache.apply_best_effort(&[merge(entry(12, 900_000), 700_002)]).await;
+    assert_eq!(
+        app.cached_members(list).await.unwrap(),
+        ["12", "11", "10", "#"].map(String::from)
     );
 }
 

@@ -9,7 +9,6 @@ mod circles;
 mod comments;
 mod fanout;
 mod friendships;
-mod history;
 mod helpers;
 mod import;
 mod likes;

@@ -504,6 +504,33 @@ async fn a_user_stream_resumes_in_arrival_order_with_nothing_lost_or_twice(db: P
     assert_eq!(tweet_ids(&replayed), vec![early, late, away, live]);
 }
 
+/// `since` is strictly after: a client that opens its stream from the newest newsfeed entry it
+/// holds does not get that entry again (its fan-out row arrived after its own time), only what
+/// came after it.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_user_stream_since_the_newest_entry_held_does_not_replay_it(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (x_id, x) = app.signup("xavier").await;
+    let (_, c) = app.signup("carol").await;
+    app.follow(&c, x_id).await;
+    app.drain().await;
+    let held = post(&app, &x, json!({"content": "held"})).await;
+    app.drain().await;
+    let page = app.get("/api/newsfeeds/", Some(&c)).await.body;
+    assert_eq!(page["results"][0]["tweet"]["id"], held);
+    let since = page["results"][0]["created_at"].as_str().expect("time").to_owned();
+    let mut s = Stream::open(
+        &app,
+        &format!("/api/streaming/user/?since={}", urlencode(&since)),
+        &c,
+        None,
+    )
+    .await;
+    let next = post(&app, &x, json!({"content": "next"})).await;
+    app.drain().await;
+    assert_eq!(tweet_ids(&s.tweets_until(next).await), vec![next]);
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn tweets_that_land_during_a_catch_up_are_sent_once_in_order(db: PgPool) {
     let app = TestApp::new(db).await;

@@ -20,7 +20,7 @@
 //!
 //! A violation prints the seed, the violation and the part of the history that touches the
 //! same ids, and the run repeats its schedule from `CHIRP_MODEL_SEED=<seed>`. The suite runs a
-//! fresh seed for `CHIRP_MODEL_SECONDS` (default 20) and every seed of `history_seeds.txt` for
+//! fresh seed for `CHIRP_MODEL_SECONDS` (default 20) and every seed of `seeds.txt` for
 //! a few seconds; `scripts/model --seconds 600` runs it long.
 
 use std::collections::{HashMap, HashSet};
@@ -43,7 +43,7 @@ const NODES: usize = 2;
 /// Actors (users): each writes and reads through random processes, one request at a time.
 const ACTORS: usize = 5;
 /// The seeds that once found something: each runs for [`REGRESSION_SECONDS`] in the suite.
-const REGRESSION_SEEDS: &str = include_str!("history_seeds.txt");
+const REGRESSION_SEEDS: &str = include_str!("seeds.txt");
 const REGRESSION_SECONDS: u64 = 4;
 
 /// One chirp process of a run: the app and the background work `chirp serve` runs beside it.
