@@ -9,8 +9,8 @@
 create table feed_heads (
     user_id bigint      primary key references users (id) on delete cascade,
     head    timestamptz not null, -- the newest entry time this newsfeed ever had
-    prev    timestamptz           -- the head before the last write (its cache merge's predecessor)
-);
+    prev    timestamptz           -- scratch: the head before a write (its cache merge's predecessor)
+) with (fillfactor = 50);         -- every fan-out rewrites its followers' rows: room for HOT updates
 insert into feed_heads (user_id, head)
 select user_id, max(created_at) from newsfeeds group by user_id;
 

@@ -43,11 +43,11 @@ macro_rules! shift_column {
     };
 }
 
-/// Stamps new entries of tweet `tweet_id`, posted at `at`, in the newsfeeds of `readers`
-/// (ascending ids, no repeats): each entry's time is `at` if that is above everything the
-/// reader's newsfeed ever held (its head), else the head plus 1 µs; the heads move to the new
-/// times. A reader whose newsfeed has the tweet already (a follow's backfill copied it) keeps its
-/// head: the caller inserts no row for it.
+/// Stamps new entries of a tweet posted at `at` in the newsfeeds of `readers` (ascending ids,
+/// no repeats): each entry's time is `at` if that is above everything the reader's newsfeed
+/// ever held (its head), else the head plus 1 µs; the heads move to the new times. A caller
+/// that then inserts no row for a reader (its newsfeed had the tweet already) puts the head back
+/// with [`unstamp`] in the same transaction.
 /// Returns `(reader, entry time, the head before)` in `readers`' order: the head before is
 /// the entry's predecessor, which guards its cache merge ([`crate::cache::Update::Merge`]).
 ///
@@ -64,40 +64,47 @@ macro_rules! shift_column {
 pub async fn stamp(
     tx: &mut PgConnection,
     readers: &[i64],
-    tweet_id: i64,
     at: Timestamp,
 ) -> sqlx::Result<Vec<(i64, Timestamp, Option<Timestamp>)>> {
-    // An entry of the tweet lies at or after the tweet's time: a short range of the newsfeed.
+    // `prev` is scratch: only this statement's RETURNING reads it (the row stays locked).
     sqlx::query_as(
         "insert into feed_heads as h (user_id, head)
          select r, $2 from unnest($1::bigint[]) with ordinality as x(r, i) order by i
          on conflict (user_id) do update
-             set prev = case when exists (select 1 from newsfeeds n where n.user_id = h.user_id
-                                          and n.created_at >= $2 and n.tweet_id = $3)
-                             then h.prev else nullif(h.head, '-infinity') end,
-                 head = case when exists (select 1 from newsfeeds n where n.user_id = h.user_id
-                                          and n.created_at >= $2 and n.tweet_id = $3)
-                             then h.head
-                             else greatest(excluded.head, h.head + interval '1 microsecond') end
+             set prev = nullif(h.head, '-infinity'),
+                 head = greatest(excluded.head, h.head + interval '1 microsecond')
          returning user_id, head, prev",
     )
     .bind(readers)
     .bind(at)
-    .bind(tweet_id)
     .fetch_all(tx)
     .await
 }
 
+/// Puts the heads of `readers` back where [`stamp`] found them (their newsfeeds got no row), in
+/// the transaction that stamped them: nobody else saw the moved heads.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn unstamp(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()> {
+    if readers.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("update feed_heads set head = coalesce(prev, '-infinity') where user_id = any($1)")
+        .bind(readers)
+        .execute(tx)
+        .await
+        .map(|_| ())
+}
+
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
 pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(
-        concat!(
-            "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
-            shift_column!(),
-            "from newsfeeds n join tweets t on t.id = n.tweet_id
+    sqlx::query_as(concat!(
+        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
+        shift_column!(),
+        "from newsfeeds n join tweets t on t.id = n.tweet_id
              where n.user_id = $1 order by n.created_at desc limit $2"
-        ),
-    )
+    ))
     .bind(user_id)
     .bind(limit as i64)
     .fetch_all(db)
@@ -166,13 +173,13 @@ pub async fn insert_own(
     tweet_id: i64,
     created_at: Timestamp,
 ) -> sqlx::Result<(i64, Timestamp, Option<Timestamp>)> {
-    let (at, prev) = stamp(&mut *tx, &[author], tweet_id, created_at)
+    let (at, prev) = stamp(&mut *tx, &[author], created_at)
         .await?
         .first()
         .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
     let id = sqlx::query_scalar(
         "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-         values ($1, $2, $3, clock_timestamp()) returning id",
+         values ($1, $2, $3, $3) returning id",
     )
     .bind(author)
     .bind(tweet_id)
@@ -282,7 +289,7 @@ pub async fn fanout(
         let mut readers = followers.clone();
         readers.sort_unstable();
         readers.dedup();
-        let stamped = stamp(&mut tx, &readers, tweet_id, created_at)
+        let stamped = stamp(&mut tx, &readers, created_at)
             .await
             .context("stamping a batch of newsfeed entries")?;
         let times: Vec<Timestamp> = stamped.iter().map(|(_, at, _)| *at).collect();
@@ -317,6 +324,10 @@ pub async fn fanout(
         let guards = guards.ok();
         let rows: Vec<(i64, i64, Timestamp, bool)> =
             rows.context("inserting a batch of newsfeed rows")?;
+        let had_it: Vec<i64> = rows.iter().filter(|r| !r.3).map(|r| r.0).collect();
+        unstamp(&mut tx, &had_it)
+            .await
+            .context("putting back the heads of followers who had the tweet")?;
         // Rows that were there already are streamed too: a follow's backfill that copied the
         // tweet first does not stream it (a stream skips a row it delivered).
         let arrivals: Vec<(i64, i64, Timestamp)> = rows

@@ -32,7 +32,9 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
-use crate::cache::lists::{pack_member, pack_member_shifted, split_time, unpack_entry, unpack_shifted};
+use crate::cache::lists::{
+    pack_member, pack_member_shifted, split_time, unpack_entry, unpack_shifted,
+};
 use crate::cache::objects::{Cached, CachedTweet, CachedUser, Prefetched};
 use crate::cache::pages::PageShape;
 use crate::cache::{
@@ -214,7 +216,13 @@ pub struct ListEntry {
 
 impl ListEntry {
     /// The entry `id` of a tweet posted at `tweet_at`, stamped `at` in its timeline.
-    pub fn stamped(id: i64, tweet_id: i64, author_id: i64, tweet_at: Timestamp, at: Timestamp) -> Self {
+    pub fn stamped(
+        id: i64,
+        tweet_id: i64,
+        author_id: i64,
+        tweet_at: Timestamp,
+        at: Timestamp,
+    ) -> Self {
         ListEntry {
             id,
             tweet_id,

@@ -284,84 +284,83 @@ pub async fn create(
     committed: impl FnOnce(),
 ) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
-    let (tweet, staged) =
-        db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
-            let mut tx = db.begin().await?;
-            // The author's row lock first, the time after it: one author's tweets commit in
-            // the order of their times (also across processes whose clocks differ), so a
-            // refresh of the author's tweets from the newest one a client holds misses none.
-            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-            let newest: Option<Timestamp> =
-                sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
-                    .bind(author)
-                    .fetch_one(&mut *tx)
-                    .await?;
-            let created_at = match newest {
-                Some(newest) if newest >= now => {
-                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
-                }
-                _ => now,
-            };
-            let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
+    let (tweet, staged) = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
+        let mut tx = db.begin().await?;
+        // The author's row lock first, the time after it: one author's tweets commit in
+        // the order of their times (also across processes whose clocks differ), so a
+        // refresh of the author's tweets from the newest one a client holds misses none.
+        let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+        let newest: Option<Timestamp> =
+            sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
+                .bind(author)
+                .fetch_one(&mut *tx)
+                .await?;
+        let created_at = match newest {
+            Some(newest) if newest >= now => {
+                crate::time::from_micros(crate::time::to_micros(newest) + 1)
+            }
+            _ => now,
+        };
+        let tweet: TweetRecord = sqlx::query_as(
+            "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
                                      coordinates, place)
                  values ($1, $2, $3, $4, $5, $6, $7)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
                            place",
-            )
-            .bind(author)
-            .bind(&new.content)
-            .bind(created_at)
-            .bind(circle)
-            .bind(&new.photo_urls)
-            .bind(new.coordinates.map(Vec::from))
-            .bind(new.place.clone().map(sqlx::types::Json))
-            .fetch_one(&mut *tx)
-            .await?;
-            let (newsfeed_id, feed_at, feed_prev) =
-                newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
-            if let Some(circle) = circle {
-                circles::shift_tweets(&mut tx, circle, 1).await?;
-            }
-            let fanout = Job::Fanout {
-                tweet_id: tweet.id,
-                progress: None,
-                list_progress: None,
-            };
-            jobs::enqueue(&mut tx, &fanout).await?;
-            let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
-            let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
-            // Each merge names its predecessor: a list that lacks it (an earlier write's cache
-            // step has not landed yet) is dropped instead.
-            let updates = [
-                (Timeline::UserTweets(author), own, newest),
-                (Timeline::Newsfeed(author), feed, feed_prev),
-            ]
-            .into_iter()
-            .map(|(t, entry, after)| Update::Merge {
-                list: t.key(),
-                guard: Guard::None,
-                after: after.map(crate::time::to_micros),
-                entries: vec![t.scored(&entry)],
-            })
-                .chain([
-                    Update::TweetCreated {
-                        tweet: tweet.clone(),
-                        counts: TweetCounts::default(),
-                    },
-                    Update::UserCounts {
-                        id: author,
-                        counts: author_counts,
-                    },
-                ])
-                .chain(circles::created_updates(&tweet))
-                .collect::<Vec<_>>();
-            let staged = cache.stage(&mut tx, &updates).await?;
-            tx.commit().await?;
-            Ok((tweet, (staged, newsfeed_id)))
+        )
+        .bind(author)
+        .bind(&new.content)
+        .bind(created_at)
+        .bind(circle)
+        .bind(&new.photo_urls)
+        .bind(new.coordinates.map(Vec::from))
+        .bind(new.place.clone().map(sqlx::types::Json))
+        .fetch_one(&mut *tx)
+        .await?;
+        let (newsfeed_id, feed_at, feed_prev) =
+            newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
+        if let Some(circle) = circle {
+            circles::shift_tweets(&mut tx, circle, 1).await?;
+        }
+        let fanout = Job::Fanout {
+            tweet_id: tweet.id,
+            progress: None,
+            list_progress: None,
+        };
+        jobs::enqueue(&mut tx, &fanout).await?;
+        let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
+        let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+        // Each merge names its predecessor: a list that lacks it (an earlier write's cache
+        // step has not landed yet) is dropped instead.
+        let updates = [
+            (Timeline::UserTweets(author), own, newest),
+            (Timeline::Newsfeed(author), feed, feed_prev),
+        ]
+        .into_iter()
+        .map(|(t, entry, after)| Update::Merge {
+            list: t.key(),
+            guard: Guard::None,
+            after: after.map(crate::time::to_micros),
+            entries: vec![t.scored(&entry)],
         })
-        .await
-        .context("inserting the tweet")?;
+        .chain([
+            Update::TweetCreated {
+                tweet: tweet.clone(),
+                counts: TweetCounts::default(),
+            },
+            Update::UserCounts {
+                id: author,
+                counts: author_counts,
+            },
+        ])
+        .chain(circles::created_updates(&tweet))
+        .collect::<Vec<_>>();
+        let staged = cache.stage(&mut tx, &updates).await?;
+        tx.commit().await?;
+        Ok((tweet, (staged, newsfeed_id)))
+    })
+    .await
+    .context("inserting the tweet")?;
     // The fan-out job is queued: its runners need the commit, not the cache step below.
     committed();
     let (staged, own_row) = staged;

@@ -653,7 +653,11 @@ mod tests {
     #[test]
     fn shifted_newsfeed_members_round_trip_and_plain_ones_stay_as_they_were() {
         for sub in [0, 1, 65_536, 999_999] {
-            for ids in [[1, 2], [5_781_487, 796_000_000_000_000_000], [i64::MAX, 255]] {
+            for ids in [
+                [1, 2],
+                [5_781_487, 796_000_000_000_000_000],
+                [i64::MAX, 255],
+            ] {
                 let plain = pack_member_shifted(sub, ids, 0);
                 assert_eq!(plain, pack_member(sub, &ids));
                 assert_eq!(unpack_shifted(&plain), Some((sub, ids, 0)));

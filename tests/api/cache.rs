@@ -513,7 +513,12 @@ async fn a_merge_whose_predecessor_has_not_landed_drops_the_list(db: PgPool) {
     let fill = async || {
         let generation = cache.begin_load(list.key()).await.unwrap();
         let loaded = [entry(10, 700_001)].map(|e| list.scored(&e));
-        assert!(cache.fill(list.key(), &generation, true, &loaded).await.unwrap());
+        assert!(
+            cache
+                .fill(list.key(), &generation, true, &loaded)
+                .await
+                .unwrap()
+        );
     };
     let merge = |e: ListEntry, after: i64| Update::Merge {
         list: list.key(),
@@ -523,11 +528,17 @@ async fn a_merge_whose_predecessor_has_not_landed_drops_the_list(db: PgPool) {
     };
     fill().await;
     // Entry 12 follows 11 (same second, a µs later than 10), which has not landed.
-    cache.apply_best_effort(&[merge(entry(12, 900_000), 700_002)]).await;
+    cache
+        .apply_best_effort(&[merge(entry(12, 900_000), 700_002)])
+        .await;
     assert_eq!(app.cached_members(list).await, None, "dropped");
     fill().await;
-    cache.apply_best_effort(&[merge(entry(11, 700_002), 700_001)]).await;
-    cache.apply_best_effort(&[merge(entry(12, 900_000), 700_002)]).await;
+    cache
+        .apply_best_effort(&[merge(entry(11, 700_002), 700_001)])
+        .await;
+    cache
+        .apply_best_effort(&[merge(entry(12, 900_000), 700_002)])
+        .await;
     assert_eq!(
         app.cached_members(list).await.unwrap(),
         ["12", "11", "10", "#"].map(String::from)

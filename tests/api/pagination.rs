@@ -22,7 +22,10 @@ async fn setup(app: &TestApp) -> (i64, String, Vec<i64>) {
 /// order of their tweets' times, except that an entry that arrived behind newer ones (here the
 /// follow's backfill, if it ran after some of the fan-outs) lies above them.
 async fn feed_order(app: &TestApp, token: &str) -> Vec<i64> {
-    let me = app.get("/api/accounts/login_status/", Some(token)).await.body["user"]["id"]
+    let me = app
+        .get("/api/accounts/login_status/", Some(token))
+        .await
+        .body["user"]["id"]
         .as_i64()
         .expect("user");
     sqlx::query_scalar("select tweet_id from newsfeeds where user_id = $1 order by created_at desc")
@@ -44,7 +47,11 @@ async fn pages_equal_the_full_list(app: &TestApp) {
         let listed = page_all(app, &format!("/api/tweets/?user_id={alice}"), None, size).await;
         assert_eq!(listed, ids, "user tweets, page_size {size}");
         let feed = page_all(app, "/api/newsfeeds/", Some(&tb), size).await;
-        assert_eq!(feed, feed_order(app, &tb).await, "newsfeed, page_size {size}");
+        assert_eq!(
+            feed,
+            feed_order(app, &tb).await,
+            "newsfeed, page_size {size}"
+        );
         assert_eq!(sorted(&feed), sorted(&ids));
     }
 }
@@ -158,7 +165,11 @@ async fn a_refresh_from_the_newest_entry_returns_nothing_then_exactly_the_new_tw
         assert_eq!(tweet_ids(&first), [older[2], older[1]]);
         let refresh = format!("/api/newsfeeds/?created_at__gt={}", created(&first, 0));
         let res = app.get(&refresh, Some(&tb)).await;
-        assert_eq!(tweet_ids(&res.body), Vec::<i64>::new(), "cache flushed: {flush}");
+        assert_eq!(
+            tweet_ids(&res.body),
+            Vec::<i64>::new(),
+            "cache flushed: {flush}"
+        );
     }
     let first = app.get("/api/newsfeeds/", Some(&tb)).await.body;
     let refresh = format!("/api/newsfeeds/?created_at__gt={}", created(&first, 0));

@@ -368,10 +368,21 @@ async fn a_refresh_returns_a_fan_out_that_landed_behind_newer_tweets(db: PgPool)
     // tweet keeps its own), so neither the next refresh nor paging down returns it again.
     let late_at = res.body["results"][0]["created_at"].as_str().unwrap();
     assert!(late_at > newest.as_str(), "{late_at} after {newest}");
-    assert!(res.body["results"][0]["tweet"]["created_at"].as_str().unwrap() < newest.as_str());
+    assert!(
+        res.body["results"][0]["tweet"]["created_at"]
+            .as_str()
+            .unwrap()
+            < newest.as_str()
+    );
     for uri in [
-        format!("/api/newsfeeds/?created_at__gt={}", crate::helpers::urlencode(late_at)),
-        format!("/api/newsfeeds/?created_at__lt={}", crate::helpers::urlencode(&newest)),
+        format!(
+            "/api/newsfeeds/?created_at__gt={}",
+            crate::helpers::urlencode(late_at)
+        ),
+        format!(
+            "/api/newsfeeds/?created_at__lt={}",
+            crate::helpers::urlencode(&newest)
+        ),
     ] {
         for flush in [false, true] {
             if flush {

@@ -518,7 +518,10 @@ async fn a_user_stream_since_the_newest_entry_held_does_not_replay_it(db: PgPool
     app.drain().await;
     let page = app.get("/api/newsfeeds/", Some(&c)).await.body;
     assert_eq!(page["results"][0]["tweet"]["id"], held);
-    let since = page["results"][0]["created_at"].as_str().expect("time").to_owned();
+    let since = page["results"][0]["created_at"]
+        .as_str()
+        .expect("time")
+        .to_owned();
     let mut s = Stream::open(
         &app,
         &format!("/api/streaming/user/?since={}", urlencode(&since)),
