@@ -304,15 +304,17 @@ pub async fn fanout(
         // Their rows (a batch that committed before a crash, whose merges its outbox row has
         // not applied) are merged again: a merge is idempotent.
         let insert = sqlx::query_as(
-            "with ins as (
+            "with had as (
+                 select user_id, id, created_at from newsfeeds
+                 where tweet_id = $2 and user_id = any($1)),
+             ins as (
                  insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
                  select r, $2, at, $4 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
-                 where r not in (select user_id from newsfeeds where tweet_id = $2)
+                 where r not in (select user_id from had)
                  returning user_id, id, created_at)
              select user_id, id, created_at, true from ins
              union all
-             select user_id, id, created_at, false from newsfeeds
-             where tweet_id = $2 and user_id = any($1)",
+             select user_id, id, created_at, false from had",
         )
         .bind(&readers)
         .bind(tweet_id)
