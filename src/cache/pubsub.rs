@@ -130,6 +130,12 @@ impl Cache {
                             }
                         }
                         subscribed.store(false, Ordering::Release);
+                        // A broken subscription is also what a Redis restart (maybe from an
+                        // older snapshot) or a failover looks like from here, and the data
+                        // connection reconnects without a word: Redis is not used again until
+                        // the monitor has verified its epoch (`outbox::recover`), so no read
+                        // serves what an older snapshot held in the second before the next check.
+                        cache.mark_down(&"the pub/sub subscription broke");
                         on_lost();
                     }
                 }
