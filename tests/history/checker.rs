@@ -233,6 +233,19 @@ struct Req<'a> {
     ids: Vec<i64>,
 }
 
+impl<'a> Req<'a> {
+    /// A `GET` of `uri`.
+    fn get(uri: &'a str, token: Option<&'a str>, ids: Vec<i64>) -> Self {
+        Req {
+            method: Method::GET,
+            uri,
+            token,
+            body: None,
+            ids,
+        }
+    }
+}
+
 /// Everything the actors share: the processes, the record, every tweet ever posted.
 struct World {
     nodes: Vec<Node>,
@@ -631,17 +644,7 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     for there in (1..=NODES).map(|k| (node + k) % NODES) {
         let uri = format!("/api/tweets/{id}/");
         let res = world
-            .call(
-                me.index,
-                there,
-                Req {
-                    method: Method::GET,
-                    uri: &uri,
-                    token: None,
-                    body: None,
-                    ids: vec![id],
-                },
-            )
+            .call(me.index, there, Req::get(&uri, None, vec![id]))
             .await;
         if res.status != StatusCode::OK {
             world.record.violate(
@@ -687,17 +690,7 @@ async fn listed_since(
     let mut uri = format!("{}created_at__gt={}", shown.uri(), urlencode(after));
     for _ in 0..20 {
         let res = world
-            .call(
-                actor,
-                node,
-                Req {
-                    method: Method::GET,
-                    uri: &uri,
-                    token,
-                    body: None,
-                    ids: vec![id],
-                },
-            )
+            .call(actor, node, Req::get(&uri, token, vec![id]))
             .await;
         let entries = shown.entries(&res.body);
         if entries.iter().any(|e| e.2 == id) {
@@ -749,17 +742,7 @@ async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
     for n in 0..NODES {
         let res = world
-            .call(
-                me.index,
-                n,
-                Req {
-                    method: Method::GET,
-                    uri: &uri,
-                    token: None,
-                    body: None,
-                    ids: vec![id],
-                },
-            )
+            .call(me.index, n, Req::get(&uri, None, vec![id]))
             .await;
         if res.status != StatusCode::NOT_FOUND {
             world.record.violate(
@@ -849,17 +832,7 @@ async fn like_or_unlike(world: &World, me: &mut Actor, node: usize, rng: &mut St
     let there = other(node);
     let uri = format!("/api/tweets/{pick}/");
     let res = world
-        .call(
-            me.index,
-            there,
-            Req {
-                method: Method::GET,
-                uri: &uri,
-                token: Some(&me.token),
-                body: None,
-                ids: vec![pick],
-            },
-        )
+        .call(me.index, there, Req::get(&uri, Some(&me.token), vec![pick]))
         .await;
     if res.status == StatusCode::OK && res.body["has_liked"].as_bool() != Some(!liked) {
         // Its author may have deleted it meanwhile (a delete takes its likes along): a read
@@ -905,17 +878,7 @@ async fn rename(world: &World, me: &mut Actor, node: usize) {
     }
     for n in 0..NODES {
         let res = world
-            .call(
-                me.index,
-                n,
-                Req {
-                    method: Method::GET,
-                    uri: &uri,
-                    token: None,
-                    body: None,
-                    ids: vec![me.id],
-                },
-            )
+            .call(me.index, n, Req::get(&uri, None, vec![me.id]))
             .await;
         if res.body["nickname"].as_str() != Some(nickname.as_str()) {
             world.record.violate(
@@ -952,13 +915,7 @@ async fn relogin(world: &World, me: &mut Actor, node: usize) {
             .call(
                 me.index,
                 n,
-                Req {
-                    method: Method::GET,
-                    uri: "/api/accounts/login_status/",
-                    token: Some(&me.token),
-                    body: None,
-                    ids: vec![me.id],
-                },
+                Req::get("/api/accounts/login_status/", Some(&me.token), vec![me.id]),
             )
             .await;
         if res.status != StatusCode::UNAUTHORIZED {
@@ -1064,19 +1021,7 @@ async fn step_view(
             (format!("{}page_size={size}", shown.uri()), false)
         }
     };
-    let res = world
-        .call(
-            actor,
-            node,
-            Req {
-                method: Method::GET,
-                uri: &uri,
-                token,
-                body: None,
-                ids: vec![],
-            },
-        )
-        .await;
+    let res = world.call(actor, node, Req::get(&uri, token, vec![])).await;
     if res.status != StatusCode::OK {
         return;
     }
@@ -1132,17 +1077,7 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
             let newest = view.held.first().map(|e| e.1.clone()).unwrap_or_default();
             let uri = format!("{}created_at__gt={}", shown.uri(), urlencode(&newest));
             let res = world
-                .call(
-                    me.index,
-                    0,
-                    Req {
-                        method: Method::GET,
-                        uri: &uri,
-                        token: token.as_deref(),
-                        body: None,
-                        ids: vec![],
-                    },
-                )
+                .call(me.index, 0, Req::get(&uri, token.as_deref(), vec![]))
                 .await;
             if res.body["has_next_page"].as_bool() == Some(true) {
                 continue; // more than a refresh returns: a client reloads from the top
@@ -1201,13 +1136,7 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
                 .call(
                     usize::MAX,
                     n,
-                    Req {
-                        method: Method::GET,
-                        uri: &format!("/api/tweets/{id}/"),
-                        token: None,
-                        body: None,
-                        ids: vec![id],
-                    },
+                    Req::get(&format!("/api/tweets/{id}/"), None, vec![id]),
                 )
                 .await;
             if res.body["likes_count"].as_i64() != Some(likes) {
