@@ -180,8 +180,10 @@ pub async fn logout(
         .stage(&mut tx, &[Update::TokenRevoked { hash: hash.clone() }])
         .await?;
     tx.commit().await?;
+    // This process forgets the token before the commit's cache step revokes it everywhere
+    // (`Cache::finish`), so its own lookups in flight store nothing.
+    tokens.forget_token(&hash);
     cache.finish(db, staged).await;
-    tokens.revoke(&hash).await;
     Ok(())
 }
 

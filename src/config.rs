@@ -162,6 +162,16 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub token_cache_secs: u64,
 
+    /// Milliseconds of a process's lease on its memory (near caches and tokens; see
+    /// `cache::lease`): memory answers only while a heartbeat heard on the pub/sub subscription
+    /// less than this long ago says every eviction published before it arrived. Heartbeats go
+    /// every third of it; a write waits at most this plus 50 ms for a process that neither
+    /// acknowledges its eviction nor lets its lease run out. Shorter: faster writes under a
+    /// stalled process; longer: fewer lapses on a busy one.
+    #[arg(long, global = true, env = "CHIRP_NEAR_LEASE_MS", default_value_t = crate::cache::lease::DEFAULT_LENGTH_MS,
+          value_parser = clap::value_parser!(u64).range(30..=10_000))]
+    pub near_lease_ms: u64,
+
     /// Seconds a process keeps a tweet or user object it read from Redis in its own memory (its
     /// near cache; 0: off). A delete or profile change reaches every process before it
     /// answers; this bounds what a process that missed it (frozen, cut off) could still show.

@@ -72,7 +72,9 @@ impl AppState {
             wake: Arc::new(Notify::new()),
         };
         let (shutdown, stopped) = watch::channel(false);
-        let subscriber = Arc::new(Subscriber::default());
+        let subscriber = Arc::new(Subscriber::new(std::time::Duration::from_millis(
+            config.near_lease_ms,
+        )));
         let wake = worker.wake.clone();
         subscriber.route(crate::jobs::TOPIC, move |_| wake.notify_one(), || {});
         let streams = streams::Hub::new(&subscriber);

@@ -367,8 +367,15 @@ pub struct Hub {
     next_id: AtomicU64,
     /// Bumped each time the subscription breaks.
     generation: AtomicU64,
+    /// Messages on their way to the dispatch task ([`Hub::new`]).
+    inbox: std::sync::OnceLock<mpsc::Sender<String>>,
     pub stats: HubStats,
 }
+
+/// Stream messages waiting for the dispatch task, at most: past this the process cannot keep
+/// up, and every stream ends (its clients resume from Postgres) rather than the subscription
+/// waiting, which would delay the near caches' evictions behind it.
+const INBOX: usize = 8192;
 
 /// A client's place in the hub; dropping it removes the client.
 #[derive(Debug)]
@@ -417,6 +424,11 @@ impl Hub {
     }
 
     /// A hub that `subscriber` feeds; a break of the subscription ends every stream.
+    ///
+    /// Matching a message against every client's filter (up to 400 phrases and 25 boxes each)
+    /// runs in a task of its own, fed through a bounded queue: the subscriber task only hands
+    /// messages over, so near-cache evictions and heartbeats behind them on the same
+    /// subscription never wait for it (review of 2026-11-26, finding 9).
     pub fn new(subscriber: &Subscriber) -> Arc<Self> {
         let hub = Arc::new(Hub::default());
         let (on_message, on_lost) = (Arc::downgrade(&hub), Arc::downgrade(&hub));
@@ -424,7 +436,7 @@ impl Hub {
             TOPIC,
             move |msg| {
                 if let Some(hub) = on_message.upgrade() {
-                    hub.dispatch(msg);
+                    hub.hand_over(msg);
                 }
             },
             move || {
@@ -507,6 +519,27 @@ impl Hub {
     }
 
     /// Hands one message of the topic to the clients it concerns.
+    /// Queues a message for the dispatch task (started by the first message, from the
+    /// subscriber task). A full queue ends every stream.
+    fn hand_over(self: &Arc<Self>, text: &str) {
+        let inbox = self.inbox.get_or_init(|| {
+            let (tx, mut rx) = mpsc::channel::<String>(INBOX);
+            let hub = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(text) = rx.recv().await {
+                    let Some(hub) = hub.upgrade() else { return };
+                    hub.dispatch(&text);
+                }
+            });
+            tx
+        });
+        if let Err(mpsc::error::TrySendError::Full(_)) = inbox.try_send(text.to_owned()) {
+            tracing::warn!("stream dispatch fell {INBOX} messages behind; ending every stream");
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            self.end_all(Ended::Unavailable);
+        }
+    }
+
     fn dispatch(&self, text: &str) {
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
         let wire: Wire = match serde_json::from_str(text) {

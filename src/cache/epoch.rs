@@ -171,6 +171,18 @@ pub async fn is_trusted(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     let seen = observe(cache).await?;
     let rec = recorded(db, keys.prefix()).await?;
     let trusted = matches(&seen, rec.as_ref());
+    if let (true, Some(epoch), Some(stats)) = (trusted, seen.redis_epoch, cache.stats()) {
+        let before = stats
+            .epoch_seen
+            .swap(epoch, std::sync::atomic::Ordering::AcqRel);
+        if before != 0 && before != epoch {
+            // Another process fenced since this one last looked: what this one's memory holds
+            // may have been read from the Redis that was fenced.
+            stats
+                .epoch_changes
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
     let next = rec.as_ref().map(|(_, r)| next_record(&seen, r));
     if let (true, Some((epoch, run_ids)), Some(next)) = (trusted, &rec, &next)
         && run_ids != next

@@ -18,6 +18,7 @@ pub mod conn;
 pub mod counts;
 pub mod epoch;
 pub mod keys;
+pub mod lease;
 pub mod limits;
 pub mod lists;
 pub mod near;
@@ -32,7 +33,7 @@ pub mod tokens;
 pub mod update;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -69,6 +70,11 @@ pub struct Stats {
     pub fences: AtomicU64,
     /// Times Redis came back into use after being marked down.
     pub recoveries: AtomicU64,
+    /// Times this process's epoch check found a new epoch in Redis (another process fenced):
+    /// the near caches forget what they held (their values may come from before the fence).
+    pub epoch_changes: AtomicU64,
+    /// The epoch this process last found in Redis (0: none yet).
+    pub epoch_seen: AtomicI64,
     /// Timeline pages hydrated without a second Redis round trip: every counter they needed came
     /// with the range read, prefetched from this process's page memory ([`pages`]).
     pub prefetched: AtomicU64,

@@ -7,19 +7,21 @@
 //!
 //! **Invalidation.** A writer commits in Postgres, writes Redis (a tombstone, a newer version),
 //! and then calls [`Near::evict_everywhere`]: it publishes the keys on `{p}:{bus}:{topic}` and
-//! waits until every subscribed process has dropped them from its memory and acknowledged (an
-//! `SADD` of its name to `{p}:{r<nonce>}:acks`; `PUBLISH` says how many subscribers received
-//! the message), at most [`ACK_WAIT`]. Only then does the write answer, so once a client has
-//! seen it succeed no process answers from the old value. The outbox relay does the same for
-//! the writes of a process that died before it could ([`broadcast`]).
+//! waits until every process registered as holding a lease ([`super::lease`]) has dropped them
+//! from its memory and acknowledged (an `SADD` of its id to `{p}:{r<nonce>}:acks`), or has
+//! provably lost its lease; at most the lease's length and margin. Only then does the write
+//! answer, so once a client has seen it succeed no process answers from the old value. The
+//! outbox relay does the same for the writes of a process that died before it could, and for
+//! writes handed off by a process whose Redis link failed ([`broadcast`]).
 //!
-//! **When memory is not trusted.** A process trusts its memory only while its subscription
-//! stands: a message published while it is down would be missed, so a broken subscription
-//! also clears the memory, as do a fence or a recovery of the cache (Redis came back, maybe
-//! with other data). A value found by a lookup that raced an eviction is not stored (the
-//! eviction counter moved meanwhile). Entries live at most the cache's TTL, the bound on what a
-//! process that neither heard nor acknowledged an eviction (frozen for longer than
-//! [`ACK_WAIT`]) could still answer.
+//! **When memory is trusted.** A process answers from memory only while its subscription
+//! stands and it holds its lease: a heartbeat, sent on its own through Redis and heard on the
+//! subscription less than a lease length ago, proves it heard every eviction published before.
+//! A stalled, half-open or broken subscription lets the lease run out within its length; a
+//! lease granted again (a new term), a broken subscription, a fence, a recovery of the cache
+//! or an epoch changed by another process's fence clears the memory. A value found by a lookup
+//! that raced an eviction is not stored (the eviction counter moved meanwhile). Entries also
+//! live at most the cache's TTL.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -29,9 +31,6 @@ use std::time::{Duration, Instant};
 
 use crate::cache::pubsub::Subscriber;
 use crate::cache::{Cache, CacheUnavailable};
-
-/// How long a writer waits for every subscribed process to acknowledge an eviction.
-pub const ACK_WAIT: Duration = Duration::from_millis(500);
 
 /// A key of a near cache, as it travels in an eviction message (no spaces).
 pub trait NearKey: Eq + Hash + Copy + Send + Sync + 'static {
@@ -51,7 +50,7 @@ pub struct NearStats {
     pub misses: AtomicU64,
     /// Evictions this process applied (its own and other processes').
     pub evictions: AtomicU64,
-    /// Writes whose eviction not every subscriber acknowledged within [`ACK_WAIT`].
+    /// Writes whose eviction waited out some process's lease instead of its acknowledgement.
     pub unconfirmed: AtomicU64,
 }
 
@@ -236,8 +235,6 @@ pub struct Near<K, V> {
     /// The cache's fences plus recoveries the memory was last checked against.
     fences: AtomicU64,
     link: OnceLock<Link>,
-    /// This process's name in acknowledgement sets (random).
-    me: u64,
     /// The evictions this process is publishing, by nonce: when its own subscriber hears one,
     /// it tells the writer instead of acknowledging through Redis ([`Own`]).
     own: Mutex<HashMap<String, Arc<Own>>>,
@@ -257,7 +254,6 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             epoch: AtomicU64::new(0),
             fences: AtomicU64::new(0),
             link: OnceLock::new(),
-            me: rand::random(),
             own: Mutex::new(HashMap::new()),
             stats: NearStats::default(),
         })
@@ -281,6 +277,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         if self.link.set(link).is_err() {
             return;
         }
+        subscriber.lease_topic(self.topic);
         let (on_message, on_lost) = (Arc::downgrade(self), Arc::downgrade(self));
         let cache = cache.clone();
         subscriber.route(
@@ -310,6 +307,25 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         self.own.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// This process's id in registries and acknowledgement sets, and the longest a writer waits
+    /// for a process that does not acknowledge (its lease's [`super::lease::Lease::bound`]).
+    fn process(&self) -> Option<u64> {
+        let subscriber = self.link.get()?.subscriber.upgrade()?;
+        Some(subscriber.lease().id())
+    }
+
+    /// The longest a writer waits for a process that does not acknowledge.
+    pub fn lease_bound(&self) -> Duration {
+        self.bound()
+    }
+
+    fn bound(&self) -> Duration {
+        self.link
+            .get()
+            .and_then(|l| l.subscriber.upgrade())
+            .map_or(DEFAULT_BOUND, |s| s.lease().bound())
+    }
+
     fn subscribed(&self) -> bool {
         self.link
             .get()
@@ -329,10 +345,10 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             subscriber.start(cache, &link.stop);
             return false;
         }
-        if !cache.available() {
+        if !subscriber.lease().held() || !cache.available() {
             return false;
         }
-        let fences = fence_count(cache);
+        let fences = generation(cache, Some(&subscriber));
         if self.fences.swap(fences, Ordering::AcqRel) != fences {
             self.forget(None);
             return false;
@@ -400,7 +416,9 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     pub fn begin(&self, cache: &Cache) -> Lookup {
         // The eviction count first: a subscription that breaks after this read bumps it.
         let epoch = self.epoch.load(Ordering::Acquire);
-        Lookup(epoch, fence_count(cache), self.subscribed())
+        let subscriber = self.link.get().and_then(|l| l.subscriber.upgrade());
+        let subscribed = subscriber.as_ref().is_some_and(|s| s.subscribed());
+        Lookup(epoch, generation(cache, subscriber.as_deref()), subscribed)
     }
 
     /// Remembers values found by a lookup that began at `lookup`, except those whose key was
@@ -418,10 +436,11 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         if !self.enabled() || !lookup.2 || !self.subscribed() {
             return;
         }
+        let subscriber = self.link.get().and_then(|l| l.subscriber.upgrade());
         let mut memory = self.lock();
         // Checked under the lock that `forget` takes too: an eviction is either counted and
         // listed before this check or removes the entry after this insert.
-        if fence_count(cache) != lookup.1 {
+        if generation(cache, subscriber.as_deref()) != lookup.1 {
             return;
         }
         let Some(evicted) = memory.evicted_since(lookup.0, self.epoch.load(Ordering::Acquire))
@@ -467,7 +486,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         let Some(key) = ack_key(cache, nonce) else {
             return;
         };
-        let (cache, me) = (cache.clone(), self.me);
+        let Some(me) = self.process() else { return };
+        let cache = cache.clone();
         tokio::spawn(async move {
             // A set of process names, not a counter: an acknowledgement sent twice (a retried
             // pipeline) counts once.
@@ -484,8 +504,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         });
     }
 
-    /// Evicts `keys` from every process's memory and waits (at most [`ACK_WAIT`]) until every
-    /// subscribed process acknowledged. Call after the write committed and Redis holds the new
+    /// Evicts `keys` from every process's memory and waits until every process that may hold a
+    /// lease acknowledged or lost it (at most the lease bound; see the module docs). Call after the write committed and Redis holds the new
     /// state. Returns whether every process confirmed.
     ///
     /// # Errors
@@ -512,7 +532,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         self.own_evictions().insert(nonce.clone(), own.clone());
         // Unregistered when the wait ends, or if it is dropped halfway.
         let _registered = Registered(self, &nonce);
-        let result = publish_and_wait(cache, self.topic, &nonce, &words, Some(&own)).await;
+        let mine = self.process().map(|id| (&*own, id));
+        let result = publish_and_wait(cache, self.topic, &nonce, &words, mine, self.bound()).await;
         if !matches!(result, Ok(true)) {
             self.stats.unconfirmed.fetch_add(1, Ordering::Relaxed);
         }
@@ -538,14 +559,27 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     }
 }
 
-fn fence_count(cache: &Cache) -> u64 {
-    cache.stats().map_or(0, |s| {
-        s.fences.load(Ordering::Acquire) + s.recoveries.load(Ordering::Acquire)
-    })
+/// What memory was last checked against: the cache's fences, recoveries and epoch changes,
+/// plus the lease's terms (a lease granted after a lapse or on a new subscription). When it
+/// moves, memory is forgotten and lookups in flight store nothing.
+fn generation(cache: &Cache, subscriber: Option<&Subscriber>) -> u64 {
+    let fences = cache.stats().map_or(0, |s| {
+        s.fences.load(Ordering::Acquire)
+            + s.recoveries.load(Ordering::Acquire)
+            + s.epoch_changes.load(Ordering::Acquire)
+    });
+    fences + subscriber.map_or(0, |s| s.lease().term())
 }
 
+/// The longest a writer waits for processes that may hold a lease but did not register (their
+/// registrations were flushed or evicted) when it knows no lease length: the default lease's
+/// bound.
+const DEFAULT_BOUND: Duration = Duration::from_millis(
+    super::lease::DEFAULT_LENGTH_MS + super::lease::MARGIN.as_millis() as u64,
+);
+
 /// Publishes the eviction of `keys` (each in its [`NearKey::to_message`] form) on `topic` and
-/// waits (at most [`ACK_WAIT`]) until every process subscribed now has dropped them. Also used
+/// waits until every process that may hold a lease has dropped them or lost it. Also used
 /// by the outbox relay for writes whose process died before announcing them. Returns whether
 /// every process confirmed (one that did not stops trusting its memory within the near cache's
 /// TTL).
@@ -558,7 +592,7 @@ pub async fn broadcast(
     keys: &[String],
 ) -> Result<bool, CacheUnavailable> {
     let nonce = new_nonce();
-    publish_and_wait(cache, topic, &nonce, keys, None).await
+    publish_and_wait(cache, topic, &nonce, keys, None, DEFAULT_BOUND).await
 }
 
 /// Removes a writer's own eviction from [`Near::own_evictions`] when dropped.
@@ -583,49 +617,76 @@ struct Own {
     expected: bool,
 }
 
-/// [`broadcast`] with the nonce `nonce`, and for a writer's own eviction (`own`) one
-/// acknowledgement fewer once its own subscriber heard the message: a process that is the only
-/// subscriber then waits for no `SCARD` poll at all (round 12, BENCHMARKS.md).
+/// [`broadcast`] with the nonce `nonce`; for a writer's own eviction (`own`, with this
+/// process's id) its own process needs no acknowledgement (it forgot the keys before
+/// publishing), only, for the count of receivers, to have heard the message.
+///
+/// The wait ends when every process registered when the eviction was published
+/// ([`Cache::publish_eviction`]) has acknowledged or its registration has expired (its lease
+/// has then too: [`super::lease`]), and, for processes that may be subscribed without a
+/// registration (the registry was flushed or evicted a moment ago), when as many processes
+/// acknowledged as `PUBLISH` counted or `bound` (the longest lease and its margin) has passed.
+/// So it lasts at most the longest registration or `bound`; Redis failing meanwhile only makes
+/// it last that long. Returns whether every process acknowledged (`false`: some lease was
+/// waited out instead, which is as safe and slower).
 async fn publish_and_wait(
     cache: &Cache,
     topic: &str,
     nonce: &str,
     keys: &[String],
-    own: Option<&Own>,
+    own: Option<(&Own, u64)>,
+    bound: Duration,
 ) -> Result<bool, CacheUnavailable> {
-    let receivers = cache
-        .publish_counted(topic, &format!("{nonce} {}", keys.join(" ")))
+    let published = cache
+        .publish_eviction(topic, &format!("{nonce} {}", keys.join(" ")))
         .await?;
+    let answered = Instant::now();
     let key = ack_key(cache, nonce).ok_or(CacheUnavailable)?;
-    let deadline = Instant::now() + ACK_WAIT;
-    let mut polls = 0;
-    let mut expect_own = own.is_some_and(|o| o.expected);
+    let me = own.map(|(_, id)| id);
+    let mut waiting: Vec<(u64, Instant)> = (published.live.iter())
+        .filter(|(id, _)| Some(*id) != me)
+        .map(|(id, left)| (*id, answered + *left))
+        .collect();
+    let longest = published.live.iter().map(|(_, left)| *left).max();
+    let unregistered_until = answered + longest.map_or(bound, |l| l.max(bound));
+    let (mut acks, mut all_acked, mut polls) = (0_u64, true, 0_u32);
+    let mut expect_own = own.is_some_and(|(o, _)| o.expected);
     loop {
-        let heard = own.is_some_and(|o| o.heard.load(Ordering::Acquire));
-        let need = receivers.saturating_sub(u64::from(heard));
-        if need == 0 {
-            return Ok(true);
+        let heard = own.is_some_and(|(o, _)| o.heard.load(Ordering::Acquire));
+        let receivers = published.receivers.saturating_sub(u64::from(heard));
+        if waiting.is_empty() && acks >= receivers {
+            return Ok(all_acked);
         }
         // Until its own subscriber hears the message, a writer that expects it waits for that
         // first: the other processes' acknowledgements take about as long.
         if heard || !expect_own {
             let mut pipe = redis::pipe();
-            pipe.cmd("SCARD").arg(&key);
-            let acks = cache.run_unchecked::<(u64,)>(&pipe, 1).await;
-            if acks.is_ok_and(|(n,)| n >= need) {
-                return Ok(true);
+            pipe.cmd("SMEMBERS").arg(&key);
+            if let Ok((acked,)) = cache.run_unchecked::<(Vec<u64>,)>(&pipe, 1).await {
+                waiting.retain(|(id, _)| !acked.contains(id));
+                acks = acks.max(acked.len() as u64);
             }
         }
-        if Instant::now() >= deadline {
-            tracing::warn!(
-                topic,
-                receivers,
-                "not every process confirmed an eviction from its near cache within \
-                 {ACK_WAIT:?}; one that missed it forgets the value within the cache's TTL"
-            );
-            return Ok(false);
+        let now = Instant::now();
+        if waiting.iter().any(|(_, until)| *until <= now) {
+            // Registered and silent: its registration, and so its lease, has run out.
+            all_acked = false;
+            waiting.retain(|(_, until)| *until > now);
         }
-        if let (Some(o), false) = (own, heard) {
+        if now >= unregistered_until && acks < receivers {
+            all_acked = false;
+            acks = u64::MAX;
+        }
+        if waiting.is_empty() && acks >= receivers {
+            if !all_acked {
+                tracing::debug!(
+                    topic,
+                    "an eviction waited out a lease instead of an acknowledgement"
+                );
+            }
+            return Ok(all_acked);
+        }
+        if let (Some((o, _)), false) = (own, heard) {
             // Its own message normally arrives within a round trip. If it has not within a
             // millisecond (a busy process, or a subscription that broke before the `PUBLISH`
             // and left this process out of the count), poll once a millisecond while waiting:
@@ -638,12 +699,14 @@ async fn publish_and_wait(
         }
         // Acknowledgements take a few hundred µs (a message, an eviction, an `SADD`): the
         // first polls follow each other (one round trip each; a 1 ms sleep, the timer's
-        // resolution, added 1 to 3 ms to every like once likes evicted counters, round 11).
+        // resolution, added 1 to 3 ms to every like once likes evicted counters, round 11);
+        // a wait that lasts (a stalled process's lease) polls every few ms.
         polls += 1;
         if polls <= FAST_POLLS {
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            let ms = u64::from((polls / FAST_POLLS).min(5));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
         }
     }
 }

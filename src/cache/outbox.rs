@@ -21,6 +21,10 @@ use tokio::sync::watch;
 
 use crate::cache::{Cache, CacheUnavailable, Repair, epoch, tokens};
 
+/// The Postgres `NOTIFY` channel on which a writer whose own cache step failed hands its outbox
+/// row (payload: the row's id) to every process's monitor, which applies it at once.
+pub const CHANNEL: &str = "chirp_outbox";
+
 /// Age after which the relay takes over a row from the writer's own post-commit step.
 pub const RELAY_AFTER: Duration = Duration::from_secs(5);
 /// Most repairs sent to Redis in one pipeline by the relay.
@@ -210,6 +214,7 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
     if !cache.enabled() {
         return;
     }
+    tokio::spawn(take_handed_off(cache.clone(), db.clone(), shutdown.clone()));
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut n: u64 = 0;
     loop {
@@ -239,6 +244,45 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
         }
         if let Err(e) = relay(&cache, &db, RELAY_AFTER).await {
             tracing::warn!(error = %e, "outbox relay failed");
+        }
+    }
+}
+
+/// Listens on [`CHANNEL`] until `shutdown` and applies each row handed off by a writer whose
+/// own cache step failed ([`relay_one`]: repairs, then evictions everywhere), so its write's
+/// wait ends as soon as one process with a working Redis link has done it. Reconnects after a
+/// second when Postgres drops the listening connection.
+async fn take_handed_off(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        let listener = listen_for_hand_offs(&cache, &db);
+        tokio::select! {
+            result = listener => {
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "outbox hand-off listener lost; listening again");
+                }
+            }
+            _ = shutdown.changed() => return,
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One connection's worth of [`take_handed_off`]: ends only with an error.
+async fn listen_for_hand_offs(cache: &Cache, db: &PgPool) -> sqlx::Result<()> {
+    // A connection of its own, not one of the pool's (a listener holds it for good).
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with((*db.connect_options()).clone());
+    let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
+    listener.listen(CHANNEL).await?;
+    loop {
+        let note = listener.recv().await?;
+        if let Ok(id) = note.payload().parse::<i64>() {
+            let (cache, db) = (cache.clone(), db.clone());
+            tokio::spawn(async move { relay_one(&cache, &db, id).await });
         }
     }
 }

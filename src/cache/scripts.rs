@@ -364,7 +364,7 @@ return {ok and 1 or 0, best, best_rem, best_reset, retry}
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 13] {
+pub fn all() -> [&'static Script; 15] {
     [
         &BEGIN_LOAD,
         &FILL,
@@ -379,6 +379,8 @@ pub fn all() -> [&'static Script; 13] {
         &RANK_FILL,
         &GCRA,
         &STREAM_LEASE,
+        &HEARTBEAT,
+        &PUBLISH_EVICTION,
     ]
 }
 
@@ -400,6 +402,44 @@ end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease)
 return 1
+"#,
+    )
+});
+
+/// `HEARTBEAT live… | id ahead_ms channel payload n` → Redis's time in ms: registers process
+/// `id` in the first `n` keys, each a registry `live` (a sorted set of process ids scored by
+/// expiry, ms of Redis's clock; with none, one other key of the `{bus}` slot routes the script)
+/// until `ahead_ms` from now, drops registrations expired a minute ago, then publishes
+/// `payload` on `channel` (the heartbeat: [`super::lease`]). The registration comes first, so a
+/// process that hears the heartbeat is registered for at least as long as the lease it gains.
+/// Registries get no TTL: a `volatile-*` eviction policy can not remove them.
+pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, tonumber(ARGV[5]) do
+  redis.call('ZADD', KEYS[i], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - 60000)
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return now
+"#,
+    )
+});
+
+/// `PUBLISH_EVICTION live | channel payload` → `{receivers, now_ms, {id, expiry_ms, …}}`:
+/// publishes an eviction and reads, at the same instant, every registration in `live` that has
+/// not expired (the processes that may hold a lease: [`super::lease`]); `receivers` is what
+/// `PUBLISH` counted (on a cluster, the subscribers of this node only).
+pub static PUBLISH_EVICTION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2])
+local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+return {receivers, now, live}
 "#,
     )
 });

@@ -2,17 +2,17 @@
 //! process's memory so that an authenticated request costs no Redis round trip, with revocation
 //! that stays immediate across processes.
 //!
-//! **Revocation.** A logout commits in Postgres, tombstones the token in Redis
-//! ([`super::Update::TokenRevoked`]) and then calls [`TokenCache::revoke`]: it publishes the
-//! token's hash on `{p}:{bus}:revoked` and waits until every subscribed process has dropped the token
-//! from its memory and acknowledged (an `SADD` of its name to `{p}:{r<nonce>}:acks`; `PUBLISH` says how many
-//! subscribers received the message). Only then does the logout answer, so once a client has
-//! seen its logout succeed, no process accepts the token.
+//! **Revocation.** A logout commits in Postgres, forgets the token in this process
+//! ([`TokenCache::forget_token`]), and its commit's cache step ([`super::Cache::finish`])
+//! tombstones the token in Redis ([`super::Update::TokenRevoked`]) and then [`broadcast`]s its
+//! hash on `{p}:{bus}:revoked`, waiting until every process that may hold a lease on its memory
+//! has dropped the token and acknowledged, or has lost its lease ([`super::lease`]). Only then
+//! does the logout answer, so once a client has seen its logout succeed, no process accepts
+//! the token. A logout whose process can not reach Redis hands its outbox row to the others
+//! and waits for them, or for the leases to run out.
 //!
-//! The mechanism (when memory is trusted, the eviction counter, the acknowledgements) is the
-//! [`super::near`] cache's; entries live at most `CHIRP_TOKEN_CACHE_SECS`, the bound on what a
-//! process that neither heard nor acknowledged a revocation (frozen for longer than the logout
-//! waits, [`ACK_WAIT`]) could still accept.
+//! The mechanism (when memory is trusted, the eviction counter, the acknowledgements, the
+//! lease) is the [`super::near`] cache's; entries also live at most `CHIRP_TOKEN_CACHE_SECS`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +24,6 @@ use crate::cache::{Cache, CacheUnavailable, near};
 
 /// The pub/sub topic of revocations: `{p}:{bus}:revoked`, payload `"{nonce} {sha256 hex}"`.
 pub const TOPIC: &str = "revoked";
-
-pub use crate::cache::near::ACK_WAIT;
 
 /// A token's SHA-256, as an eviction message carries it: 64 hex digits.
 impl NearKey for [u8; 32] {
@@ -91,18 +89,16 @@ impl TokenCache {
         }
     }
 
-    /// Revokes a token in every process's memory and waits (at most [`ACK_WAIT`]) until every
-    /// subscribed process acknowledged. Call after the revocation committed and the Redis
-    /// tombstone was written. Returns whether every process confirmed.
-    pub async fn revoke(&self, hash: &[u8]) -> bool {
-        match <[u8; 32]>::try_from(hash) {
-            Ok(key) => (self.near.evict_everywhere(&self.cache, &[key]).await).unwrap_or(false),
-            Err(_) => true,
+    /// Forgets a token in this process's memory (a logout, before its commit's cache step
+    /// revokes it in every process: [`super::Cache::finish`]).
+    pub fn forget_token(&self, hash: &[u8]) {
+        if let Ok(key) = <[u8; 32]>::try_from(hash) {
+            self.near.forget_here(&[key]);
         }
     }
 }
 
-/// Publishes the revocation of the token with SHA-256 `hex` and waits (at most [`ACK_WAIT`])
+/// Publishes the revocation of the token with SHA-256 `hex` and waits (at most a lease bound)
 /// until every process subscribed now has dropped it from memory: the outbox relay's part for
 /// a logout whose process died before it could announce it ([`near::broadcast`]).
 ///

@@ -126,6 +126,9 @@ pub struct Staged {
     /// Objects the updates change, to evict from every process's near cache once Redis holds
     /// their new state.
     evict: Vec<NearId>,
+    /// The SHA-256 hex of the tokens the updates revoke, to revoke in every process's token
+    /// memory likewise.
+    revoked: Vec<String>,
 }
 
 impl Staged {
@@ -137,6 +140,7 @@ impl Staged {
             commands: 0,
             deferred: Vec::new(),
             evict: Vec::new(),
+            revoked: Vec::new(),
         }
     }
 }
@@ -161,6 +165,17 @@ pub fn near_evictions(repairs: &[Repair]) -> Vec<NearId> {
         }
     }
     evict
+}
+
+/// The SHA-256 hex of the tokens that `repairs` tombstone (logouts): what to revoke in every
+/// process's token memory after them.
+pub fn revocations(repairs: &[Repair]) -> Vec<String> {
+    (repairs.iter())
+        .filter_map(|r| match r {
+            Repair::Tombstone { key } => super::tokens::hex_of_token_key(key).map(str::to_owned),
+            _ => None,
+        })
+        .collect()
 }
 
 /// [`near_evictions`] of a write's own `updates`, less the counters of the tweets it creates:
@@ -445,6 +460,7 @@ impl Cache {
         Ok(Staged {
             outbox_id: Some(record(tx, &repairs).await?),
             evict: evictions_of(updates, &repairs),
+            revoked: revocations(&repairs),
             pipe,
             commands: updates.len(),
             deferred: Vec::new(),
@@ -493,6 +509,7 @@ impl Cache {
         Ok(Staged {
             outbox_id: Some(record(tx, &repairs).await?),
             evict: near_evictions(&repairs),
+            revoked: revocations(&repairs),
             pipe,
             commands,
             deferred,
@@ -533,7 +550,7 @@ impl Cache {
                 self.keys(),
                 self.ttl(),
             ) else {
-                self.repair_now(db, id, &staged.evict).await;
+                self.repair_now(db, id).await;
                 return;
             };
             for (update, _) in staged.deferred.iter().zip(exist).filter(|(_, e)| *e) {
@@ -542,17 +559,12 @@ impl Cache {
             }
         }
         if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
-            self.repair_now(db, id, &staged.evict).await;
+            self.repair_now(db, id).await;
             return;
         }
         // Redis holds the new state: now no process may answer from its old memory.
-        if let Some(near) = self.near_objects()
-            && near.evict_everywhere(self, &staged.evict).await.is_err()
-        {
-            tracing::debug!(
-                outbox_id = id,
-                "near-cache eviction left to the outbox relay"
-            );
+        if !self.evict_everywhere(&staged.evict, &staged.revoked).await {
+            self.hand_off(db, id).await;
             return;
         }
         if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
@@ -565,29 +577,77 @@ impl Cache {
         }
     }
 
+    /// Evicts what a write changed from every process's near caches (objects, then tokens),
+    /// each waiting for the acknowledgements or the leases ([`super::near`]); false if an
+    /// eviction could not be published.
+    async fn evict_everywhere(&self, evict: &[NearId], revoked: &[String]) -> bool {
+        if let Some(near) = self.near_objects()
+            && near.evict_everywhere(self, evict).await.is_err()
+        {
+            return false;
+        }
+        for hex in revoked {
+            if super::tokens::broadcast(self, hex).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The cache step of a committed write failed or was not tried (Redis timed out, was
     /// marked down, or is being fenced after a flush): applies its outbox row now, as the relay
     /// would (an invalidation bumps the generation a concurrent load saw, so the load can not
-    /// store what the write replaced; a flushed Redis is cleared by the fence anyway), then
-    /// evicts the near caches. Only if Redis does not answer at all is the row left to the relay
-    /// (the other processes' subscriptions are then broken too, and their memory cleared).
-    async fn repair_now(&self, db: &PgPool, id: i64, evict: &[NearId]) {
+    /// store what the write replaced; a flushed Redis is cleared by the fence anyway), and
+    /// evicts the near caches. If Redis does not answer this process at all, hands the row to
+    /// the others ([`Cache::hand_off`]).
+    async fn repair_now(&self, db: &PgPool, id: i64) {
         if super::outbox::relay_one(self, db, id).await {
             return; // the relay's pass evicted the near caches too
         }
-        tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
-        self.evict_before_the_relay(evict).await;
+        self.hand_off(db, id).await;
     }
 
-    /// Evicts `evict` from every process's near cache for a write whose Redis step did not
-    /// confirm (a timeout may come after Redis applied it, or a replica did not acknowledge):
-    /// no process may keep answering from what the write replaced for the seconds until the
-    /// relay repeats the repairs and the eviction. Early and twice is safe: a reader that reads
-    /// Redis before the relay stores what it finds, and the relay evicts it again.
-    async fn evict_before_the_relay(&self, evict: &[NearId]) {
-        if let Some(near) = self.near_objects() {
-            let _ = near.evict_everywhere(self, evict).await;
+    /// A write whose repairs or evictions this process could not apply must not answer while
+    /// another process could still answer from what it replaced (review of 2026-11-26,
+    /// finding 2). It notifies every process through Postgres (`NOTIFY` on
+    /// [`super::outbox::CHANNEL`]; each one's monitor listens and applies the row at once, as
+    /// its relay would, evictions included) and waits until the row is gone, at most one lease
+    /// bound ([`super::lease`]): after that, no lease that could hold the old value is left,
+    /// and a process that renews its lease after a lapse forgets all its memory first. The row
+    /// stays for the relay otherwise.
+    async fn hand_off(&self, db: &PgPool, id: i64) {
+        let _ = sqlx::query("select pg_notify($1, $2)")
+            .bind(super::outbox::CHANNEL)
+            .bind(id.to_string())
+            .execute(db)
+            .await;
+        let deadline = std::time::Instant::now() + self.lease_bound();
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            let left: Result<bool, _> =
+                sqlx::query_scalar("select exists (select 1 from cache_outbox where id = $1)")
+                    .bind(id)
+                    .fetch_one(db)
+                    .await;
+            if matches!(left, Ok(false)) {
+                return;
+            }
+            if std::time::Instant::now() >= deadline {
+                tracing::debug!(outbox_id = id, "cache update left to the outbox relay");
+                return;
+            }
         }
+    }
+
+    /// The longest a lease held anywhere can outlast a write that answers now: this process's
+    /// lease length plus the margin (processes share the setting).
+    fn lease_bound(&self) -> std::time::Duration {
+        self.near_objects().map_or(
+            std::time::Duration::from_millis(
+                super::lease::DEFAULT_LENGTH_MS + super::lease::MARGIN.as_millis() as u64,
+            ),
+            |near| near.lease_bound(),
+        )
     }
 
     /// Applies updates that need no durability (a reader removing entries of tweets it found

@@ -82,6 +82,13 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         } else {
             json!("off")
         },
+        "lease": {
+            "process": state.subscriber.lease().id().to_string(),
+            "held": state.subscriber.lease().held(),
+            "remaining_ms": state.subscriber.lease().remaining().as_millis() as u64,
+            "length_ms": state.subscriber.lease().length().as_millis() as u64,
+            "terms": state.subscriber.lease().term(),
+        },
         "tokens": {
             "held": state.tokens.len(),
             "answered": state.tokens.stats.hits.load(Ordering::Relaxed),

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use tower::ServiceExt;
 use tower_http::normalize_path::NormalizePath;
 
-pub use proxy::Proxy;
+pub use proxy::{Proxy, PubSub};
 
 /// Whose counts (for looking into Redis).
 #[derive(Debug, Clone, Copy)]
@@ -51,6 +51,10 @@ pub fn test_config() -> Config {
     config.redis_prefix = unique_prefix();
     config.cache_ttl_secs = 600;
     config.rate_limits = chirp::http::limits::RateLimits::off();
+    // Dozens of tests share two cores (and, under `--cluster`, six Redis servers): a 300 ms
+    // lease lapses now and then, which clears a process's memory while a test asserts what it
+    // holds. Tests of a lease's expiry set their own.
+    config.near_lease_ms = 1000;
     config.media_store = std::env::temp_dir()
         .join(format!("{}-media", config.redis_prefix))
         .to_string_lossy()
@@ -527,26 +531,51 @@ pub fn urlencode(s: &str) -> String {
 }
 
 mod proxy {
-    use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
 
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::watch;
 
     use super::redis_url;
 
-    /// A TCP proxy to Redis that can be cut (existing connections dropped, new ones refused).
+    /// What a [`Proxy`] does to the connections that subscribed (`SUBSCRIBE` went through
+    /// them); data connections always pass (the faults of the review of 2026-11-26, finding 1).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum PubSub {
+        /// Forward both ways.
+        Pass,
+        /// Forward nothing either way (Redis keeps the subscriber and counts it; its messages
+        /// queue up), until set back to `Pass`.
+        Stall,
+        /// Close the connection on Redis's side only: Redis drops the subscriber, the process
+        /// is told nothing (a load balancer's idle timeout, a lost host).
+        HalfOpen,
+    }
+
+    /// A TCP proxy to Redis that can be cut (existing connections dropped, new ones refused),
+    /// or break only the pub/sub connections ([`PubSub`]).
     pub struct Proxy {
         port: u16,
         up: Arc<AtomicBool>,
         cut: watch::Sender<u64>,
+        pubsub: watch::Sender<PubSub>,
     }
+
+    /// Client sockets of half-open connections, kept open (no FIN) for the test's life.
+    static HALF_OPEN: Mutex<Vec<std::net::TcpStream>> = Mutex::new(Vec::new());
 
     impl Proxy {
         pub async fn start() -> Self {
+            Self::to(&redis_url()).await
+        }
+
+        /// A proxy to the Redis at `url` (`redis://host:port/…`).
+        pub async fn to(url: &str) -> Self {
             let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = listener.local_addr().unwrap().port();
-            let target = redis_url()
+            let target = url
                 .trim_start_matches("redis://")
                 .split('/')
                 .next()
@@ -554,25 +583,30 @@ mod proxy {
                 .to_owned();
             let up = Arc::new(AtomicBool::new(true));
             let (cut, _) = watch::channel(0u64);
-            let (up_, cut_) = (up.clone(), cut.clone());
+            let (pubsub, _) = watch::channel(PubSub::Pass);
+            let (up_, cut_, pubsub_) = (up.clone(), cut.clone(), pubsub.clone());
             tokio::spawn(async move {
-                while let Ok((mut client, _)) = listener.accept().await {
+                while let Ok((client, _)) = listener.accept().await {
                     if !up_.load(Ordering::SeqCst) {
                         continue; // dropped: the client sees the connection close
                     }
-                    let Ok(mut server) = TcpStream::connect(&target).await else {
+                    let Ok(server) = TcpStream::connect(&target).await else {
                         continue;
                     };
-                    let mut cut_rx = cut_.subscribe();
-                    tokio::spawn(async move {
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                            _ = cut_rx.changed() => {}
-                        }
-                    });
+                    tokio::spawn(connection(
+                        client,
+                        server,
+                        cut_.subscribe(),
+                        pubsub_.subscribe(),
+                    ));
                 }
             });
-            Proxy { port, up, cut }
+            Proxy {
+                port,
+                up,
+                cut,
+                pubsub,
+            }
         }
 
         pub fn url(&self) -> String {
@@ -583,6 +617,99 @@ mod proxy {
             self.up.store(up, Ordering::SeqCst);
             if !up {
                 self.cut.send_modify(|n| *n += 1);
+            }
+        }
+
+        /// What happens to pub/sub connections from now on (also to those opened later).
+        pub fn set_pubsub(&self, mode: PubSub) {
+            self.pubsub.send_replace(mode);
+        }
+    }
+
+    async fn connection(
+        client: TcpStream,
+        server: TcpStream,
+        mut cut: watch::Receiver<u64>,
+        mut mode: watch::Receiver<PubSub>,
+    ) {
+        // A second handle on the client's socket: dropping the streams below then closes only
+        // Redis's side, if the connection is to be left half-open.
+        let Ok(client) = client.into_std() else {
+            return;
+        };
+        let Ok(keep) = client.try_clone() else { return };
+        let Ok(client) = TcpStream::from_std(client) else {
+            return;
+        };
+        let subscriber = Arc::new(AtomicBool::new(false));
+        // `tokio::io::split`, not `into_split`: dropping its write half sends no FIN.
+        let (client_read, client_write) = tokio::io::split(client);
+        let (server_read, server_write) = server.into_split();
+        let up = pump(
+            client_read,
+            server_write,
+            subscriber.clone(),
+            true,
+            mode.clone(),
+        );
+        let down = pump(
+            server_read,
+            client_write,
+            subscriber.clone(),
+            false,
+            mode.clone(),
+        );
+        let half_open = async {
+            loop {
+                if subscriber.load(Ordering::SeqCst) && *mode.borrow() == PubSub::HalfOpen {
+                    return;
+                }
+                tokio::select! {
+                    changed = mode.changed() => if changed.is_err() { std::future::pending::<()>().await },
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
+                }
+            }
+        };
+        tokio::select! {
+            _ = up => {}
+            _ = down => {}
+            _ = cut.changed() => {}
+            _ = half_open => {
+                HALF_OPEN.lock().unwrap_or_else(|p| p.into_inner()).push(keep);
+                return;
+            }
+        }
+        let _ = keep.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Copies `from` to `to`; on a subscriber connection, only while the mode is `Pass`.
+    async fn pump(
+        mut from: impl tokio::io::AsyncRead + Unpin,
+        mut to: impl tokio::io::AsyncWrite + Unpin,
+        subscriber: Arc<AtomicBool>,
+        sniff: bool,
+        mut mode: watch::Receiver<PubSub>,
+    ) {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if sniff
+                && buf[..n]
+                    .windows(9)
+                    .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+            {
+                subscriber.store(true, Ordering::SeqCst);
+            }
+            while subscriber.load(Ordering::SeqCst) && *mode.borrow() != PubSub::Pass {
+                if mode.changed().await.is_err() {
+                    return;
+                }
+            }
+            if to.write_all(&buf[..n]).await.is_err() {
+                return;
             }
         }
     }

@@ -14,7 +14,7 @@ use chirp::timeline::Timeline;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{CountsOf, Proxy, TestApp, eventually};
+use crate::helpers::{CountsOf, Proxy, PubSub, TestApp, eventually};
 
 fn stats(app: &TestApp) -> &NearStats {
     &app.state.cache.near_objects().expect("cache on").stats
@@ -613,4 +613,188 @@ async fn a_tweet_detail_takes_its_readers_likes_from_memory(db: PgPool) {
     assert!(!has_liked().await);
     a.like(&token, "tweet", id).await;
     assert!(has_liked().await);
+}
+
+/// Two processes on one prefix and one Redis server (also under `scripts/test --cluster`: a
+/// proxy makes a process use one server): `a` through `direct`, which passes everything, `b`
+/// through `proxy`; alice's token and tweet are held in `b`'s memory, her tweets' counters too.
+async fn b_behind_a_proxy(
+    db: PgPool,
+    direct: &Proxy,
+    proxy: &Proxy,
+) -> (TestApp, TestApp, i64, String, i64) {
+    // The default lease: writes wait at most 350 ms for `b`.
+    let url = direct.url();
+    let a = TestApp::with(db.clone(), |c| {
+        c.redis_url = url;
+        c.near_lease_ms = 300;
+    })
+    .await;
+    let prefix = a.prefix.clone();
+    let url = proxy.url();
+    let b = TestApp::with(db, |c| {
+        c.redis_prefix = prefix;
+        c.redis_url = url;
+        c.near_lease_ms = 300;
+    })
+    .await;
+    let (alice, token) = a.signup("alice").await;
+    let id = a.tweet(&token, "held by b").await["id"]
+        .as_i64()
+        .expect("tweet id");
+    held_in_memory(&b, &format!("/api/tweets/{id}/")).await;
+    read_until_held(
+        &b,
+        &format!("/api/tweets/?user_id={alice}"),
+        NearId::Counts(id),
+    )
+    .await;
+    let before = b.state.tokens.stats.hits.load(Ordering::Relaxed);
+    eventually("b answers alice's token from memory", async || {
+        let res = b.get("/api/accounts/login_status/", Some(&token)).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        b.state.tokens.stats.hits.load(Ordering::Relaxed) > before
+    })
+    .await;
+    (a, b, alice, token, id)
+}
+
+/// A like, a logout and a delete on `a` are seen on `b` the moment they answer, whatever
+/// happened to `b`'s subscription.
+async fn writes_on_a_are_seen_at_once_on_b(
+    a: &TestApp,
+    b: &TestApp,
+    alice: i64,
+    token: &str,
+    id: i64,
+) {
+    let (_, bob) = a.signup("bob").await;
+    let started = std::time::Instant::now();
+    a.like(&bob, "tweet", id).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    assert_eq!(
+        count_on_page(b, &listing, id, "likes_count").await,
+        1,
+        "b showed the old count"
+    );
+    let res = a
+        .post("/api/accounts/logout/", Some(token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let res = b.get("/api/accounts/login_status/", Some(token)).await;
+    assert_ne!(
+        res.status,
+        StatusCode::OK,
+        "b accepted a revoked token: {}",
+        res.body
+    );
+    let (_, carol) = a.signup("carol").await;
+    let id2 = a.tweet(&carol, "short-lived").await["id"]
+        .as_i64()
+        .expect("id");
+    let uri = format!("/api/tweets/{id2}/");
+    let _ = b.get(&uri, None).await;
+    let res = a.delete(&uri, Some(&carol)).await;
+    assert!(res.status.is_success(), "{}", res.body);
+    assert_eq!(b.get(&uri, None).await.status, StatusCode::NOT_FOUND);
+    // Each write waited at most a lease bound for b (about 350 ms), not ACK_WAIT or longer.
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Review of 2026-11-26, finding 1(a): `b`'s subscription dies silently (Redis dropped it, `b`
+/// was told nothing), so `PUBLISH` no longer counts `b` and writers waited for nobody, while
+/// `b` kept answering from memory for up to 60 s (a revoked token accepted). Now `b`'s lease
+/// runs out without its heartbeats, writers wait for its registration, and `b` subscribes
+/// again once it has heard nothing for a few lease lengths.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_half_open_subscription_stops_its_process_answering_from_memory(db: PgPool) {
+    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
+    let (a, b, alice, token, id) = b_behind_a_proxy(db, &direct, &proxy).await;
+    proxy.set_pubsub(PubSub::HalfOpen);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(b.state.subscriber.subscribed(), "b was told nothing");
+    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
+    // b notices the silence, subscribes again and trusts its memory once its lease is back.
+    proxy.set_pubsub(PubSub::Pass);
+    eventually("b holds a lease again", async || {
+        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        b.state.subscriber.lease().held()
+    })
+    .await;
+}
+
+/// Review of 2026-11-26, finding 1(b): `b`'s subscription stalls (Redis still counts it, `b`
+/// hears nothing). Writers waited 500 ms and answered anyway while `b` kept answering from
+/// memory. Now they wait at most `b`'s lease, which runs out; what `b` hears when the stall
+/// ends comes in order, evictions before the heartbeat that renews its lease.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_stalled_subscription_stops_its_process_answering_from_memory(db: PgPool) {
+    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
+    let (a, b, alice, token, id) = b_behind_a_proxy(db, &direct, &proxy).await;
+    proxy.set_pubsub(PubSub::Stall);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
+    proxy.set_pubsub(PubSub::Pass);
+    eventually("b holds a lease again", async || {
+        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        b.state.subscriber.lease().held()
+    })
+    .await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+}
+
+/// Review of 2026-11-26, finding 2: a write whose own Redis step fails (here `a` is cut off
+/// from Redis) answered at once, and `b` served the old values from memory until a relay took
+/// the row 5 s later. Now `a` hands the row to every process through Postgres; `b`'s monitor
+/// applies it (the tombstone, then the revocation everywhere) before `a` answers.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgPool) {
+    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
+    let url = direct.url();
+    let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
+    let (prefix, url) = (b.prefix.clone(), proxy.url());
+    let a = TestApp::with(db, |c| {
+        c.redis_prefix = prefix;
+        c.redis_url = url;
+    })
+    .await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let monitor = tokio::spawn(chirp::cache::outbox::monitor(
+        b.state.cache.clone(),
+        b.state.db.clone(),
+        stopped,
+    ));
+    let (_, token) = b.signup("alice").await;
+    let before = b.state.tokens.stats.hits.load(Ordering::Relaxed);
+    eventually("b answers alice's token from memory", async || {
+        let _ = b.get("/api/accounts/login_status/", Some(&token)).await;
+        b.state.tokens.stats.hits.load(Ordering::Relaxed) > before
+    })
+    .await;
+    // Give b's monitor time to listen for hand-offs, then cut a off.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    proxy.set_up(false);
+    let res = a
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
+    assert_ne!(
+        res.status,
+        StatusCode::OK,
+        "b accepted a revoked token: {}",
+        res.body
+    );
+    assert_eq!(
+        a.outbox_rows().await,
+        0,
+        "b's monitor applied the handed-off row"
+    );
+    stop.send_replace(true);
+    monitor.await.expect("monitor");
 }

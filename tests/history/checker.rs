@@ -7,7 +7,9 @@
 //! rename, log out and read, each through a random process, and keep a course front end's views
 //! (a newsfeed and one user's tweets: a first page, pull-to-refresh with `created_at__gt=<newest
 //! held>`, endless paging with `created_at__lt=<oldest held>`, no de-duplication); a fault
-//! task flushes, stalls, evicts and restarts Redis and kills the subscriptions on a schedule.
+//! task flushes, stalls, evicts and restarts Redis, kills the subscriptions, and leaves the
+//! last process's subscription alone half-open or stalled (it reaches Redis through a
+//! [`Proxy`]), on a schedule.
 //! Every request and answer is recorded with its time; the invariants are checked as the
 //! answers come and once more when the history is quiet:
 //!
@@ -36,7 +38,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::helpers::{RedisServer, Res, TestApp, unique_prefix, urlencode};
+use crate::helpers::{Proxy, PubSub, RedisServer, Res, TestApp, unique_prefix, urlencode};
 
 /// Processes sharing one Postgres and one Redis.
 const NODES: usize = 2;
@@ -58,6 +60,8 @@ impl Node {
         let app = TestApp::with(db, |c| {
             c.redis_url = redis_url;
             c.redis_prefix = prefix;
+            // What `chirp serve` runs with (the suite's helpers lengthen it).
+            c.near_lease_ms = chirp::cache::lease::DEFAULT_LENGTH_MS;
         })
         .await;
         let state = app.state.clone();
@@ -258,6 +262,8 @@ struct World {
     /// sets `AfterCommit::Crash`), bumped at each change. A write that overlaps such a window
     /// is indeterminate, as a request to a process that died: no read-your-writes check.
     crash: Vec<std::sync::atomic::AtomicU64>,
+    /// The last process's way to Redis.
+    proxy: Proxy,
 }
 
 impl World {
@@ -364,9 +370,16 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         .try_init();
     let redis = RedisServer::start().await;
     let prefix = unique_prefix();
+    // The last process talks to Redis through a proxy that can break its subscription alone.
+    let proxy = Proxy::to(&redis.url()).await;
     let mut nodes = Vec::new();
-    for _ in 0..NODES {
-        nodes.push(Node::start(db.clone(), redis.url(), prefix.clone()).await);
+    for n in 0..NODES {
+        let url = if n == NODES - 1 {
+            proxy.url()
+        } else {
+            redis.url()
+        };
+        nodes.push(Node::start(db.clone(), url, prefix.clone()).await);
     }
     let mut actors = Vec::new();
     for index in 0..ACTORS {
@@ -399,6 +412,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         crash: (0..NODES)
             .map(|_| std::sync::atomic::AtomicU64::new(0))
             .collect(),
+        proxy,
     });
     let redis = Arc::new(tokio::sync::Mutex::new(redis));
     let faults = tokio::spawn(fault_loop(
@@ -483,7 +497,7 @@ async fn fault_loop(
         let Some(mut r) = conn(&url).await else {
             continue;
         };
-        let fault = rng.random_range(0..7);
+        let fault = rng.random_range(0..9);
         let what = match fault {
             0 => {
                 let _: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut r).await;
@@ -562,6 +576,21 @@ async fn fault_loop(
                 cache.set_after_commit(chirp::cache::AfterCommit::Apply);
                 world.crash[node].fetch_add(1, Ordering::SeqCst);
                 format!("node {node} stopped after its commits for {ms} ms")
+            }
+            6 | 7 => {
+                // The last process's subscription dies silently (Redis drops it, the process
+                // is told nothing) or stalls (Redis keeps counting it); its data connections
+                // work on (review of 2026-11-26, finding 1).
+                let (mode, name) = if fault == 6 {
+                    (PubSub::HalfOpen, "half-open")
+                } else {
+                    (PubSub::Stall, "stalled")
+                };
+                let ms = rng.random_range(300..1500);
+                world.proxy.set_pubsub(mode);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                world.proxy.set_pubsub(PubSub::Pass);
+                format!("node {} subscription {name} for {ms} ms", NODES - 1)
             }
             _ => continue,
         };
