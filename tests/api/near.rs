@@ -798,3 +798,41 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
     stop.send_replace(true);
     monitor.await.expect("monitor");
 }
+
+/// Review of 2026-11-26, finding 12: a fence run by another process (Redis came back with other
+/// data, and that process cleared it and started a new epoch) left this process trusting what
+/// it had read from the Redis before the fence. Now its epoch check sees the new epoch and its
+/// memory is forgotten.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_fence_run_by_another_process_clears_this_ones_memory(db: PgPool) {
+    let (a, b, _, _, id) = two_processes(db).await;
+    let uri = format!("/api/tweets/{id}/");
+    held_in_memory(&b, &uri).await;
+    // Redis loses everything; a's recovery fences it (a new epoch).
+    a.flush_cache().await;
+    assert!(a.recover().await);
+    assert!(a.stat("fences") >= 2, "a fenced");
+    // b's next epoch check (its monitor's, every second).
+    let trusted = chirp::cache::epoch::is_trusted(&b.state.cache, b.db()).await;
+    assert!(trusted.expect("epoch check"), "the new epoch is recorded");
+    assert!(
+        !holds_tweet(&b, id),
+        "b kept what it read before another process's fence"
+    );
+}
+
+/// Review of 2026-11-26, finding 13: a process that is shutting down dropped its subscription
+/// but kept answering from memory (requests and jobs still in flight). Now the lease goes with
+/// the subscription.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_stopping_process_no_longer_answers_from_memory(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, token) = app.signup("alice").await;
+    let id = app.tweet(&token, "held").await["id"].as_i64().expect("id");
+    held_in_memory(&app, &format!("/api/tweets/{id}/")).await;
+    let _ = app.state.shutdown.send(true);
+    eventually("the stopping process forgot its memory", async || {
+        !holds_tweet(&app, id)
+    })
+    .await;
+}
