@@ -173,6 +173,30 @@ pub enum Part {
     Lists,
 }
 
+/// The fan-out lag (`/healthz`'s `fanout`): jobs waiting or running (`failed_at` is null:
+/// fan-outs, backfills, unmerges, list jobs alike) and the age of the oldest one, in ms
+/// (`None` with none). A worker that has stopped shows as a growing age.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow, serde::Serialize)]
+pub struct Lag {
+    pub queued_jobs: i64,
+    pub oldest_job_age_ms: Option<i64>,
+}
+
+/// Reads the [`Lag`]: a count over the ready jobs' partial index, and the oldest by id (ids
+/// follow insertion).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lag(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Lag> {
+    sqlx::query_as(
+        "select (select count(*) from jobs where failed_at is null) as queued_jobs,
+                (select (extract(epoch from now() - created_at) * 1000)::bigint
+                 from jobs where failed_at is null order by id limit 1) as oldest_job_age_ms",
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// Records a fan-out job's progress in `part` and renews its lease (after each batch).
 pub async fn save_progress(
     db: impl sqlx::PgExecutor<'_>,

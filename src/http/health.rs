@@ -22,15 +22,16 @@ pub fn router() -> Router<AppState> {
 /// send transactions and the messages they stored (their ratio: the group commit's batch size),
 /// and its streams: open `streaming/user` and `statuses/*` streams, whether the pub/sub
 /// subscription stands, messages received, events queued, and clients cut off as
-/// FALLING_BEHIND; and the Postgres replica (`off`, or whether it is fresh and how many
-/// reads went to it or stayed on the primary).
+/// FALLING_BEHIND; the Postgres replica (`off`, or whether it is fresh and how many
+/// reads went to it or stayed on the primary); and the fan-out lag (`fanout`: jobs queued and
+/// the oldest one's age in ms, [`crate::jobs::lag`]; `null` if Postgres does not answer).
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    let pg = tokio::time::timeout(
-        Duration::from_secs(2),
-        sqlx::query("select 1").execute(&state.db),
-    )
-    .await;
-    let pg_ok = matches!(pg, Ok(Ok(_)));
+    // One statement: Postgres answers, and how far the fan-out lags.
+    let lag = tokio::time::timeout(Duration::from_secs(2), crate::jobs::lag(&state.db)).await;
+    let (pg_ok, fanout) = match lag {
+        Ok(Ok(lag)) => (true, json!(lag)),
+        _ => (false, Value::Null),
+    };
     let redis = if !state.cache.enabled() {
         "off"
     } else if state.cache.available() && state.cache.ping().await {
@@ -60,6 +61,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         "status": if pg_ok { "ok" } else { "error" },
         "postgres": if pg_ok { "ok" } else { "down" },
         "redis": redis,
+        "fanout": fanout,
         "cache": cache,
         "chat": {
             "send_batches": state.chat.sends.batches.load(Ordering::Relaxed),

@@ -172,6 +172,30 @@ async fn healthz_reports_both_stores(db: PgPool) {
     assert_eq!(res.body["redis"], "ok");
 }
 
+/// `/healthz` reports the fan-out lag (../shared/API.md v3): a worker that is not running shows
+/// as queued jobs whose oldest grows older; once the jobs ran, none.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn healthz_reports_a_stalled_fan_out_as_a_growing_lag(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let res = app.get("/healthz", None).await;
+    assert_eq!(
+        res.body["fanout"],
+        json!({"queued_jobs": 0, "oldest_job_age_ms": null})
+    );
+    let (_, token) = app.signup("alice").await;
+    app.tweet(&token, "waiting for a worker").await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let res = app.get("/healthz", None).await;
+    assert_eq!(res.body["fanout"]["queued_jobs"], 1, "{}", res.body);
+    let age = res.body["fanout"]["oldest_job_age_ms"]
+        .as_i64()
+        .expect("an age");
+    assert!(age >= 300, "{age}");
+    app.drain().await;
+    let res = app.get("/healthz", None).await;
+    assert_eq!(res.body["fanout"]["queued_jobs"], 0, "{}", res.body);
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_tweet_keeps_its_coordinates_and_bad_ones_are_a_400(db: PgPool) {
     let app = TestApp::new(db).await;
