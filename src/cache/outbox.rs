@@ -37,7 +37,7 @@ const REPAIRS_PER_PIPELINE: usize = 2000;
 /// # Errors
 /// Redis or Postgres failed; the rows not yet applied stay in the table.
 pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Result<usize> {
-    relay_rows(cache, db, min_age, None).await
+    Ok(relay_rows(cache, db, min_age, None).await?.deleted)
 }
 
 /// Applies and deletes outbox row `id` at once, even while Redis is marked down (as the relay
@@ -45,9 +45,12 @@ pub async fn relay(cache: &Cache, db: &PgPool, min_age: Duration) -> anyhow::Res
 /// answers. Until then a reader's load that began before the write's commit could still store
 /// what the write replaced (the repairs bump the generations that refuse it), and another
 /// process could answer from its memory for the seconds until the relay took the row. Returns
-/// whether the row was applied (or is gone: another process's relay took it).
+/// whether the row was applied (or is gone: another process's relay took it). A row applied
+/// but kept for a replica's acknowledgement counts as applied: Redis's master and every
+/// process's memory hold the write; only its durability waits (see `super::conn`).
 pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
     match relay_rows(cache, db, Duration::ZERO, Some(id)).await {
+        Ok(relayed) if relayed.deleted + relayed.kept > 0 => true,
         Ok(_) => {
             let left: Result<bool, _> =
                 sqlx::query_scalar("select exists (select 1 from cache_outbox where id = $1)")
@@ -63,20 +66,31 @@ pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
     }
 }
 
+/// What a relay pass did: rows applied and deleted, rows applied and kept (a replica did not
+/// acknowledge them in time).
+#[derive(Debug, Default, Clone, Copy)]
+struct Relayed {
+    deleted: usize,
+    kept: usize,
+}
+
 /// [`relay`] of the rows at least `min_age` old, or of row `only` alone.
 async fn relay_rows(
     cache: &Cache,
     db: &PgPool,
     min_age: Duration,
     only: Option<i64>,
-) -> anyhow::Result<usize> {
-    let Some(ttl) = cache.ttl() else { return Ok(0) };
+) -> anyhow::Result<Relayed> {
+    let mut done = Relayed::default();
+    let Some(ttl) = cache.ttl() else {
+        return Ok(done);
+    };
     let upto: Option<i64> = sqlx::query_scalar("select max(id) from cache_outbox")
         .fetch_one(db)
         .await
         .context("reading the outbox")?;
-    let Some(upto) = upto else { return Ok(0) };
-    let (mut after, mut done) = (0_i64, 0);
+    let Some(upto) = upto else { return Ok(done) };
+    let mut after = 0_i64;
     loop {
         let mut tx = db.begin().await.context("starting an outbox relay pass")?;
         let rows: Vec<(i64, Json<serde_json::Value>)> = sqlx::query_as(
@@ -144,6 +158,7 @@ async fn relay_rows(
             // Applied, but a replica may lack them: keep the rows for the next pass, so a
             // failover can not lose them (see `super::conn`).
             tx.commit().await.context("ending an outbox relay pass")?;
+            done.kept += applied.len();
             tracing::warn!(
                 rows = applied.len(),
                 "outbox rows applied but not acknowledged by a replica; kept for the next pass"
@@ -158,7 +173,7 @@ async fn relay_rows(
         tx.commit()
             .await
             .context("committing an outbox relay pass")?;
-        done += applied.len();
+        done.deleted += applied.len();
         tracing::info!(rows = applied.len(), "outbox rows relayed to redis");
     }
 }
