@@ -162,11 +162,17 @@ impl Cache {
         }
         let keys = Keys::new(&config.redis_prefix)?;
         let timeout = Duration::from_millis(config.redis_timeout_ms.max(1));
+        // Every call sets its own budget (`run`: the timeout; `run_unchecked`, `run_relay`,
+        // bulk writes: several times it), enforced here around each call. The client's own
+        // response timeout only catches a connection that stopped answering: above every
+        // budget, or it would cap them all at the short one (and redis-rs would retry, sending
+        // a pipeline twice; review of 2026-11-26, finding 8).
+        let response = timeout * RESPONSE_TIMEOUTS;
         let backend = if config.redis_cluster.is_empty() {
             let client = redis::Client::open(config.redis_url.as_str())
                 .map_err(|e| anyhow::anyhow!("invalid REDIS_URL: {e}"))?;
             let manager_config = ConnectionManagerConfig::new()
-                .set_response_timeout(Some(timeout))
+                .set_response_timeout(Some(response))
                 .set_connection_timeout(Some(timeout))
                 .set_number_of_retries(1)
                 .set_max_delay(Duration::from_millis(500));
@@ -181,7 +187,7 @@ impl Cache {
         } else {
             let client = ClusterClient::builder(config.redis_cluster.iter().map(String::as_str))
                 .connection_timeout(timeout)
-                .response_timeout(timeout)
+                .response_timeout(response)
                 .retries(2)
                 .min_retry_wait(10)
                 .max_retry_wait(200)
@@ -661,6 +667,10 @@ async fn session(
 /// Runs a pipeline within `timeout`; a script missing from Redis's script cache (restart,
 /// `SCRIPT FLUSH`, a new cluster node) is loaded (on every node of a cluster) and the pipeline
 /// retried once. `Err(None)`: timed out.
+/// The client's response timeout, in base timeouts (`CHIRP_REDIS_TIMEOUT_MS`): above the
+/// longest budget a call sets (five base timeouts plus per-item time and `WAIT`'s).
+const RESPONSE_TIMEOUTS: u32 = 20;
+
 async fn query<T: FromRedisValue>(
     inner: &Inner,
     pipe: &Pipeline,

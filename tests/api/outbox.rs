@@ -392,3 +392,38 @@ async fn a_write_whose_client_goes_away_inside_its_transaction_still_completes(d
     .unwrap();
     assert_eq!(stuck, 0, "no connection was left inside a transaction");
 }
+
+/// Review of 2026-11-26, finding 8: the Redis client's own response timeout was the short read
+/// timeout (`CHIRP_REDIS_TIMEOUT_MS`), so it cut every longer budget chirp sets (a relay pass,
+/// a recovery, an acknowledgement poll) down to it. A relay pass through a Redis stall longer
+/// than the read timeout but within its own budget now succeeds.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_relay_pass_gets_its_whole_budget_not_the_read_timeout(db: PgPool) {
+    let server = RedisServer::start().await;
+    let url = server.url();
+    let app = TestApp::with(db, |c| {
+        c.redis_url = url;
+        c.redis_timeout_ms = 50;
+    })
+    .await;
+    let (_, token) = app.signup("alice").await;
+    app.state.cache.set_after_commit(AfterCommit::Crash);
+    app.tweet(&token, "left to the relay").await;
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    assert!(app.outbox_rows().await >= 1);
+    let mut conn = redis::Client::open(server.url())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    // A 120 ms stall: past the 50 ms read timeout, within a relay pass's 250 ms and more.
+    let _: () = redis::cmd("CLIENT")
+        .arg(&["PAUSE", "120", "ALL"])
+        .query_async(&mut conn)
+        .await
+        .expect("pause");
+    let relayed =
+        chirp::cache::outbox::relay(&app.state.cache, app.db(), std::time::Duration::ZERO).await;
+    assert!(relayed.is_ok(), "{relayed:?}");
+    assert_eq!(app.outbox_rows().await, 0);
+}
