@@ -12,6 +12,7 @@
 //! again); while Redis is in use, every second it verifies the epoch and relays rows older than
 //! [`RELAY_AFTER`] (younger ones are still being handled by their writer).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -24,6 +25,9 @@ use crate::cache::{Cache, CacheUnavailable, Repair, epoch, tokens};
 /// The Postgres `NOTIFY` channel on which a writer whose own cache step failed hands its outbox
 /// row (payload: the row's id) to every process's monitor, which applies it at once.
 pub const CHANNEL: &str = "chirp_outbox";
+
+/// Handed-off rows one process applies at once ([`take_handed_off`]).
+const HAND_OFFS_AT_ONCE: usize = 2;
 
 /// Age after which the relay takes over a row from the writer's own post-commit step.
 pub const RELAY_AFTER: Duration = Duration::from_secs(5);
@@ -293,11 +297,25 @@ async fn listen_for_hand_offs(cache: &Cache, db: &PgPool) -> sqlx::Result<()> {
         .connect_lazy_with((*db.connect_options()).clone());
     let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
     listener.listen(CHANNEL).await?;
+    // Two rows at a time at most: each holds a Postgres connection while it waits for Redis,
+    // and when Redis is down for everyone every write hands its row off. A row that finds both
+    // busy, or this process without Redis, is left to its writer's wait and the relay's pass.
+    let busy = Arc::new(tokio::sync::Semaphore::new(HAND_OFFS_AT_ONCE));
     loop {
         let note = listener.recv().await?;
-        if let Ok(id) = note.payload().parse::<i64>() {
-            let (cache, db) = (cache.clone(), db.clone());
-            tokio::spawn(async move { relay_one(&cache, &db, id).await });
+        let Ok(id) = note.payload().parse::<i64>() else {
+            continue;
+        };
+        if !cache.available() {
+            continue;
         }
+        let Ok(permit) = busy.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (cache, db) = (cache.clone(), db.clone());
+        tokio::spawn(async move {
+            relay_one(&cache, &db, id).await;
+            drop(permit);
+        });
     }
 }
