@@ -200,10 +200,12 @@ async fn flush(
     Ok(replicated)
 }
 
-/// If Redis answers, verifies its epoch (clearing the prefix if it came back with other data),
-/// relays every outbox row and marks Redis usable; returns whether it is usable.
+/// If Redis answers (and this process's subscription, if it started one, stands again: see
+/// [`Cache::subscription_broken`]), verifies its epoch (clearing the prefix if it came back
+/// with other data), relays every outbox row and marks Redis usable; returns whether it is
+/// usable.
 pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
-    if !cache.enabled() || !cache.ping().await {
+    if !cache.enabled() || cache.subscription_broken() || !cache.ping().await {
         return false;
     }
     if let Err(e) = epoch::verify(cache, db).await {

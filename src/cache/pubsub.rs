@@ -161,6 +161,7 @@ impl Cache {
         Some(tokio::spawn(async move {
             let lost = |why: &str| {
                 shared.subscribed.store(false, Ordering::Release);
+                cache.set_subscribed(false);
                 shared.lease.drop_lease();
                 tracing::debug!(why, "pub/sub subscription lost; memory not trusted");
                 on_lost();
@@ -179,6 +180,7 @@ impl Cache {
                     names.push(&beat);
                     if pubsub.subscribe(&names).await.is_ok() {
                         shared.subscribed.store(true, Ordering::Release);
+                        cache.set_subscribed(true);
                         shared.lease.subscribed_now();
                         let mut messages = pubsub.on_message();
                         let mut tick = tokio::time::interval(shared.lease.period());
