@@ -46,6 +46,11 @@ pub const MARGIN: Duration = Duration::from_millis(50);
 /// The default lease length, in ms (`CHIRP_NEAR_LEASE_MS`).
 pub const DEFAULT_LENGTH_MS: u64 = 300;
 
+/// The longest a writer waits for a process that neither acknowledges nor lets its lease run
+/// out when it knows no lease length of its own: the default length and the margin.
+pub const DEFAULT_BOUND: Duration =
+    Duration::from_millis(DEFAULT_LENGTH_MS + MARGIN.as_millis() as u64);
+
 /// A subscriber that has heard none of its own heartbeats for this many lease lengths drops
 /// its connection and subscribes again (a half-open connection is never noticed otherwise: a
 /// subscriber only reads).

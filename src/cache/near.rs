@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
+use crate::cache::lease::DEFAULT_BOUND;
 use crate::cache::pubsub::Subscriber;
 use crate::cache::{Cache, CacheUnavailable};
 
@@ -307,19 +308,15 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         self.own.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// This process's id in registries and acknowledgement sets, and the longest a writer waits
-    /// for a process that does not acknowledge (its lease's [`super::lease::Lease::bound`]).
+    /// This process's id in registries and acknowledgement sets.
     fn process(&self) -> Option<u64> {
         let subscriber = self.link.get()?.subscriber.upgrade()?;
         Some(subscriber.lease().id())
     }
 
-    /// The longest a writer waits for a process that does not acknowledge.
+    /// The longest a writer waits for a process that does not acknowledge (this process's
+    /// [`super::lease::Lease::bound`]; processes share the setting).
     pub fn lease_bound(&self) -> Duration {
-        self.bound()
-    }
-
-    fn bound(&self) -> Duration {
         self.link
             .get()
             .and_then(|l| l.subscriber.upgrade())
@@ -533,7 +530,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         // Unregistered when the wait ends, or if it is dropped halfway.
         let _registered = Registered(self, &nonce);
         let mine = self.process().map(|id| (&*own, id));
-        let result = publish_and_wait(cache, self.topic, &nonce, &words, mine, self.bound()).await;
+        let result =
+            publish_and_wait(cache, self.topic, &nonce, &words, mine, self.lease_bound()).await;
         if !matches!(result, Ok(true)) {
             self.stats.unconfirmed.fetch_add(1, Ordering::Relaxed);
         }
@@ -570,13 +568,6 @@ fn generation(cache: &Cache, subscriber: Option<&Subscriber>) -> u64 {
     });
     fences + subscriber.map_or(0, |s| s.lease().term())
 }
-
-/// The longest a writer waits for processes that may hold a lease but did not register (their
-/// registrations were flushed or evicted) when it knows no lease length: the default lease's
-/// bound.
-const DEFAULT_BOUND: Duration = Duration::from_millis(
-    super::lease::DEFAULT_LENGTH_MS + super::lease::MARGIN.as_millis() as u64,
-);
 
 /// Publishes the eviction of `keys` (each in its [`NearKey::to_message`] form) on `topic` and
 /// waits until every process that may hold a lease has dropped them or lost it. Also used

@@ -384,15 +384,20 @@ pub fn all() -> [&'static Script; 15] {
     ]
 }
 
+/// Lua: `now`, Redis's clock in ms, for the scripts that score entries by expiry (stream
+/// leases, the lease registries).
+const NOW_MS: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"#;
+
 /// `STREAM_LEASE streams | stream_id limit lease_ms renew` → 1 if the stream holds a lease, 0 if
 /// the owner has `limit` live leases already. The sorted set holds stream ids scored by lease
 /// expiry (ms, Redis's clock); expired ones are dropped first. `renew` = 1 extends a lease
 /// whatever the count (a stream that holds one keeps it).
 pub static STREAM_LEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    Script::new(&format!(
+        r#"{NOW_MS}
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local lease = tonumber(ARGV[3])
 if ARGV[4] ~= '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1])
@@ -402,8 +407,8 @@ end
 redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
 redis.call('PEXPIRE', KEYS[1], lease)
 return 1
-"#,
-    )
+"#
+    ))
 });
 
 /// `HEARTBEAT live… | id ahead_ms channel payload n` → Redis's time in ms: registers process
@@ -414,18 +419,16 @@ return 1
 /// process that hears the heartbeat is registered for at least as long as the lease it gains.
 /// Registries get no TTL: a `volatile-*` eviction policy can not remove them.
 pub static HEARTBEAT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    Script::new(&format!(
+        r#"{NOW_MS}
 for i = 1, tonumber(ARGV[5]) do
   redis.call('ZADD', KEYS[i], now + tonumber(ARGV[2]), ARGV[1])
   redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now - 60000)
 end
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return now
-"#,
-    )
+"#
+    ))
 });
 
 /// `PUBLISH_EVICTION live | channel payload` → `{receivers, now_ms, {id, expiry_ms, …}}`:
@@ -433,13 +436,11 @@ return now
 /// not expired (the processes that may hold a lease: [`super::lease`]); `receivers` is what
 /// `PUBLISH` counted (on a cluster, the subscribers of this node only).
 pub static PUBLISH_EVICTION: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    Script::new(&format!(
+        r#"{NOW_MS}
 local receivers = redis.call('PUBLISH', ARGV[1], ARGV[2])
 local live = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
-return {receivers, now, live}
-"#,
-    )
+return {{receivers, now, live}}
+"#
+    ))
 });

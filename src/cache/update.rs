@@ -650,12 +650,8 @@ impl Cache {
     /// The longest a lease held anywhere can outlast a write that answers now: this process's
     /// lease length plus the margin (processes share the setting).
     fn lease_bound(&self) -> std::time::Duration {
-        self.near_objects().map_or(
-            std::time::Duration::from_millis(
-                super::lease::DEFAULT_LENGTH_MS + super::lease::MARGIN.as_millis() as u64,
-            ),
-            |near| near.lease_bound(),
-        )
+        self.near_objects()
+            .map_or(super::lease::DEFAULT_BOUND, |near| near.lease_bound())
     }
 
     /// Applies updates that need no durability (a reader removing entries of tweets it found

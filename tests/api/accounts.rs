@@ -6,7 +6,7 @@ use tower::ServiceExt;
 
 use std::sync::atomic::Ordering;
 
-use crate::helpers::{Proxy, TestApp, eventually};
+use crate::helpers::{Proxy, TestApp, eventually, token_held_in_memory};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn signup_returns_the_user_and_a_working_token(db: PgPool) {
@@ -275,18 +275,6 @@ async fn cors_answers_only_the_configured_origins(db: PgPool) {
     assert_eq!(res.headers().get("access-control-allow-origin"), None);
 }
 
-/// Makes requests with `token` on `app` until one is answered from the process's token memory.
-async fn held_in_memory(app: &TestApp, token: &str) {
-    let hits = || app.state.tokens.stats.hits.load(Ordering::Relaxed);
-    let before = hits();
-    eventually("the token is answered from memory", async || {
-        let res = app.get("/api/accounts/login_status/", Some(token)).await;
-        assert_eq!(res.body["has_logged_in"], true);
-        hits() > before
-    })
-    .await;
-}
-
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_logout_in_one_process_is_refused_at_once_by_another_that_holds_the_token(db: PgPool) {
     let a = TestApp::new(db.clone()).await;
@@ -294,8 +282,8 @@ async fn a_logout_in_one_process_is_refused_at_once_by_another_that_holds_the_to
     let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
     for i in 0..10 {
         let (_, token) = a.quick_user(&format!("user{i}")).await;
-        held_in_memory(&a, &token).await;
-        held_in_memory(&b, &token).await;
+        token_held_in_memory(&a, &token).await;
+        token_held_in_memory(&b, &token).await;
         let res = b
             .post("/api/accounts/logout/", Some(&token), json!({}))
             .await;
@@ -321,7 +309,7 @@ async fn a_process_cut_off_from_redis_forgets_its_tokens_and_asks_postgres(db: P
     let prefix = a.prefix.clone();
     let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
     let (_, token) = a.quick_user("alice").await;
-    held_in_memory(&a, &token).await;
+    token_held_in_memory(&a, &token).await;
     // A loses Redis (and its subscription): a revocation now can not reach it.
     proxy.set_up(false);
     eventually("a notices the broken subscription", async || {

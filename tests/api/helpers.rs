@@ -456,6 +456,18 @@ pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     panic!("timed out waiting until {what}");
 }
 
+/// Makes requests with `token` on `app` until one is answered from the process's token memory.
+pub async fn token_held_in_memory(app: &TestApp, token: &str) {
+    let hits = || app.state.tokens.stats.hits.load(Ordering::Relaxed);
+    let before = hits();
+    eventually("the token is answered from memory", async || {
+        let res = app.get("/api/accounts/login_status/", Some(token)).await;
+        assert_eq!(res.body["has_logged_in"], true);
+        hits() > before
+    })
+    .await;
+}
+
 /// Waits until `n` backends of this test's database wait for a lock. Asks on a connection of
 /// its own: the waiting backends may hold every connection of the app's pool.
 pub async fn lock_waiters(app: &TestApp, n: i64) {

@@ -14,7 +14,7 @@ use chirp::timeline::Timeline;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{CountsOf, Proxy, PubSub, TestApp, eventually};
+use crate::helpers::{CountsOf, Proxy, PubSub, TestApp, eventually, token_held_in_memory};
 
 fn stats(app: &TestApp) -> &NearStats {
     &app.state.cache.near_objects().expect("cache on").stats
@@ -649,13 +649,7 @@ async fn b_behind_a_proxy(
         NearId::Counts(id),
     )
     .await;
-    let before = b.state.tokens.stats.hits.load(Ordering::Relaxed);
-    eventually("b answers alice's token from memory", async || {
-        let res = b.get("/api/accounts/login_status/", Some(&token)).await;
-        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-        b.state.tokens.stats.hits.load(Ordering::Relaxed) > before
-    })
-    .await;
+    token_held_in_memory(&b, &token).await;
     (a, b, alice, token, id)
 }
 
@@ -770,12 +764,7 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
         stopped,
     ));
     let (_, token) = b.signup("alice").await;
-    let before = b.state.tokens.stats.hits.load(Ordering::Relaxed);
-    eventually("b answers alice's token from memory", async || {
-        let _ = b.get("/api/accounts/login_status/", Some(&token)).await;
-        b.state.tokens.stats.hits.load(Ordering::Relaxed) > before
-    })
-    .await;
+    token_held_in_memory(&b, &token).await;
     // Give b's monitor time to listen for hand-offs, then cut a off.
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     proxy.set_up(false);
