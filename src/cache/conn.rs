@@ -12,11 +12,18 @@
 //! map is read again. Every key of one owner shares a hash tag (see [`super::keys`]), so each
 //! Lua script stays in one slot.
 //!
-//! A durable session (the post-commit step, the outbox relay, the epoch) ends each slot's
-//! pipeline with `WAIT {replicas} {timeout}`: Redis replication is asynchronous, and a failover
-//! would otherwise drop writes the old master acknowledged while their outbox rows are already
-//! gone. A write no replica acknowledged in time is reported as failed, so its outbox row stays
-//! and the relay applies it again (on the promoted replica, after a failover).
+//! A durable session (the post-commit step, the outbox relay) ends each master's pipeline with
+//! `WAIT {replicas} {timeout}`: Redis replication is asynchronous, and a failover would
+//! otherwise drop writes the old master acknowledged while their outbox rows are already gone.
+//! A master whose replicas did not acknowledge in time is reported ([`Session::take_short`]):
+//! the write stands on that master, and the caller takes the master's replicas out of the
+//! epoch's record before it deletes the outbox row, so a promotion of one of them is fenced
+//! ([`super::epoch::distrust_replicas`]; review of 2026-11-26, finding 3: failing the whole write
+//! instead kept every row of a healthy shard too and re-applied them every second while one
+//! replica was down). A shortfall that can not be put on a master (a pipeline split per slot,
+//! after a topology change) fails the write as before: its row stays for the relay. On a
+//! single server a shortfall is ignored: the epoch records no replica there, so a promoted one
+//! is always fenced.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,6 +74,8 @@ pub struct Session {
     slots: Option<Arc<SlotMap>>,
     /// Set when a reply showed the map out of date (`MOVED`, `ASK`, a master gone).
     stale: Option<Arc<AtomicBool>>,
+    /// Masters (`host`, `port`) whose replicas did not acknowledge a durable write in time.
+    short: Vec<(String, u16)>,
 }
 
 impl Session {
@@ -77,7 +86,14 @@ impl Session {
             wait: wait.filter(|w| w.replicas > 0),
             slots: None,
             stale: None,
+            short: Vec::new(),
         }
+    }
+
+    /// The masters (`host`, `port`) on which this session's durable writes stand without the
+    /// acknowledgement of their replicas (see the module docs); empties the list.
+    pub fn take_short(&mut self) -> Vec<(String, u16)> {
+        std::mem::take(&mut self.short)
     }
 
     /// Splits pipelines per master with `slots`, and sets `stale` when it is out of date.
@@ -183,7 +199,8 @@ impl Session {
                     let mut waited = pipeline.clone();
                     waited.cmd("WAIT").arg(wait.replicas).arg(wait.timeout_ms);
                     let mut values = c.req_packed_commands(&waited, 0, count + 1).await?;
-                    check_acks(values.pop(), wait)?;
+                    // A shortfall is ignored on a single server (see the module docs).
+                    let _ = acknowledged(values.pop(), wait);
                     Ok(values)
                 }
             },
@@ -193,12 +210,15 @@ impl Session {
                 };
                 let result = split_per_master(c, slots, pipeline, self.wait).await;
                 // Any failure may come from a changed topology: read the map again.
-                if !matches!(result, Ok((_, false)))
+                if !matches!(result, Ok(Split { stale: false, .. }))
                     && let Some(flag) = &self.stale
                 {
                     flag.store(true, Ordering::Release);
                 }
-                result.map(|(values, _)| values)
+                result.map(|split| {
+                    self.short.extend(split.short);
+                    split.values
+                })
             }
         }
     }
@@ -268,6 +288,8 @@ pub struct Node {
     pub master: bool,
     /// A master that serves slots.
     pub serves: bool,
+    /// A replica's master (its node id).
+    pub replica_of: Option<String>,
 }
 
 /// Every node in `CLUSTER NODES` output (but those without an address).
@@ -287,6 +309,10 @@ fn parse_all_nodes(text: &str) -> Vec<Node> {
                 addr: (host.to_owned(), port.parse().ok()?),
                 master,
                 serves: master && fields.len() > 8,
+                replica_of: fields
+                    .get(3)
+                    .filter(|m| !master && **m != "-")
+                    .map(|m| (*m).to_owned()),
             })
         })
         .collect()
@@ -325,10 +351,16 @@ fn parse_nodes(text: &str) -> Vec<Master> {
         .collect()
 }
 
+/// Whether `WAIT`'s reply counts enough replicas.
+fn acknowledged(reply: Option<Value>, wait: Wait) -> bool {
+    matches!(reply, Some(Value::Int(n)) if n >= i64::from(wait.replicas))
+}
+
 fn check_acks(reply: Option<Value>, wait: Wait) -> RedisResult<()> {
-    match reply {
-        Some(Value::Int(n)) if n >= i64::from(wait.replicas) => Ok(()),
-        _ => Err(RedisError::from((ErrorKind::Client, NOT_REPLICATED))),
+    if acknowledged(reply, wait) {
+        Ok(())
+    } else {
+        Err(RedisError::from((ErrorKind::Client, NOT_REPLICATED)))
     }
 }
 
@@ -443,14 +475,23 @@ fn mget_keys(cmd: &Cmd) -> Option<Vec<&[u8]>> {
     (keys.len() > 1).then_some(keys)
 }
 
+/// What [`split_per_master`] got back.
+struct Split {
+    /// The replies, in the pipeline's order.
+    values: Vec<Value>,
+    /// Whether the map proved out of date.
+    stale: bool,
+    /// Masters whose replicas did not acknowledge in time.
+    short: Vec<(String, u16)>,
+}
+
 /// Runs `pipeline` on a cluster, one pipeline per master of `slots` (see the module docs).
-/// Returns the replies and whether the map proved out of date.
 async fn split_per_master(
     conn: &ClusterConnection,
     slots: &SlotMap,
     pipeline: &Pipeline,
     wait: Option<Wait>,
-) -> RedisResult<(Vec<Value>, bool)> {
+) -> RedisResult<Split> {
     let cmds: Vec<&Cmd> = pipeline.cmd_iter().collect();
     let mut groups: Vec<Vec<(Cmd, Origin)>> = vec![Vec::new(); slots.masters.len()];
     let mut alone = Vec::new();
@@ -492,18 +533,21 @@ async fn split_per_master(
             let count = origins.len() + usize::from(wait.is_some());
             let (host, port) = slots.masters[m].clone();
             async move {
-                let route = SingleNodeRoutingInfo::ByAddress { host, port };
+                let route = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port,
+                };
                 match conn.route_pipeline(sub, 0, count, route).await {
                     Ok(mut values) => {
-                        if let Some(w) = wait {
-                            check_acks(values.pop(), w)?;
-                        }
-                        Ok::<_, RedisError>(
-                            origins
-                                .into_iter()
-                                .zip(values.into_iter().map(Some))
-                                .collect::<Vec<_>>(),
-                        )
+                        let short = match wait {
+                            Some(w) if !acknowledged(values.pop(), w) => Some((host, port)),
+                            _ => None,
+                        };
+                        let values = origins
+                            .into_iter()
+                            .zip(values.into_iter().map(Some))
+                            .collect::<Vec<_>>();
+                        Ok::<_, RedisError>((values, short))
                     }
                     // The master is gone (a failover?): these go again per slot.
                     Err(e)
@@ -511,7 +555,7 @@ async fn split_per_master(
                             || e.is_io_error()
                             || e.kind() == ErrorKind::ClusterConnectionNotFound =>
                     {
-                        Ok(origins.into_iter().map(|o| (o, None)).collect())
+                        Ok((origins.into_iter().map(|o| (o, None)).collect(), None))
                     }
                     Err(e) => Err(e),
                 }
@@ -527,8 +571,13 @@ async fn split_per_master(
     });
     let (grouped, single) =
         futures_util::future::try_join(try_join_all(grouped), try_join_all(single)).await?;
+    let mut short = Vec::new();
+    let grouped = grouped.into_iter().map(|(values, s)| {
+        short.extend(s);
+        values
+    });
     let mut out: Vec<Option<Value>> = vec![None; cmds.len()];
-    for (origin, v) in grouped.into_iter().chain(single).flatten() {
+    for (origin, v) in grouped.chain(single).flatten() {
         let v = v.filter(|v| !redirected(v));
         match origin {
             Origin::Whole(i) => out[i] = v,
@@ -548,10 +597,11 @@ async fn split_per_master(
     }
     let again: Vec<usize> = (0..cmds.len()).filter(|&i| out[i].is_none()).collect();
     if again.is_empty() {
-        return Ok((
-            out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
-            false,
-        ));
+        return Ok(Split {
+            values: out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
+            stale: false,
+            short,
+        });
     }
     let mut retry = redis::pipe();
     for &i in &again {
@@ -561,10 +611,11 @@ async fn split_per_master(
     for (i, v) in again.into_iter().zip(values) {
         out[i] = Some(v);
     }
-    Ok((
-        out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
-        true,
-    ))
+    Ok(Split {
+        values: out.into_iter().map(|v| v.unwrap_or(Value::Nil)).collect(),
+        stale: true,
+        short,
+    })
 }
 
 /// Runs `pipeline` on a cluster, split per slot (see the module docs).
@@ -700,5 +751,7 @@ d4 127.0.0.1:7003@17003 slave a1 0 0 1 connected
         let nodes = parse_all_nodes(text);
         assert_eq!(nodes.len(), 4);
         assert!(nodes[0].serves && nodes[2].serves && !nodes[3].master && !nodes[3].serves);
+        assert_eq!(nodes[3].replica_of.as_deref(), Some("a1"));
+        assert_eq!(nodes[0].replica_of, None);
     }
 }

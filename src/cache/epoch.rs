@@ -9,10 +9,15 @@
 //! serves slots answers with a recorded `run_id`: a restart (empty, or from an old snapshot)
 //! gives a server a new `run_id`, a flush or an eviction removes the epoch key. A replica
 //! promoted by a cluster failover is trusted: it was recorded, and every cache write of a
-//! committed change waited for it (`WAIT`, see [`super::conn`]); writes it did not acknowledge
-//! kept their outbox rows, which the relay applies to it. A replica that does not answer is
+//! committed change waited for it (`WAIT`, see [`super::conn`]); a write it did not acknowledge
+//! stands on its master alone only after the master's replicas were taken out of the record
+//! ([`distrust_replicas`]), so promoting one of them fences. A replica that does not answer is
 //! not needed. The recorded set follows the topology: answering nodes update their entries,
-//! nodes that left the cluster lose theirs, silent ones keep theirs. On a mismatch one
+//! nodes that left the cluster lose theirs, silent ones keep theirs. A replica taken out of the
+//! record (`{node id}=!{n}`, a mark) comes back only once the check sees its replication offset
+//! at or past the offset its master had when the check began (after reading the record), and
+//! the record is rewritten only if nobody marked it meanwhile (compare-and-set): so every write
+//! that stood on the master alone is on the replica before it is trusted again. On a mismatch one
 //! process at a time (a row lock on `cache_epoch`) clears every key under the prefix, writes a
 //! new epoch to Redis and records it with the new servers; until then nobody uses Redis. Processes check at every recovery and every second while Redis is in use, so a
 //! silent restart is noticed within about a second (and a restart that broke connections at
@@ -36,7 +41,9 @@ struct Observed {
     present: Option<HashSet<String>>,
 }
 
-async fn observe(cache: &Cache) -> anyhow::Result<Observed> {
+/// `recorded`: the record read before asking Redis (its marks decide which replicas may come
+/// back, see the module docs).
+async fn observe(cache: &Cache, recorded: Option<&str>) -> anyhow::Result<Observed> {
     let keys = cache.keys().ok_or(CacheUnavailable)?;
     let mut pipe = redis::pipe();
     pipe.cmd("GET").arg(keys.epoch());
@@ -61,8 +68,12 @@ async fn observe(cache: &Cache) -> anyhow::Result<Observed> {
         });
     };
     let (mut masters, mut record) = (Vec::new(), Vec::new());
+    let marked = marks(recorded.unwrap_or(""));
+    let mut offsets: std::collections::HashMap<&str, i64> = std::collections::HashMap::new();
     let timeout = std::time::Duration::from_secs(1);
-    for node in &nodes {
+    // Masters first: a marked replica must have reached the offset its master has now.
+    let (first, then): (Vec<_>, Vec<_>) = nodes.iter().partition(|n| n.master);
+    for node in first.into_iter().chain(then) {
         let reply = tokio::time::timeout(timeout, session.on_node(Some(&node.addr), &info)).await;
         let info = match reply {
             Ok(Ok(reply)) => Info::parse(reply)?,
@@ -73,8 +84,19 @@ async fn observe(cache: &Cache) -> anyhow::Result<Observed> {
         if node.serves {
             masters.push(info.run_id.clone());
         }
-        if node.master || info.link_up {
+        if node.master {
+            offsets.insert(&node.id, info.offset);
             record.push(format!("{}={}", node.id, info.run_id));
+        } else if info.link_up {
+            let caught_up = || {
+                node.replica_of
+                    .as_deref()
+                    .and_then(|m| offsets.get(m))
+                    .is_some_and(|&at| info.offset >= at)
+            };
+            if !marked.contains(node.id.as_str()) || caught_up() {
+                record.push(format!("{}={}", node.id, info.run_id));
+            }
         }
     }
     Ok(Observed {
@@ -90,6 +112,9 @@ struct Info {
     run_id: String,
     /// A replica whose link to its master is up (it holds the master's data).
     link_up: bool,
+    /// The replication offset: a master's (`master_repl_offset`), or how far a replica has
+    /// processed its master's stream (`slave_repl_offset`); bytes.
+    offset: i64,
 }
 
 impl Info {
@@ -103,17 +128,137 @@ impl Info {
         Ok(Info {
             run_id: field("run_id:").context("INFO has no run_id")?,
             link_up: field("master_link_status:").as_deref() == Some("up"),
+            offset: field("slave_repl_offset:")
+                .or_else(|| field("master_repl_offset:"))
+                .and_then(|o| o.parse().ok())
+                .unwrap_or(0),
         })
     }
 }
 
-/// The run ids in a recorded set (`"{node}={run_id}"` or `"{run_id}"` entries).
+/// The run ids in a recorded set (`"{node}={run_id}"` or `"{run_id}"` entries; marks,
+/// `"{node}=!{n}"`, name none).
 fn run_ids_of(recorded: &str) -> HashSet<&str> {
     recorded
         .split(',')
         .map(|e| e.rsplit_once('=').map_or(e, |(_, id)| id))
-        .filter(|id| !id.is_empty())
+        .filter(|id| !id.is_empty() && !id.starts_with('!'))
         .collect()
+}
+
+/// The node ids a recorded set marks as out of the record (`"{node}=!{n}"`).
+fn marks(recorded: &str) -> HashSet<&str> {
+    recorded
+        .split(',')
+        .filter_map(|e| e.split_once('='))
+        .filter(|(_, id)| id.starts_with('!'))
+        .map(|(node, _)| node)
+        .collect()
+}
+
+/// `recorded` with each of `replicas` marked out of it: `"{node}=!{n}"`, `n` one more than the
+/// node's last mark, so that every marking changes the record (a check that read it before
+/// then fails its compare-and-set).
+fn mark(recorded: &str, replicas: &[String]) -> String {
+    let mut entries: std::collections::BTreeMap<String, String> = recorded
+        .split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| match e.split_once('=') {
+            Some((node, id)) => (node.to_owned(), id.to_owned()),
+            None => (String::new(), e.to_owned()),
+        })
+        .collect();
+    for node in replicas {
+        let n = entries
+            .get(node)
+            .and_then(|id| id.strip_prefix('!'))
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0);
+        entries.insert(node.clone(), format!("!{}", n + 1));
+    }
+    entries
+        .into_iter()
+        .map(|(node, id)| {
+            if node.is_empty() {
+                id
+            } else {
+                format!("{node}={id}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Takes the replicas of `masters` (`host`, `port`: cluster masters on which a durable write
+/// stands without their replicas' acknowledgement, see [`super::conn`]) out of the recorded
+/// set, so that a failover to one of them fences (clears) instead of trusting a copy that may
+/// lack the write; the epoch check brings each back once it has caught up (see the module
+/// docs). A master without replicas needs nothing; a single server neither (its record
+/// names no replica).
+///
+/// # Errors
+/// A node named is no longer a master (a failover may already have lost the write: the caller
+/// keeps the outbox row for the relay), or Redis or Postgres could not be asked.
+pub async fn distrust_replicas(
+    cache: &Cache,
+    db: &PgPool,
+    masters: &[(String, u16)],
+) -> anyhow::Result<()> {
+    if masters.is_empty() {
+        return Ok(());
+    }
+    let keys = cache.keys().ok_or(CacheUnavailable)?;
+    let mut session = cache
+        .session(false)
+        .await
+        .map_err(|_| anyhow::anyhow!("redis unavailable"))?;
+    let Some(nodes) = session.nodes().await.context("CLUSTER NODES")? else {
+        return Ok(());
+    };
+    let mut replicas = Vec::new();
+    for addr in masters {
+        let master = nodes
+            .iter()
+            .find(|n| n.addr == *addr && n.master)
+            .with_context(|| format!("{addr:?} is no longer a master"))?;
+        replicas.extend(
+            nodes
+                .iter()
+                .filter(|n| n.replica_of.as_deref() == Some(master.id.as_str()))
+                .map(|n| n.id.clone()),
+        );
+    }
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    let mut tx = db.begin().await.context("marking replicas")?;
+    let recorded: Option<String> =
+        sqlx::query_scalar("select redis_run_id from cache_epoch where prefix = $1 for update")
+            .bind(keys.prefix())
+            .fetch_optional(&mut *tx)
+            .await?;
+    // No record: nothing is trusted, the next check fences.
+    let Some(recorded) = recorded else {
+        return Ok(());
+    };
+    let next = mark(&recorded, &replicas);
+    sqlx::query("update cache_epoch set redis_run_id = $2 where prefix = $1")
+        .bind(keys.prefix())
+        .bind(&next)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await.context("marking replicas")?;
+    if let Some(stats) = cache.stats() {
+        stats
+            .replicas_distrusted
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    tracing::debug!(
+        ?masters,
+        ?replicas,
+        "replicas out of the epoch's record until they catch up"
+    );
+    Ok(())
 }
 
 /// The set to record after a trusted check: what was recorded for nodes still in the cluster,
@@ -146,6 +291,29 @@ fn next_record(seen: &Observed, recorded: &str) -> String {
         .join(",")
 }
 
+/// The set to record after a fence: what answered now, and the marks of replicas that did not
+/// come back (the clear's deletions reach them as late as the writes they lacked).
+fn fenced_record(seen: &Observed, recorded: &str) -> String {
+    let answered: HashSet<&str> = seen
+        .record
+        .iter()
+        .filter_map(|e| e.split_once('=').map(|(node, _)| node))
+        .collect();
+    let kept = recorded
+        .split(',')
+        .filter(|e| {
+            e.split_once('=')
+                .is_some_and(|(node, id)| id.starts_with('!') && !answered.contains(node))
+        })
+        .map(str::to_owned);
+    seen.record
+        .iter()
+        .cloned()
+        .chain(kept)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 async fn recorded(db: &PgPool, prefix: &str) -> sqlx::Result<Option<(i64, String)>> {
     sqlx::query_as("select epoch, redis_run_id from cache_epoch where prefix = $1")
         .bind(prefix)
@@ -168,8 +336,9 @@ fn matches(seen: &Observed, recorded: Option<&(i64, String)>) -> bool {
 /// Redis or Postgres could not be asked.
 pub async fn is_trusted(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     let keys = cache.keys().ok_or(CacheUnavailable)?;
-    let seen = observe(cache).await?;
+    // The record first: its marks are judged by offsets read after it (see the module docs).
     let rec = recorded(db, keys.prefix()).await?;
+    let seen = observe(cache, rec.as_ref().map(|(_, r)| r.as_str())).await?;
     let trusted = matches(&seen, rec.as_ref());
     if let (true, Some(epoch), Some(stats)) = (trusted, seen.redis_epoch, cache.stats()) {
         let before = stats
@@ -189,13 +358,21 @@ pub async fn is_trusted(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     {
         // The topology changed without losing data (a failover to a recorded replica, a
         // replica that joined): record the servers that hold the epoch now.
-        sqlx::query("update cache_epoch set redis_run_id = $3 where prefix = $1 and epoch = $2")
-            .bind(keys.prefix())
-            .bind(epoch)
-            .bind(next)
-            .execute(db)
-            .await?;
-        tracing::info!(servers = %next, "redis topology changed; epoch kept");
+        // Only over the record read above: a replica marked since stays marked.
+        let changed = sqlx::query(
+            "update cache_epoch set redis_run_id = $3
+             where prefix = $1 and epoch = $2 and redis_run_id = $4",
+        )
+        .bind(keys.prefix())
+        .bind(epoch)
+        .bind(next)
+        .bind(run_ids)
+        .execute(db)
+        .await?
+        .rows_affected();
+        if changed > 0 {
+            tracing::info!(servers = %next, "redis topology changed; epoch kept");
+        }
     }
     Ok(trusted)
 }
@@ -225,7 +402,7 @@ pub async fn verify(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
             .fetch_one(&mut *tx)
             .await?;
     // Another process may have fenced while we waited for the lock.
-    let seen = observe(cache).await?;
+    let seen = observe(cache, Some(&locked.1)).await?;
     if matches(&seen, Some(&locked)) {
         return Ok(false);
     }
@@ -245,7 +422,7 @@ pub async fn verify(cache: &Cache, db: &PgPool) -> anyhow::Result<bool> {
     sqlx::query("update cache_epoch set epoch = $2, redis_run_id = $3 where prefix = $1")
         .bind(&prefix)
         .bind(next)
-        .bind(seen.record.join(","))
+        .bind(fenced_record(&seen, &locked.1))
         .execute(&mut *tx)
         .await?;
     tx.commit().await.context("recording the new epoch")?;
@@ -325,6 +502,28 @@ mod tests {
             &seen(&["r1"], &["r1"], None),
             Some(&(3, "r1".to_owned()))
         ));
+    }
+
+    #[test]
+    fn a_marked_replica_names_no_run_id_until_it_is_recorded_again() {
+        let recorded = "a=r1,d=r4";
+        let once = mark(recorded, &["d".to_owned(), "e".to_owned()]);
+        assert_eq!(once, "a=r1,d=!1,e=!1");
+        assert_eq!(marks(&once), HashSet::from(["d", "e"]));
+        // Every marking changes the record (a concurrent check's compare-and-set fails).
+        assert_eq!(mark(&once, &["d".to_owned()]), "a=r1,d=!2,e=!1");
+        // Master a died; its replica d, marked, serves its slots now: fenced.
+        let failover = seen(&["r4"], &["d=r4"], Some(&["a", "d"]));
+        assert!(!matches(&failover, Some(&(3, once.clone()))));
+        assert!(matches(&failover, Some(&(3, recorded.to_owned()))));
+        // A check that saw d catch up records it again; one that did not keeps the mark.
+        let caught_up = seen(&["r1"], &["a=r1", "d=r4"], Some(&["a", "d"]));
+        assert_eq!(next_record(&caught_up, &once), "a=r1,d=r4");
+        let behind = seen(&["r1"], &["a=r1"], Some(&["a", "d"]));
+        assert_eq!(next_record(&behind, &once), "a=r1,d=!1");
+        // A fence keeps the marks of replicas that did not come back.
+        assert_eq!(fenced_record(&behind, &once), "a=r1,d=!1");
+        assert_eq!(fenced_record(&caught_up, &once), "a=r1,d=r4");
     }
 
     #[test]

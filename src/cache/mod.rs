@@ -73,6 +73,9 @@ pub struct Stats {
     /// Times this process's epoch check found a new epoch in Redis (another process fenced):
     /// the near caches forget what they held (their values may come from before the fence).
     pub epoch_changes: AtomicU64,
+    /// Durable writes that stood on a cluster master without its replicas' acknowledgement and
+    /// took those replicas out of the epoch's record ([`epoch::distrust_replicas`]).
+    pub replicas_distrusted: AtomicU64,
     /// The epoch this process last found in Redis (0: none yet).
     pub epoch_seen: AtomicI64,
     /// Timeline pages hydrated without a second Redis round trip: every counter they needed came
@@ -382,16 +385,42 @@ impl Cache {
     }
 
     /// [`Cache::run_bulk`] for the cache writes of committed changes (the post-commit step):
-    /// each slot's commands end with `WAIT` when `CHIRP_REDIS_WAIT_REPLICAS` is above 0, and
-    /// too few acknowledgements count as a failure (the outbox row stays for the relay).
+    /// each master's commands end with `WAIT` when `CHIRP_REDIS_WAIT_REPLICAS` is above 0.
+    /// Returns the replies and the masters (`host`, `port`) whose replicas did not acknowledge
+    /// in time: the write stands there, and the caller must take their replicas out of the
+    /// epoch's record ([`epoch::distrust_replicas`]) before it deletes the outbox row. A
+    /// shortfall that can not be put on a master counts as a failure (the row stays for the
+    /// relay).
     pub(crate) async fn run_durable<T: FromRedisValue>(
         &self,
         pipe: &Pipeline,
         items: usize,
-    ) -> Result<T, CacheUnavailable> {
+    ) -> Result<(T, Vec<(String, u16)>), CacheUnavailable> {
         let inner = self.live()?;
         let timeout = inner.timeout + per_item(items) + inner.wait_time();
-        self.run_on(inner, pipe, timeout, Mode::Durable).await
+        match query_noting_acks(inner, pipe, timeout, true).await {
+            Ok(v) => Ok(v),
+            Err(Some(e)) if conn::is_not_replicated(&e) => {
+                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    replicas = inner.wait.replicas,
+                    "cache write not acknowledged by a replica in time; the outbox relay repeats it"
+                );
+                Err(CacheUnavailable)
+            }
+            Err(Some(e)) => {
+                self.mark_down(&e);
+                Err(CacheUnavailable)
+            }
+            Err(None) => {
+                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    ?timeout,
+                    "durable redis write timed out; the outbox relay repairs it"
+                );
+                Err(CacheUnavailable)
+            }
+        }
     }
 
     /// [`Cache::run`] even while Redis is marked down (for the outbox relay and recovery), with a
@@ -403,24 +432,25 @@ impl Cache {
         items: usize,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
-        query(inner, pipe, inner.timeout * 5 + per_item(items), false)
+        query(inner, pipe, inner.timeout * 5 + per_item(items))
             .await
             .map_err(|_| CacheUnavailable)
     }
 
     /// [`Cache::run_unchecked`] for the outbox relay's writes (all ignored), durable like
-    /// [`Cache::run_durable`]. `Ok(false)`: applied, but too few replicas acknowledged in time
-    /// (the relay keeps the rows and applies them again on its next pass).
+    /// [`Cache::run_durable`]: `Ok(Some(masters))` names the masters whose replicas did not
+    /// acknowledge in time (see there); `Ok(None)`: applied, but a shortfall could not be put
+    /// on a master (the relay keeps the rows and applies them again on its next pass).
     pub(crate) async fn run_relay(
         &self,
         pipe: &Pipeline,
         items: usize,
-    ) -> Result<bool, CacheUnavailable> {
+    ) -> Result<Option<Vec<(String, u16)>>, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
         let timeout = inner.timeout * 5 + per_item(items) + inner.wait_time();
-        match query::<()>(inner, pipe, timeout, true).await {
-            Ok(()) => Ok(true),
-            Err(Some(e)) if conn::is_not_replicated(&e) => Ok(false),
+        match query_noting_acks::<()>(inner, pipe, timeout, true).await {
+            Ok(((), short)) => Ok(Some(short)),
+            Err(Some(e)) if conn::is_not_replicated(&e) => Ok(None),
             Err(_) => Err(CacheUnavailable),
         }
     }
@@ -432,16 +462,8 @@ impl Cache {
         timeout: Duration,
         mode: Mode,
     ) -> Result<T, CacheUnavailable> {
-        match query(inner, pipe, timeout, mode == Mode::Durable).await {
+        match query(inner, pipe, timeout).await {
             Ok(v) => Ok(v),
-            Err(Some(e)) if conn::is_not_replicated(&e) => {
-                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    replicas = inner.wait.replicas,
-                    "cache write not acknowledged by a replica in time; the outbox relay repeats it"
-                );
-                Err(CacheUnavailable)
-            }
             Err(Some(e)) => {
                 self.mark_down(&e);
                 Err(CacheUnavailable)
@@ -564,8 +586,6 @@ enum Mode {
     Read,
     /// A bulk write: a timeout is logged, the outbox repairs it.
     Bulk,
-    /// A bulk write of a committed change, with `WAIT`.
-    Durable,
 }
 
 impl Inner {
@@ -701,10 +721,22 @@ async fn query<T: FromRedisValue>(
     inner: &Inner,
     pipe: &Pipeline,
     timeout: Duration,
-    durable: bool,
 ) -> Result<T, Option<redis::RedisError>> {
+    query_noting_acks(inner, pipe, timeout, false)
+        .await
+        .map(|(v, _)| v)
+}
+
+/// [`query`], also returning the masters whose replicas did not acknowledge a durable write
+/// (see [`conn`]).
+async fn query_noting_acks<T: FromRedisValue>(
+    inner: &Inner,
+    pipe: &Pipeline,
+    timeout: Duration,
+    durable: bool,
+) -> Result<(T, Vec<(String, u16)>), Option<redis::RedisError>> {
     let mut conn = session(inner, durable, timeout).await?;
-    match query_once(&mut conn, pipe, timeout).await {
+    let v = match query_once(&mut conn, pipe, timeout).await {
         Err(Some(e)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             for script in scripts::all() {
                 script.load_async(&mut conn).await.map_err(Some)?;
@@ -712,7 +744,8 @@ async fn query<T: FromRedisValue>(
             query_once(&mut conn, pipe, timeout).await
         }
         other => other,
-    }
+    }?;
+    Ok((v, conn.take_short()))
 }
 
 async fn query_once<T: FromRedisValue>(

@@ -118,6 +118,7 @@ async fn relay_rows(
         let mut pipe = redis::pipe();
         let mut queued = 0;
         let mut replicated = true;
+        let mut short = Vec::new();
         let mut applied = Vec::with_capacity(rows.len());
         let mut revoked = Vec::new();
         let mut evicted = Vec::new();
@@ -141,10 +142,14 @@ async fn relay_rows(
             queued += repairs.iter().map(Repair::commands).sum::<usize>();
             applied.push(*id);
             if queued >= REPAIRS_PER_PIPELINE {
-                replicated &= flush(cache, &mut pipe, &mut queued).await?;
+                replicated &= flush(cache, &mut pipe, &mut queued, &mut short).await?;
             }
         }
-        replicated &= flush(cache, &mut pipe, &mut queued).await?;
+        replicated &= flush(cache, &mut pipe, &mut queued, &mut short).await?;
+        if replicated && let Err(e) = epoch::distrust_replicas(cache, db, &short).await {
+            tracing::warn!(error = %e, "could not take replicas out of the epoch's record");
+            replicated = false;
+        }
         // Deletes and profile changes whose process died before announcing them: every
         // process's near cache of objects.
         if let Some(near) = cache.near_objects() {
@@ -159,8 +164,10 @@ async fn relay_rows(
                 .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
         }
         if !replicated {
-            // Applied, but a replica may lack them: keep the rows for the next pass, so a
-            // failover can not lose them (see `super::conn`).
+            // Applied, but a replica may lack them and is still trusted (a shortfall that could
+            // not be put on a master, or whose replicas could not leave the epoch's record):
+            // keep the rows for the next pass, so a failover can not lose them (see
+            // `super::conn`).
             tx.commit().await.context("ending an outbox relay pass")?;
             done.kept += applied.len();
             tracing::warn!(
@@ -182,22 +189,31 @@ async fn relay_rows(
     }
 }
 
-/// Sends the queued repairs; returns whether the replicas acknowledged them.
+/// Sends the queued repairs; returns false if a shortfall of acknowledgements could not be put
+/// on a master, and adds the masters whose replicas did not acknowledge to `short` (their
+/// replicas must leave the epoch's record before the rows go, see `super::conn`).
 async fn flush(
     cache: &Cache,
     pipe: &mut redis::Pipeline,
     queued: &mut usize,
+    short: &mut Vec<(String, u16)>,
 ) -> anyhow::Result<bool> {
     if *queued == 0 {
         return Ok(true);
     }
-    let replicated = cache
+    let acks = cache
         .run_relay(pipe, *queued)
         .await
         .map_err(|CacheUnavailable| anyhow::anyhow!("redis unavailable"))?;
     *pipe = redis::pipe();
     *queued = 0;
-    Ok(replicated)
+    let placed = acks.is_some();
+    for master in acks.into_iter().flatten() {
+        if !short.contains(&master) {
+            short.push(master);
+        }
+    }
+    Ok(placed)
 }
 
 /// If Redis answers (and this process's subscription, if it started one, stands again: see

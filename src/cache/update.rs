@@ -558,9 +558,20 @@ impl Cache {
                 commands += 1;
             }
         }
-        if commands > 0 && self.run_durable::<()>(&pipe, commands).await.is_err() {
-            self.repair_now(db, id).await;
-            return;
+        if commands > 0 {
+            // Where the write stands on a master alone, that master's replicas leave the
+            // epoch's record before the row goes (see `super::conn`).
+            let stood = match self.run_durable::<()>(&pipe, commands).await {
+                Ok(((), short)) => super::epoch::distrust_replicas(self, db, &short)
+                    .await
+                    .map_err(|e| tracing::warn!(error = %e, "could not take replicas out of the epoch's record"))
+                    .is_ok(),
+                Err(CacheUnavailable) => false,
+            };
+            if !stood {
+                self.repair_now(db, id).await;
+                return;
+            }
         }
         // Redis holds the new state: now no process may answer from its old memory.
         if !self.evict_everywhere(&staged.evict, &staged.revoked).await {

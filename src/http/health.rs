@@ -48,6 +48,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "errors": s.errors.load(Ordering::Relaxed),
             "fences": s.fences.load(Ordering::Relaxed),
             "recoveries": s.recoveries.load(Ordering::Relaxed),
+            "replicas_distrusted": s.replicas_distrusted.load(Ordering::Relaxed),
             "prefetched": s.prefetched.load(Ordering::Relaxed),
         })
     });

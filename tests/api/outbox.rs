@@ -427,3 +427,135 @@ async fn a_relay_pass_gets_its_whole_budget_not_the_read_timeout(db: PgPool) {
     assert!(relayed.is_ok(), "{relayed:?}");
     assert_eq!(app.outbox_rows().await, 0);
 }
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a process.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(signal)
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Continues a stopped Redis process when dropped, so a failing assertion leaves the cluster
+/// whole for the other tests.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, "-CONT");
+    }
+}
+
+/// Review of 2026-11-26, finding 3 (cluster only: `scripts/test --cluster`): one replica that
+/// stopped acknowledging failed every durable write of its master, so their outbox rows stayed
+/// (and were re-applied every second, dropping the lists they touch) until it came back. Now
+/// the write stands on the master, the replica leaves the epoch's record at once (a failover to
+/// it would fence, not trust a copy that lacks the write), and the epoch check records it
+/// again once it has caught up.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_replica_that_stops_acknowledging_keeps_no_rows_and_is_not_trusted_until_it_catches_up(
+    db: PgPool,
+) {
+    let app = TestApp::new(db).await;
+    if app.state.config.redis_cluster.is_empty() {
+        return; // one server: its record names no replica (see `chirp::cache::epoch`)
+    }
+    let (alice, token) = app.signup("alice").await;
+    app.tweet(&token, "before").await;
+    let posts = app.list_key(Timeline::UserTweets(alice));
+    let mut redis = app.redis().await;
+    // The replica of the master that holds alice's lists.
+    let slot = redis.slot_of(&posts).await.expect("slot").expect("cluster");
+    let masters = redis.masters().await.expect("masters").expect("cluster");
+    let master = masters.iter().find(|m| m.serves(slot)).expect("a master");
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut redis)
+        .await
+        .expect("nodes");
+    let lines: Vec<Vec<&str>> = nodes
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let address = format!("{}:{}@", master.addr.0, master.addr.1);
+    let master_id = lines
+        .iter()
+        .find(|f| f[1].starts_with(&address))
+        .expect("the master")[0];
+    let replica = lines
+        .iter()
+        .find(|f| f[3] == master_id)
+        .expect("the suite's cluster has a replica per master");
+    let (replica_id, replica_addr) = (
+        replica[0].to_owned(),
+        replica[1].split('@').next().expect("addr"),
+    );
+    let (host, port) = replica_addr.rsplit_once(':').expect("host:port");
+    let replica_addr = (host.to_owned(), port.parse::<u16>().expect("port"));
+    let info: String = redis::FromRedisValue::from_redis_value(
+        redis
+            .on_node(Some(&replica_addr), redis::cmd("INFO").arg("server"))
+            .await
+            .expect("info"),
+    )
+    .expect("text");
+    let pid: u32 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|p| p.trim().parse().ok())
+        .expect("process_id");
+    let recorded = || async {
+        sqlx::query_scalar::<_, String>("select redis_run_id from cache_epoch where prefix = $1")
+            .bind(&app.prefix)
+            .fetch_one(app.db())
+            .await
+            .expect("record")
+    };
+    let entry = |record: &str| {
+        record
+            .split(',')
+            .find_map(|e| e.strip_prefix(&format!("{replica_id}=")))
+            .map(str::to_owned)
+    };
+    assert!(
+        entry(&recorded().await).is_some_and(|id| !id.starts_with('!')),
+        "the replica is recorded at first"
+    );
+
+    signal(pid, "-STOP");
+    let stopped = Stopped(pid);
+    for content in ["while the replica sleeps", "and again"] {
+        app.tweet(&token, content).await;
+    }
+    assert_eq!(
+        app.outbox_rows().await,
+        0,
+        "the writes stand on the master: no row is left to re-apply"
+    );
+    assert!(
+        entry(&recorded().await).is_some_and(|id| id.starts_with('!')),
+        "the replica left the record before the rows went"
+    );
+    let page = app
+        .get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
+    assert_eq!(tweet_ids(&page.body).len(), 3);
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&posts)
+        .query_async(&mut redis)
+        .await
+        .expect("exists");
+    assert_eq!(exists, 1, "the list stands");
+    drop(stopped);
+
+    // The epoch check (the monitor's, every second) records it again once it has caught up.
+    eventually("the caught-up replica is recorded again", async || {
+        chirp::cache::epoch::is_trusted(&app.state.cache, app.db())
+            .await
+            .expect("epoch check");
+        entry(&recorded().await).is_some_and(|id| !id.starts_with('!'))
+    })
+    .await;
+}
