@@ -291,8 +291,9 @@ fn next_record(seen: &Observed, recorded: &str) -> String {
         .join(",")
 }
 
-/// The set to record after a fence: what answered now, and the marks of replicas that did not
-/// come back (the clear's deletions reach them as late as the writes they lacked).
+/// The set to record after a fence: what answered now, and the marks of replicas still in the
+/// cluster that did not come back (the clear's deletions reach them as late as the writes they
+/// lacked).
 fn fenced_record(seen: &Observed, recorded: &str) -> String {
     let answered: HashSet<&str> = seen
         .record
@@ -302,8 +303,11 @@ fn fenced_record(seen: &Observed, recorded: &str) -> String {
     let kept = recorded
         .split(',')
         .filter(|e| {
-            e.split_once('=')
-                .is_some_and(|(node, id)| id.starts_with('!') && !answered.contains(node))
+            e.split_once('=').is_some_and(|(node, id)| {
+                id.starts_with('!')
+                    && !answered.contains(node)
+                    && seen.present.as_ref().is_some_and(|p| p.contains(node))
+            })
         })
         .map(str::to_owned);
     seen.record
