@@ -199,6 +199,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=64))]
     pub fanout_parts: u32,
 
+    /// Fan-out jobs of small accounts (at most one batch of followers) one runner takes at
+    /// once and writes in one transaction (see `newsfeeds::fanout_batch`); 1 runs each job
+    /// alone.
+    #[arg(long, global = true, env = "CHIRP_FANOUT_BATCH_JOBS", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub fanout_batch_jobs: u32,
+
     /// `off` serves everything from Postgres (baseline for benchmarks).
     #[arg(long, global = true, env = "CHIRP_CACHE", value_enum, default_value_t = CacheMode::On)]
     pub cache: CacheMode,

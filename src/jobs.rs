@@ -243,6 +243,9 @@ pub struct Worker {
     /// Parts a fan-out of more than one batch is cut into (`CHIRP_FANOUT_PARTS`; see
     /// [`crate::newsfeeds::fanout`]).
     pub fanout_parts: usize,
+    /// Fan-out jobs of small accounts taken at once (`CHIRP_FANOUT_BATCH_JOBS`; see
+    /// [`crate::newsfeeds::fanout_batch`]).
+    pub batch_jobs: usize,
     /// Tweets copied by a follow backfill (`CHIRP_CACHE_LIST_LIMIT`).
     pub backfill_limit: usize,
     /// Woken by in-process writers, by the `jobs` pub/sub topic and by `LISTEN chirp_jobs`.
@@ -306,7 +309,103 @@ impl Worker {
         }))
     }
 
-    /// Claims and runs one job. Returns whether there was one.
+    /// Claims up to `limit` more fan-out jobs that have not started (no progress), oldest
+    /// first, with the same lease as [`Worker::claim`].
+    async fn claim_fresh_fanouts(&self, limit: usize) -> sqlx::Result<Vec<(Claim, i64)>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(i64, i32, i64)> = sqlx::query_as(
+            "update jobs set attempts = attempts + 1, locked_until = now() + interval '30 seconds'
+             where id in (
+                 select id from jobs
+                 where failed_at is null and run_after <= now()
+                   and (locked_until is null or locked_until < now())
+                   and kind = 'fanout' and progress is null and list_progress is null
+                 order by id limit $1
+                 for update skip locked)
+             returning id, attempts, tweet_id",
+        )
+        .bind(limit as i64)
+        .fetch_all(&self.db)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, attempts, tweet_id)| (Claim { id, attempts }, tweet_id))
+            .collect())
+    }
+
+    /// Runs claimed fan-out jobs that have not started as one batch
+    /// ([`newsfeeds::fanout_batch`]), then what it leaves: big accounts' jobs whole, and the
+    /// list part of jobs whose author is in a list. A failed batch fails every job in it.
+    async fn run_batch(&self, claims: Vec<(Claim, i64)>) -> sqlx::Result<()> {
+        let fresh: Vec<newsfeeds::Fresh> = claims
+            .iter()
+            .map(|(c, tweet_id)| newsfeeds::Fresh {
+                job_id: c.id,
+                tweet_id: *tweet_id,
+            })
+            .collect();
+        let claim_of: std::collections::HashMap<i64, Claim> =
+            claims.iter().map(|(c, _)| (c.id, *c)).collect();
+        let mut next = fresh;
+        while !next.is_empty() {
+            let left = match newsfeeds::fanout_batch(self, &next).await {
+                Ok(left) => left,
+                Err(e) => {
+                    tracing::warn!(error = ?e, jobs = next.len(), "fan-out batch failed; will retry");
+                    for job in &next {
+                        if let Some(&claim) = claim_of.get(&job.job_id) {
+                            self.fail(claim, &format!("{e:#}"), false).await?;
+                        }
+                    }
+                    return Ok(());
+                }
+            };
+            // In the order of their tweets: a big account's first, then the list parts.
+            for job in &left.whole {
+                if let Some(&claim) = claim_of.get(&job.job_id) {
+                    self.run_rest(claim, job.tweet_id, true).await?;
+                }
+            }
+            for job in &left.lists {
+                if let Some(&claim) = claim_of.get(&job.job_id) {
+                    self.run_rest(claim, job.tweet_id, false).await?;
+                }
+            }
+            next = left.later;
+        }
+        Ok(())
+    }
+
+    /// Runs what a batch left of fan-out job `claim`: its newsfeeds (if `whole`), then its
+    /// lists; ends or fails the job.
+    async fn run_rest(&self, claim: Claim, tweet_id: i64, whole: bool) -> sqlx::Result<()> {
+        let span = tracing::info_span!(
+            "job",
+            id = claim.id,
+            kind = "fanout",
+            attempt = claim.attempts
+        );
+        let result = async {
+            if whole {
+                newsfeeds::fanout(self, claim.id, tweet_id, None, None).await?;
+            }
+            lists::fanout(self, claim.id, tweet_id, None).await
+        }
+        .instrument(span.clone())
+        .await;
+        match result {
+            Ok(()) => finish(&self.db, claim.id).await,
+            Err(e) => {
+                span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));
+                self.fail(claim, &format!("{e:#}"), false).await
+            }
+        }
+    }
+
+    /// Claims and runs one job (with a fan-out that has not started, up to
+    /// `CHIRP_FANOUT_BATCH_JOBS` such fan-outs as one batch). Returns whether there was one.
     pub async fn run_one(&self) -> sqlx::Result<bool> {
         let Some((claim, job)) = self.claim().await? else {
             return Ok(false);
@@ -319,6 +418,18 @@ impl Worker {
                 return Ok(true);
             }
         };
+        if let Job::Fanout {
+            tweet_id,
+            progress: None,
+            list_progress: None,
+        } = job
+            && self.batch_jobs > 1
+        {
+            let mut claims = vec![(claim, tweet_id)];
+            claims.extend(self.claim_fresh_fanouts(self.batch_jobs - 1).await?);
+            self.run_batch(claims).await?;
+            return Ok(true);
+        }
         let span = tracing::info_span!(
             "job",
             id = claim.id,

@@ -596,3 +596,308 @@ pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64>
     .await?;
     Ok(added.rows_affected())
 }
+
+/// Most fan-out jobs one runner takes at once ([`fanout_batch`]).
+pub const BATCH_JOBS: usize = 64;
+
+/// A fan-out job taken into a batch: its id and its tweet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fresh {
+    pub job_id: i64,
+    pub tweet_id: i64,
+}
+
+/// What [`fanout_batch`] left, in the order to run it: a job whose author has more followers
+/// than one batch (when its tweet came first), the jobs after the batch's end (its rows would
+/// have made the batch larger than two batches of followers, or a big account's tweet came
+/// next), and jobs done with their newsfeeds whose author is in a list (their list timelines
+/// are next).
+#[derive(Debug, Default)]
+pub struct Leftover {
+    /// Jobs to run whole with [`fanout`] (before `later`).
+    pub whole: Vec<Fresh>,
+    /// Jobs for the next call, in the order of their tweets.
+    pub later: Vec<Fresh>,
+    /// Jobs whose newsfeed part committed (their `progress` says so): the lists are left.
+    pub lists: Vec<Fresh>,
+}
+
+/// Fan-out-on-write of many new tweets at once, for authors with at most one batch of
+/// followers (almost every tweet): one transaction for all of them, with set-based statements
+/// over every (follower, tweet) pair, instead of one job, four commits and about fifteen round
+/// trips per tweet. Under a sustained write mix, the one-tweet path fell behind by six minutes
+/// (issue 36; `scripts/fanout-lag`, BENCHMARKS.md).
+///
+/// The guarantees of [`fanout`] hold pair by pair: the authors' followers locks are taken
+/// shared (ascending ids); every reader's head row is locked in one statement (ascending ids,
+/// as [`stamp`] does, so batches and single writers never deadlock) and its new entries get
+/// times above its head in the order of their tweets (`max(tweet time, previous + 1 µs)`);
+/// a reader whose newsfeed has a tweet already gets no second row (the row is merged and
+/// streamed again, as there); the heads end at each reader's newest entry; the lists' removal
+/// generations are read under the locks; one outbox row holds every merge; the jobs of tweets
+/// done (deleted ones included) end in the same commit. A job whose tweet's author is in a
+/// list commits its newsfeed `progress` instead and is returned for its list part.
+///
+/// # Errors
+/// Postgres failed: nothing of the batch committed, and its jobs are retried.
+#[tracing::instrument(name = "newsfeeds::fanout_batch", skip_all, fields(jobs = jobs.len()))]
+pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Leftover> {
+    let mut left = Leftover::default();
+    if jobs.is_empty() {
+        return Ok(left);
+    }
+    let tweet_ids: Vec<i64> = jobs.iter().map(|j| j.tweet_id).collect();
+    let mut tx = worker.db.begin().await?;
+    // Also waits for, or excludes, a concurrent delete of each tweet.
+    let mut tweets: Vec<(i64, i64, Timestamp, i64)> = sqlx::query_as(
+        "select t.id, t.user_id, t.created_at, u.followers_count
+         from tweets t join users u on u.id = t.user_id
+         where t.id = any($1) for key share of t",
+    )
+    .bind(&tweet_ids)
+    .fetch_all(&mut *tx)
+    .await
+    .context("locking the batch's tweets")?;
+    tweets.sort_by_key(|&(id, _, at, _)| (at, id));
+    // Authors with more than a batch of followers go the one-tweet path (its parts and
+    // per-batch progress), and so does what would overflow this batch.
+    let job_of: HashMap<i64, i64> = jobs.iter().map(|j| (j.tweet_id, j.job_id)).collect();
+    let (mut batch, mut pairs) = (Vec::new(), 0_usize);
+    for &(id, author, at, followers) in &tweets {
+        let followers = usize::try_from(followers).unwrap_or(usize::MAX);
+        let job_id = job_of.get(&id).copied().unwrap_or_default();
+        let fresh = Fresh {
+            job_id,
+            tweet_id: id,
+        };
+        if !left.later.is_empty() {
+            left.later.push(fresh);
+        } else if followers > worker.batch_size {
+            // Run whole before any later tweet (the first of this batch: alone).
+            if batch.is_empty() && left.whole.is_empty() {
+                left.whole.push(fresh);
+            } else {
+                left.later.push(fresh);
+            }
+        } else if !left.whole.is_empty() || pairs + followers > 2 * worker.batch_size {
+            // The next batch takes this and every later tweet, so that each reader gets its
+            // entries in the order of their tweets.
+            left.later.push(fresh);
+        } else {
+            pairs += followers;
+            batch.push((id, author, at, job_id));
+        }
+    }
+    let mut authors: Vec<i64> = batch.iter().map(|t| t.1).collect();
+    authors.sort_unstable();
+    authors.dedup();
+    sqlx::query(
+        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0))
+         from (select a from unnest($1::bigint[]) as a order by a) s",
+    )
+    .bind(&authors)
+    .execute(&mut *tx)
+    .await
+    .context("locking the authors' followers")?;
+    let follows: Vec<(i64, i64, Timestamp)> = sqlx::query_as(
+        "select to_user_id, from_user_id, created_at from friendships where to_user_id = any($1)",
+    )
+    .bind(&authors)
+    .fetch_all(&mut *tx)
+    .await
+    .context("reading the authors' followers")?;
+    let mut followers_of: HashMap<i64, Vec<i64>> = HashMap::new();
+    let mut last_follow: HashMap<i64, Timestamp> = HashMap::new();
+    for &(author, follower, at) in &follows {
+        followers_of.entry(author).or_default().push(follower);
+        let last = last_follow.entry(author).or_insert(at);
+        *last = (*last).max(at);
+    }
+    // A stale count let a bigger account in: it goes the one-tweet path after all.
+    batch.retain(|&(id, author, _, job_id)| {
+        let fits = followers_of.get(&author).map_or(0, Vec::len) <= worker.batch_size;
+        if !fits {
+            left.whole.push(Fresh {
+                job_id,
+                tweet_id: id,
+            });
+        }
+        fits
+    });
+    // Each reader's entries, in the order of their tweets.
+    let mut wanted: HashMap<i64, Vec<(i64, i64, Timestamp)>> = HashMap::new();
+    for &(id, author, at, _) in &batch {
+        for &reader in followers_of.get(&author).map_or(&[][..], Vec::as_slice) {
+            wanted.entry(reader).or_default().push((id, author, at));
+        }
+    }
+    let mut readers: Vec<i64> = wanted.keys().copied().collect();
+    readers.sort_unstable();
+    // Locks every reader's head (creating missing ones) in one statement, ascending.
+    let heads: Vec<(i64, Option<Timestamp>)> = sqlx::query_as(
+        "insert into feed_heads as h (user_id, head)
+         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update set head = h.head
+         returning user_id, nullif(head, '-infinity')",
+    )
+    .bind(&readers)
+    .fetch_all(&mut *tx)
+    .await
+    .context("locking the readers' heads")?;
+    let head_of: HashMap<i64, Option<Timestamp>> = heads.into_iter().collect();
+    let (mut pair_readers, mut pair_tweets, mut pair_times) = (Vec::new(), Vec::new(), Vec::new());
+    for &reader in &readers {
+        let mut previous = head_of.get(&reader).copied().flatten();
+        for &(tweet, _, at) in &wanted[&reader] {
+            let time = match previous {
+                Some(p) if p >= at => p + chrono::Duration::microseconds(1),
+                _ => at,
+            };
+            pair_readers.push(reader);
+            pair_tweets.push(tweet);
+            pair_times.push(time);
+            previous = Some(time);
+        }
+    }
+    let keys: Vec<ListKey> = readers
+        .iter()
+        .map(|r| Timeline::Newsfeed(*r).key())
+        .collect();
+    let arrived_at = chrono::Utc::now();
+    // A reader whose newsfeed has a tweet already gets no second row (see [`fanout`]); under
+    // the head locks this snapshot sees every such row.
+    let insert = sqlx::query_as(
+        "with pairs as (
+             select * from unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) as p(r, t, at)),
+         had as (
+             select n.user_id, n.tweet_id, n.id, n.created_at from newsfeeds n
+             join pairs p on n.tweet_id = p.t and n.user_id = p.r),
+         ins as (
+             insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+             select p.r, p.t, p.at, $4 from pairs p
+             where not exists (select 1 from had where had.user_id = p.r and had.tweet_id = p.t)
+             returning user_id, tweet_id, id, created_at)
+         select user_id, tweet_id, id, created_at, true from ins
+         union all
+         select user_id, tweet_id, id, created_at, false from had",
+    )
+    .bind(&pair_readers)
+    .bind(&pair_tweets)
+    .bind(&pair_times)
+    .bind(arrived_at)
+    .fetch_all(&mut *tx);
+    let (guards, rows) = tokio::join!(worker.cache.removal_generations(&keys), insert);
+    let guards = guards.ok();
+    let rows: Vec<(i64, i64, i64, Timestamp, bool)> =
+        rows.context("inserting the batch's newsfeed rows")?;
+    // The heads end at each reader's newest new entry (a reader that got none keeps its head).
+    let mut newest: HashMap<i64, Timestamp> = HashMap::new();
+    let mut had_any: std::collections::HashSet<i64> = std::collections::HashSet::new();
+    for &(reader, _, _, at, new) in &rows {
+        if new {
+            let n = newest.entry(reader).or_insert(at);
+            *n = (*n).max(at);
+        } else {
+            had_any.insert(reader);
+        }
+    }
+    let (moved, to): (Vec<i64>, Vec<Timestamp>) = newest.iter().map(|(r, t)| (*r, *t)).unzip();
+    sqlx::query(
+        "update feed_heads h set head = x.head
+         from unnest($1::bigint[], $2::timestamptz[]) as x(r, head) where h.user_id = x.r",
+    )
+    .bind(&moved)
+    .bind(&to)
+    .execute(&mut *tx)
+    .await
+    .context("moving the readers' heads")?;
+    // One merge per reader, of all its entries; it follows the reader's old head unless a row
+    // was there before (merged again, it follows no new head).
+    let author_of: HashMap<i64, (i64, Timestamp)> =
+        batch.iter().map(|&(id, a, at, _)| (id, (a, at))).collect();
+    let mut entries_of: HashMap<i64, Vec<ListEntry>> = HashMap::new();
+    let mut arrivals: HashMap<i64, Vec<(i64, i64, Timestamp)>> = HashMap::new();
+    for &(reader, tweet, id, at, _) in &rows {
+        let Some(&(author, tweet_at)) = author_of.get(&tweet) else {
+            continue;
+        };
+        entries_of
+            .entry(reader)
+            .or_default()
+            .push(ListEntry::stamped(id, tweet, author, tweet_at, at));
+        arrivals
+            .entry(tweet)
+            .or_default()
+            .push((reader, id, arrived_at));
+    }
+    let updates: Vec<Update> = readers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let mut entries = entries_of.remove(r)?;
+            entries.sort_by_key(|e| e.created_at);
+            let guard = guards.as_ref().and_then(|g| g.get(i).cloned());
+            let after = head_of
+                .get(r)
+                .copied()
+                .flatten()
+                .filter(|_| !had_any.contains(r));
+            Some(Timeline::Newsfeed(*r).guarded_merge(guard, after, &entries))
+        })
+        .collect();
+    let staged = worker.cache.stage_merges(&mut tx, updates).await?;
+    // Jobs: a deleted tweet's ends here; a tweet whose author is in a list keeps its job, with
+    // its newsfeed part recorded as done, for the list part.
+    let in_lists: Vec<i64> =
+        sqlx::query_scalar("select distinct user_id from list_members where user_id = any($1)")
+            .bind(&authors)
+            .fetch_all(&mut *tx)
+            .await
+            .context("finding the authors in lists")?;
+    let (mut ended, mut progressed, mut progress) = (Vec::new(), Vec::new(), Vec::new());
+    let batched: HashMap<i64, i64> = batch.iter().map(|&(id, a, ..)| (id, a)).collect();
+    for job in jobs {
+        if left.whole.contains(job) || left.later.contains(job) {
+            continue;
+        }
+        match batched.get(&job.tweet_id) {
+            Some(author) if in_lists.contains(author) => {
+                left.lists.push(*job);
+                if let Some(at) = last_follow.get(author) {
+                    progressed.push(job.job_id);
+                    progress.push(*at);
+                }
+            }
+            _ => ended.push(job.job_id),
+        }
+    }
+    sqlx::query("delete from jobs where id = any($1)")
+        .bind(&ended)
+        .execute(&mut *tx)
+        .await
+        .context("ending the batch's jobs")?;
+    sqlx::query(
+        "update jobs j set progress = x.at from unnest($1::bigint[], $2::timestamptz[]) as x(id, at)
+         where j.id = x.id",
+    )
+    .bind(&progressed)
+    .bind(&progress)
+    .execute(&mut *tx)
+    .await
+    .context("recording the batch's progress")?;
+    tx.commit().await.context("committing a fan-out batch")?;
+    // The streams, then the cached newsfeeds (the outbox row repairs what a crash leaves).
+    if worker.cache.enabled() {
+        let loads = arrivals
+            .keys()
+            .map(|&id| async move { (id, tweets::load(&worker.db, &worker.cache, id).await) });
+        for (id, loaded) in futures_util::future::join_all(loads).await {
+            if let (Ok(Some((record, counts, author))), Some(rows)) = (loaded, arrivals.get(&id)) {
+                let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+                streams::publish_arrivals(&worker.cache, &tweet, &record, rows).await;
+            }
+        }
+    }
+    worker.cache.finish(&worker.db, staged).await;
+    Ok(left)
+}

@@ -68,6 +68,7 @@ impl AppState {
             cache: cache.clone(),
             batch_size: config.fanout_batch_size as usize,
             fanout_parts: config.fanout_parts as usize,
+            batch_jobs: config.fanout_batch_jobs as usize,
             backfill_limit: config.cache_list_limit as usize,
             wake: Arc::new(Notify::new()),
         };

@@ -403,3 +403,153 @@ fn a_part_is_an_even_share_of_at_least_one_and_at_most_eight_batches() {
     assert_eq!(part_size(3383, 1000, 1), 3383, "one part");
     assert_eq!(part_size(10, 0, 0), 8, "zeros are taken as ones");
 }
+
+/// Issue 36: fan-out jobs of small accounts run as one batch (one transaction, set-based
+/// statements over every follower and tweet). Every reader must get what one job at a time
+/// gives: each followed author's tweets once, in the order they arrived (above an entry the
+/// reader already had, in the order of the tweets), entry times unique and at or after their
+/// tweets', the reader's head at its newest entry, cached newsfeeds merged to equal
+/// Postgres, a tweet deleted before its fan-out nowhere; a big account's job (more followers
+/// than a batch) runs whole beside the batch.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn many_small_fan_outs_run_as_one_batch_and_give_each_reader_what_one_at_a_time_would(
+    db: PgPool,
+) {
+    let app = TestApp::with(db, |c| {
+        c.fanout_batch_size = 4;
+        c.fanout_parts = 1;
+    })
+    .await;
+    let mut authors = Vec::new();
+    for i in 0..4 {
+        authors.push(app.signup(&format!("author{i}")).await);
+    }
+    let (star, star_token) = app.signup("star").await;
+    let mut readers = Vec::new();
+    for i in 0..6 {
+        let (id, token) = app.signup(&format!("reader{i}")).await;
+        for (j, (author, _)) in authors.iter().enumerate() {
+            if (i + j) % 3 != 0 {
+                app.follow(&token, *author).await;
+            }
+        }
+        if i < 5 {
+            app.follow(&token, star).await;
+        }
+        readers.push((id, token));
+    }
+    app.drain().await;
+    // Half the readers have cached newsfeeds (and every one of them a head row already).
+    for (_, token) in &readers[..3] {
+        assert!(
+            app.get("/api/newsfeeds/", Some(token))
+                .await
+                .status
+                .is_success()
+        );
+    }
+    let mut posted = Vec::new();
+    for round in 0..3 {
+        for (i, (_, token)) in authors.iter().enumerate() {
+            posted.push(
+                app.tweet(token, &format!("r{round} a{i}")).await["id"]
+                    .as_i64()
+                    .unwrap(),
+            );
+        }
+        if round == 1 {
+            posted.push(
+                app.tweet(&star_token, "to five").await["id"]
+                    .as_i64()
+                    .unwrap(),
+            );
+        }
+    }
+    let gone = posted.remove(2);
+    assert!(
+        app.delete(&format!("/api/tweets/{gone}/"), Some(&authors[2].1))
+            .await
+            .status
+            .is_success()
+    );
+    // A reader posts after them all: the batch's entries arrive above its own (late, each
+    // stamped above the reader's head).
+    let own = app.tweet(&readers[0].1, "mine").await["id"]
+        .as_i64()
+        .unwrap();
+    let queued: i64 = sqlx::query_scalar("select count(*) from jobs")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(
+        queued, 13,
+        "one fan-out job per tweet (the deleted one's went with it)"
+    );
+    assert!(
+        app.drain().await <= 2,
+        "the runner took the fan-outs together"
+    );
+    let left: i64 = sqlx::query_scalar("select count(*) from jobs")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+
+    for (reader, token) in &readers {
+        // What the newsfeed means: the tweets of the accounts the reader follows.
+        let mut expected: Vec<i64> = sqlx::query_scalar(
+            "select t.id from tweets t join friendships f on f.to_user_id = t.user_id
+             where f.from_user_id = $1 order by t.created_at desc",
+        )
+        .bind(reader)
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        if *reader == readers[0].0 {
+            expected.push(own);
+        }
+        assert!(!expected.contains(&gone));
+        let rows: Vec<(i64, chirp::time::Timestamp, chirp::time::Timestamp)> = sqlx::query_as(
+            "select n.tweet_id, n.created_at, t.created_at from newsfeeds n
+             join tweets t on t.id = n.tweet_id where n.user_id = $1 order by n.created_at desc",
+        )
+        .bind(reader)
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        assert_eq!(
+            rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            expected,
+            "reader {reader}: each followed tweet once, in the order it arrived"
+        );
+        assert!(rows.iter().all(|(_, at, tweet_at)| at >= tweet_at));
+        let head: chirp::time::Timestamp =
+            sqlx::query_scalar("select head from feed_heads where user_id = $1")
+                .bind(reader)
+                .fetch_one(app.db())
+                .await
+                .unwrap();
+        assert_eq!(
+            Some(head),
+            rows.first().map(|r| r.1),
+            "reader {reader}: head at the newest entry"
+        );
+        if let Some(members) = app.cached_members(Timeline::Newsfeed(*reader)).await {
+            // (Without the completeness marker.)
+            let cached: Vec<i64> = members
+                .iter()
+                .map(|m| member_tweet(m))
+                .filter(|id| *id > 0)
+                .collect();
+            assert_eq!(
+                cached, expected,
+                "reader {reader}: the cached newsfeed merged"
+            );
+        }
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            expected,
+            "reader {reader}: the page"
+        );
+    }
+}

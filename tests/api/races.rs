@@ -105,7 +105,8 @@ async fn likes_racing_cancels_and_comment_deletes_racing_tweet_deletes_are_never
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: PgPool) {
-    let app = Arc::new(TestApp::new(db).await);
+    // One job per runner (a runner would otherwise take both fan-outs as one batch).
+    let app = Arc::new(TestApp::with(db, |c| c.fanout_batch_jobs = 1).await);
     let (alice, ta) = app.signup("alice").await;
     let (carol, tc) = app.signup("carol").await;
     let (bob, tb) = app.signup("bob").await;
@@ -157,6 +158,74 @@ async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: 
         tweet_ids(&app.get("/api/newsfeeds/", Some(&tb)).await.body),
         placed
     );
+}
+
+/// Two runners, each with a batch of fan-outs (issue 36), whose tweets share followers: both
+/// batches lock the followers' heads (ascending ids, never deadlocking), commit, and merge
+/// into the cached feeds; every follower ends with each tweet once, placed as Postgres says.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn two_fan_out_batches_that_share_followers_both_merge_into_the_cached_feeds(db: PgPool) {
+    let app = Arc::new(TestApp::with(db, |c| c.fanout_batch_jobs = 2).await);
+    let mut authors = Vec::new();
+    for i in 0..4 {
+        authors.push(app.signup(&format!("author{i}")).await);
+    }
+    let mut readers = Vec::new();
+    for name in ["bob", "dave"] {
+        let (id, token) = app.signup(name).await;
+        for (author, _) in &authors {
+            app.follow(&token, *author).await;
+        }
+        readers.push((id, token));
+    }
+    app.drain().await;
+    for (_, token) in &readers {
+        app.get("/api/newsfeeds/", Some(token)).await; // cache the feeds
+    }
+    for (_, token) in &authors {
+        app.tweet(token, "to both").await;
+    }
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    let held = gate.clone().lock_owned().await;
+    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
+    let runners = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let w = &app.state.worker;
+            let (x, y) = tokio::join!(w.run_one(), w.run_one());
+            (x.unwrap(), y.unwrap())
+        })
+    };
+    eventually("both batches committed", async || {
+        app.outbox_rows().await == 2
+    })
+    .await;
+    drop(held);
+    assert_eq!(runners.await.unwrap(), (true, true));
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+    for (reader, token) in &readers {
+        let placed: Vec<i64> = sqlx::query_scalar(
+            "select tweet_id from newsfeeds where user_id = $1 order by created_at desc",
+        )
+        .bind(reader)
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        assert_eq!(placed.len(), 4, "each tweet once");
+        let cached: Vec<i64> = app
+            .cached_members(Timeline::Newsfeed(*reader))
+            .await
+            .expect("still cached: merges do not conflict with merges")
+            .iter()
+            .map(|m| member_tweet(m))
+            .filter(|id| *id > 0)
+            .collect();
+        assert_eq!(cached, placed);
+        assert_eq!(
+            tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
+            placed
+        );
+    }
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
