@@ -206,6 +206,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub fanout_batch_jobs: u32,
 
+    /// Compose back-pressure: while the oldest fan-out job no runner has taken yet waited
+    /// longer than this many ms, `POST /api/tweets/` answers 503 with `Retry-After` instead
+    /// of accepting a tweet its followers would see late (see `jobs::Backlog`); 0 turns it
+    /// off.
+    #[arg(long, global = true, env = "CHIRP_FANOUT_MAX_WAIT_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
+    pub fanout_max_wait_ms: u64,
+
     /// `off` serves everything from Postgres (baseline for benchmarks).
     #[arg(long, global = true, env = "CHIRP_CACHE", value_enum, default_value_t = CacheMode::On)]
     pub cache: CacheMode,

@@ -38,6 +38,10 @@ pub enum ApiError {
     /// 413, 415 and other plain `{"detail": ...}` answers.
     #[error("{1}")]
     Detail(StatusCode, String),
+    /// 503 with `Retry-After` (whole seconds): the write would be accepted but not delivered
+    /// in time (the fan-out is behind, see [`crate::jobs::Backlog`]).
+    #[error("busy; retry after {0} s")]
+    Busy(u64),
     /// 500; the cause is logged, never sent.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -89,6 +93,17 @@ impl IntoResponse for ApiError {
                 detail(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed.")
             }
             ApiError::Detail(status, msg) => detail(status, &msg),
+            ApiError::Busy(secs) => {
+                let mut res = detail(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "The fan-out of new tweets is behind; try again shortly.",
+                );
+                res.headers_mut().insert(
+                    axum::http::header::RETRY_AFTER,
+                    axum::http::HeaderValue::from(secs),
+                );
+                res
+            }
             ApiError::Internal(e) => {
                 tracing::error!(error = ?e, "internal error");
                 detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error.")

@@ -182,6 +182,84 @@ pub struct Lag {
     pub oldest_job_age_ms: Option<i64>,
 }
 
+/// Compose back-pressure (issue 36): when writes outrun the fan-out, accepting more tweets
+/// only makes every follower see them later (under the DeathStarBench mix at its highest
+/// closed-loop rate the queue grew without bound and followers saw tweets six minutes late).
+/// This process watches how long the oldest fan-out job that no runner has taken yet has
+/// waited (`CHIRP_FANOUT_MAX_WAIT_MS`, read every [`Backlog::EVERY`]); above the limit,
+/// composes answer 503 with `Retry-After` (the admission control of SEDA, Welsh et al.,
+/// SOSP 2001), and reads, likes and everything else go on. Jobs being run, waiting out a
+/// retry's backoff, or parked do not count: a big account's fan-out in progress, or a failing
+/// job, never stops everyone's composes.
+#[derive(Debug)]
+pub struct Backlog {
+    /// The wait in ms at the last look (0: none waiting, or not looked yet).
+    wait_ms: std::sync::atomic::AtomicU64,
+    /// The limit in ms (0: off).
+    limit_ms: u64,
+}
+
+impl Backlog {
+    /// How often [`Backlog::watch`] looks.
+    pub const EVERY: Duration = Duration::from_millis(100);
+
+    /// A backlog watch with `limit_ms` (0: off).
+    pub fn new(limit_ms: u64) -> Self {
+        Backlog {
+            wait_ms: std::sync::atomic::AtomicU64::new(0),
+            limit_ms,
+        }
+    }
+
+    /// `Some(seconds to wait)` when a compose should be refused now.
+    pub fn refuse(&self) -> Option<u64> {
+        let wait = self.wait_ms.load(std::sync::atomic::Ordering::Relaxed);
+        (self.limit_ms > 0 && wait > self.limit_ms).then(|| wait.div_ceil(1000).clamp(1, 30))
+    }
+
+    /// The wait at the last look, in ms.
+    pub fn wait_ms(&self) -> u64 {
+        self.wait_ms.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Looks once: the age of the oldest fan-out job ready and not taken.
+    ///
+    /// # Errors
+    /// Postgres failed (the last value stays).
+    pub async fn refresh(&self, db: &PgPool) -> sqlx::Result<()> {
+        let wait: Option<i64> = sqlx::query_scalar(
+            "select (extract(epoch from now() - created_at) * 1000)::bigint from jobs
+             where failed_at is null and kind in ('fanout', 'fanout_part')
+               and run_after <= now() and (locked_until is null or locked_until < now())
+             order by id limit 1",
+        )
+        .fetch_optional(db)
+        .await?
+        .flatten();
+        self.wait_ms.store(
+            u64::try_from(wait.unwrap_or(0)).unwrap_or(0),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(())
+    }
+
+    /// Looks every [`Backlog::EVERY`] until `shutdown` (nothing when off).
+    pub async fn watch(self: Arc<Self>, db: PgPool, mut shutdown: watch::Receiver<bool>) {
+        if self.limit_ms == 0 {
+            return;
+        }
+        while !*shutdown.borrow() {
+            if let Err(e) = self.refresh(&db).await {
+                tracing::debug!(error = %e, "fan-out backlog unknown");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Self::EVERY) => {}
+                _ = shutdown.changed() => {}
+            }
+        }
+    }
+}
+
 /// Reads the [`Lag`]: a count over the ready jobs' partial index, and the oldest by id (ids
 /// follow insertion).
 ///

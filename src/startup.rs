@@ -63,6 +63,12 @@ impl Application {
             state.db.clone(),
             stopped.clone(),
         ));
+        let backlog = tokio::spawn(
+            state
+                .backlog
+                .clone()
+                .watch(state.db.clone(), stopped.clone()),
+        );
         let worker = tokio::spawn(
             state
                 .worker
@@ -108,6 +114,7 @@ impl Application {
         let _ = monitor.await;
         let _ = cleanup.await;
         let _ = replica.await;
+        let _ = backlog.await;
         Ok(())
     }
 }

@@ -54,6 +54,8 @@ pub struct Shared {
     pub tokens: Arc<TokenCache>,
     /// The Postgres replica for never-cached reads (`DATABASE_REPLICA_URL`), if any.
     pub replica: Arc<crate::replica::Replica>,
+    /// Compose back-pressure: how far behind the fan-out is (`CHIRP_FANOUT_MAX_WAIT_MS`).
+    pub backlog: Arc<crate::jobs::Backlog>,
 }
 
 impl AppState {
@@ -111,6 +113,7 @@ impl AppState {
             subscriber,
             tokens,
             replica: Arc::new(crate::replica::Replica::new(&config_replica)?),
+            backlog: Arc::new(crate::jobs::Backlog::new(config_replica.fanout_max_wait_ms)),
         })))
     }
 }

@@ -24,12 +24,19 @@ pub fn router() -> Router<AppState> {
 /// subscription stands, messages received, events queued, and clients cut off as
 /// FALLING_BEHIND; the Postgres replica (`off`, or whether it is fresh and how many
 /// reads went to it or stayed on the primary); and the fan-out lag (`fanout`: jobs queued and
-/// the oldest one's age in ms, [`crate::jobs::lag`]; `null` if Postgres does not answer).
+/// the oldest one's age in ms, [`crate::jobs::lag`]; how long the oldest job no runner has
+/// taken has waited, and whether composes are refused for it, [`crate::jobs::Backlog`]; `null`
+/// if Postgres does not answer).
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     // One statement: Postgres answers, and how far the fan-out lags.
     let lag = tokio::time::timeout(Duration::from_secs(2), crate::jobs::lag(&state.db)).await;
     let (pg_ok, fanout) = match lag {
-        Ok(Ok(lag)) => (true, json!(lag)),
+        Ok(Ok(lag)) => {
+            let mut fanout = json!(lag);
+            fanout["waiting_ms"] = json!(state.backlog.wait_ms());
+            fanout["refusing_composes"] = json!(state.backlog.refuse().is_some());
+            (true, fanout)
+        }
         _ => (false, Value::Null),
     };
     let redis = if !state.cache.enabled() {

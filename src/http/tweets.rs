@@ -154,6 +154,10 @@ async fn create(
     };
     let photos = Media::check(&fields.1, "files", media::MAX_PHOTOS)
         .map_err(|msg| ApiError::field("files", msg))?;
+    // Back-pressure: a tweet accepted now would reach its followers late.
+    if let Some(secs) = state.backlog.refuse() {
+        return Err(ApiError::Busy(secs));
+    }
     if let Some(circle) = circle {
         circles::check_can_post(&state.db, circle, auth.user_id).await?;
     }

@@ -1,6 +1,8 @@
-use axum::http::{Method, StatusCode};
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
 use serde_json::json;
 use sqlx::PgPool;
+use tower::ServiceExt;
 
 use crate::helpers::{TestApp, tweet_ids};
 
@@ -178,10 +180,9 @@ async fn healthz_reports_both_stores(db: PgPool) {
 async fn healthz_reports_a_stalled_fan_out_as_a_growing_lag(db: PgPool) {
     let app = TestApp::new(db).await;
     let res = app.get("/healthz", None).await;
-    assert_eq!(
-        res.body["fanout"],
-        json!({"queued_jobs": 0, "oldest_job_age_ms": null})
-    );
+    assert_eq!(res.body["fanout"]["queued_jobs"], 0, "{}", res.body);
+    assert_eq!(res.body["fanout"]["oldest_job_age_ms"], json!(null));
+    assert_eq!(res.body["fanout"]["refusing_composes"], false);
     let (_, token) = app.signup("alice").await;
     app.tweet(&token, "waiting for a worker").await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
@@ -194,6 +195,53 @@ async fn healthz_reports_a_stalled_fan_out_as_a_growing_lag(db: PgPool) {
     app.drain().await;
     let res = app.get("/healthz", None).await;
     assert_eq!(res.body["fanout"]["queued_jobs"], 0, "{}", res.body);
+}
+
+/// Issue 36: when composes outrun the fan-out, a tweet accepted now reaches its followers
+/// late (six minutes under the DeathStarBench mix). While the oldest fan-out job no runner has
+/// taken has waited longer than `CHIRP_FANOUT_MAX_WAIT_MS`, a compose answers 503 with
+/// `Retry-After` and stores nothing; reads and likes go on; once the runners catch up,
+/// composes are accepted again.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_compose_while_the_fan_out_is_behind_is_a_503_with_retry_after(db: PgPool) {
+    let app = TestApp::with(db, |c| c.fanout_max_wait_ms = 200).await;
+    let (_, token) = app.signup("alice").await;
+    let first = app.tweet(&token, "waiting for a worker").await["id"]
+        .as_i64()
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    app.state.backlog.refresh(app.db()).await.unwrap();
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri("/api/tweets/")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(Body::from(json!({"content": "one more"}).to_string()))
+        .unwrap();
+    let res = app.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let tweets: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(tweets, 1, "nothing stored");
+    let health = app.get("/healthz", None).await;
+    assert_eq!(
+        health.body["fanout"]["refusing_composes"], true,
+        "{}",
+        health.body
+    );
+    // Everything else goes on.
+    assert_eq!(
+        app.get(&format!("/api/tweets/{first}/"), Some(&token))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    app.drain().await;
+    app.state.backlog.refresh(app.db()).await.unwrap();
+    app.tweet(&token, "accepted again").await;
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
