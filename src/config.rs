@@ -210,7 +210,7 @@ pub struct Config {
     /// longer than this many ms, `POST /api/tweets/` answers 503 with `Retry-After` instead
     /// of accepting a tweet its followers would see late (see `jobs::Backlog`); 0 turns it
     /// off.
-    #[arg(long, global = true, env = "CHIRP_FANOUT_MAX_WAIT_MS", default_value_t = 1000,
+    #[arg(long, global = true, env = "CHIRP_FANOUT_MAX_WAIT_MS", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(0..=3_600_000))]
     pub fanout_max_wait_ms: u64,
 

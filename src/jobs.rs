@@ -415,7 +415,8 @@ impl Worker {
 
     /// Runs claimed fan-out jobs that have not started as one batch
     /// ([`newsfeeds::fanout_batch`]), then what it leaves: big accounts' jobs whole, and the
-    /// list part of jobs whose author is in a list. A failed batch fails every job in it.
+    /// list part of jobs whose author is in a list. If a batch fails, its jobs run one at a
+    /// time (each fails, and is retried, on its own).
     async fn run_batch(&self, claims: Vec<(Claim, i64)>) -> sqlx::Result<()> {
         let fresh: Vec<newsfeeds::Fresh> = claims
             .iter()
@@ -431,10 +432,12 @@ impl Worker {
             let left = match newsfeeds::fanout_batch(self, &next).await {
                 Ok(left) => left,
                 Err(e) => {
-                    tracing::warn!(error = ?e, jobs = next.len(), "fan-out batch failed; will retry");
+                    // Nothing of it committed. One job alone fails alone: each runs on its own
+                    // (a poison job must not fail, and in the end park, the jobs beside it).
+                    tracing::warn!(error = ?e, jobs = next.len(), "fan-out batch failed; running its jobs one at a time");
                     for job in &next {
                         if let Some(&claim) = claim_of.get(&job.job_id) {
-                            self.fail(claim, &format!("{e:#}"), false).await?;
+                            self.run_rest(claim, job.tweet_id, true).await?;
                         }
                     }
                     return Ok(());

@@ -886,11 +886,14 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     .await
     .context("recording the batch's progress")?;
     tx.commit().await.context("committing a fan-out batch")?;
-    // The streams, then the cached newsfeeds (the outbox row repairs what a crash leaves).
+    // The streams, in the order of the tweets, then the cached newsfeeds (the outbox row
+    // repairs what a crash leaves).
     if worker.cache.enabled() {
-        let loads = arrivals
-            .keys()
-            .map(|&id| async move { (id, tweets::load(&worker.db, &worker.cache, id).await) });
+        let loads = batch
+            .iter()
+            .map(|&(id, ..)| id)
+            .filter(|id| arrivals.contains_key(id))
+            .map(|id| async move { (id, tweets::load(&worker.db, &worker.cache, id).await) });
         for (id, loaded) in futures_util::future::join_all(loads).await {
             if let (Ok(Some((record, counts, author))), Some(rows)) = (loaded, arrivals.get(&id)) {
                 let tweet = Tweet::new(record.clone(), author.into(), &counts, false);

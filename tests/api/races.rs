@@ -161,8 +161,9 @@ async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: 
 }
 
 /// Two runners, each with a batch of fan-outs (issue 36), whose tweets share followers: both
-/// batches lock the followers' heads (ascending ids, never deadlocking), commit, and merge
-/// into the cached feeds; every follower ends with each tweet once, placed as Postgres says.
+/// batches lock the followers' heads (ascending ids, never deadlocking) and commit; every
+/// follower ends with each tweet once, placed as Postgres says, in its page and in its cached
+/// feed if the merges kept it.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn two_fan_out_batches_that_share_followers_both_merge_into_the_cached_feeds(db: PgPool) {
     let app = Arc::new(TestApp::with(db, |c| c.fanout_batch_jobs = 2).await);
@@ -212,15 +213,17 @@ async fn two_fan_out_batches_that_share_followers_both_merge_into_the_cached_fee
         .await
         .unwrap();
         assert_eq!(placed.len(), 4, "each tweet once");
-        let cached: Vec<i64> = app
-            .cached_members(Timeline::Newsfeed(*reader))
-            .await
-            .expect("still cached: merges do not conflict with merges")
-            .iter()
-            .map(|m| member_tweet(m))
-            .filter(|id| *id > 0)
-            .collect();
-        assert_eq!(cached, placed);
+        // A merge that lands before the other batch's (their order after the commits is
+        // free) finds the feed's newest entry older than the head it followed, and drops the
+        // feed instead of leaving a gap; a feed still cached holds exactly the rows.
+        if let Some(members) = app.cached_members(Timeline::Newsfeed(*reader)).await {
+            let cached: Vec<i64> = members
+                .iter()
+                .map(|m| member_tweet(m))
+                .filter(|id| *id > 0)
+                .collect();
+            assert_eq!(cached, placed);
+        }
         assert_eq!(
             tweet_ids(&app.get("/api/newsfeeds/", Some(token)).await.body),
             placed
