@@ -597,9 +597,6 @@ pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64>
     Ok(added.rows_affected())
 }
 
-/// Most fan-out jobs one runner takes at once ([`fanout_batch`]).
-pub const BATCH_JOBS: usize = 64;
-
 /// A fan-out job taken into a batch: its id and its tweet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fresh {
@@ -660,7 +657,8 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     .context("locking the batch's tweets")?;
     tweets.sort_by_key(|&(id, _, at, _)| (at, id));
     // Authors with more than a batch of followers go the one-tweet path (its parts and
-    // per-batch progress), and so does what would overflow this batch.
+    // per-batch progress); what would make this batch larger than two batches of followers'
+    // rows waits for the next one.
     let job_of: HashMap<i64, i64> = jobs.iter().map(|j| (j.tweet_id, j.job_id)).collect();
     let (mut batch, mut pairs) = (Vec::new(), 0_usize);
     for &(id, author, at, followers) in &tweets {
