@@ -30,6 +30,15 @@ use crate::cache::Cache;
 use crate::time::Timestamp;
 use crate::{lists, newsfeeds};
 
+/// The jobs a runner may claim now: not parked, past their backoff, and not leased (or with an
+/// expired lease). The claims and the compose back-pressure ([`Backlog`]) share it, so the
+/// back-pressure counts exactly the jobs no runner has taken.
+macro_rules! ready_jobs {
+    () => {
+        "failed_at is null and run_after <= now() and (locked_until is null or locked_until < now())"
+    };
+}
+
 /// Attempts before a job is parked with `failed_at`.
 pub const MAX_ATTEMPTS: i32 = 10;
 /// The Postgres notification channel that wakes workers (when Redis is unavailable).
@@ -227,12 +236,12 @@ impl Backlog {
     /// # Errors
     /// Postgres failed (the last value stays).
     pub async fn refresh(&self, db: &PgPool) -> sqlx::Result<()> {
-        let wait: Option<i64> = sqlx::query_scalar(
+        let wait: Option<i64> = sqlx::query_scalar(concat!(
             "select (extract(epoch from now() - created_at) * 1000)::bigint from jobs
-             where failed_at is null and kind in ('fanout', 'fanout_part')
-               and run_after <= now() and (locked_until is null or locked_until < now())
-             order by id limit 1",
-        )
+             where kind in ('fanout', 'fanout_part') and ",
+            ready_jobs!(),
+            " order by id limit 1"
+        ))
         .fetch_optional(db)
         .await?
         .flatten();
@@ -365,17 +374,14 @@ impl Worker {
     /// Claims the oldest ready job, if any, with a 30 s lease. A row that does not parse is
     /// parked at once.
     pub async fn claim(&self) -> sqlx::Result<Option<(Claim, Result<Job, String>)>> {
-        let row: Option<JobRow> = sqlx::query_as(
+        let row: Option<JobRow> = sqlx::query_as(concat!(
             "update jobs set attempts = attempts + 1, locked_until = now() + interval '30 seconds'
-             where id = (
-                 select id from jobs
-                 where failed_at is null and run_after <= now()
-                   and (locked_until is null or locked_until < now())
-                 order by id limit 1
-                 for update skip locked)
+             where id = (select id from jobs where ",
+            ready_jobs!(),
+            " order by id limit 1 for update skip locked)
              returning id, kind, tweet_id, follower_id, followee_id, list_id, progress, list_progress,
-                       until_at, attempts",
-        )
+                       until_at, attempts"
+        ))
         .fetch_optional(&self.db)
         .await?;
         Ok(row.map(|r| {
@@ -393,17 +399,15 @@ impl Worker {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let rows: Vec<(i64, i32, i64)> = sqlx::query_as(
+        let rows: Vec<(i64, i32, i64)> = sqlx::query_as(concat!(
             "update jobs set attempts = attempts + 1, locked_until = now() + interval '30 seconds'
              where id in (
                  select id from jobs
-                 where failed_at is null and run_after <= now()
-                   and (locked_until is null or locked_until < now())
-                   and kind = 'fanout' and progress is null and list_progress is null
-                 order by id limit $1
-                 for update skip locked)
-             returning id, attempts, tweet_id",
-        )
+                 where kind = 'fanout' and progress is null and list_progress is null and ",
+            ready_jobs!(),
+            " order by id limit $1 for update skip locked)
+             returning id, attempts, tweet_id"
+        ))
         .bind(limit as i64)
         .fetch_all(&self.db)
         .await?;
@@ -459,24 +463,33 @@ impl Worker {
         Ok(())
     }
 
-    /// Runs what a batch left of fan-out job `claim`: its newsfeeds (if `whole`), then its
-    /// lists; ends or fails the job.
+    /// Runs what a batch left of fan-out job `claim`: the whole job (`whole`: its tweet's author
+    /// has more than a batch of followers), or its lists alone (its newsfeeds committed with
+    /// the batch).
     async fn run_rest(&self, claim: Claim, tweet_id: i64, whole: bool) -> sqlx::Result<()> {
-        let span = tracing::info_span!(
-            "job",
-            id = claim.id,
-            kind = "fanout",
-            attempt = claim.attempts
-        );
-        let result = async {
-            if whole {
-                newsfeeds::fanout(self, claim.id, tweet_id, None, None).await?;
-            }
-            lists::fanout(self, claim.id, tweet_id, None).await
+        if whole {
+            let job = Job::Fanout {
+                tweet_id,
+                progress: None,
+                list_progress: None,
+            };
+            return self
+                .run_claimed(claim, job.kind(), self.dispatch(claim, &job))
+                .await;
         }
-        .instrument(span.clone())
-        .await;
-        match result {
+        let lists = lists::fanout(self, claim.id, tweet_id, None);
+        self.run_claimed(claim, "fanout", lists).await
+    }
+
+    /// Runs `work` of job `claim` in the job's span, then ends the job, or fails it for a retry.
+    async fn run_claimed(
+        &self,
+        claim: Claim,
+        kind: &'static str,
+        work: impl Future<Output = anyhow::Result<()>>,
+    ) -> sqlx::Result<()> {
+        let span = tracing::info_span!("job", id = claim.id, kind, attempt = claim.attempts);
+        match work.instrument(span.clone()).await {
             Ok(()) => finish(&self.db, claim.id).await,
             Err(e) => {
                 span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));
@@ -511,20 +524,8 @@ impl Worker {
             self.run_batch(claims).await?;
             return Ok(true);
         }
-        let span = tracing::info_span!(
-            "job",
-            id = claim.id,
-            kind = job.kind(),
-            attempt = claim.attempts
-        );
-        let result = self.dispatch(claim, &job).instrument(span.clone()).await;
-        match result {
-            Ok(()) => finish(&self.db, claim.id).await?,
-            Err(e) => {
-                span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));
-                self.fail(claim, &format!("{e:#}"), false).await?;
-            }
-        }
+        self.run_claimed(claim, job.kind(), self.dispatch(claim, &job))
+            .await?;
         Ok(true)
     }
 

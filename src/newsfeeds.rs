@@ -853,13 +853,12 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
             .await
             .context("finding the authors in lists")?;
     let (mut ended, mut progressed, mut progress) = (Vec::new(), Vec::new(), Vec::new());
-    let batched: HashMap<i64, i64> = batch.iter().map(|&(id, a, ..)| (id, a)).collect();
     for job in jobs {
         if left.whole.contains(job) || left.later.contains(job) {
             continue;
         }
-        match batched.get(&job.tweet_id) {
-            Some(author) if in_lists.contains(author) => {
+        match author_of.get(&job.tweet_id) {
+            Some((author, _)) if in_lists.contains(author) => {
                 left.lists.push(*job);
                 if let Some(at) = last_follow.get(author) {
                     progressed.push(job.job_id);

@@ -160,13 +160,8 @@ fn marks(recorded: &str) -> HashSet<&str> {
 /// node's last mark, so that every marking changes the record (a check that read it before
 /// then fails its compare-and-set).
 fn mark(recorded: &str, replicas: &[String]) -> String {
-    let mut entries: std::collections::BTreeMap<String, String> = recorded
-        .split(',')
-        .filter(|e| !e.is_empty())
-        .map(|e| match e.split_once('=') {
-            Some((node, id)) => (node.to_owned(), id.to_owned()),
-            None => (String::new(), e.to_owned()),
-        })
+    let mut entries: std::collections::BTreeMap<String, String> = entries_of(recorded)
+        .map(|(node, id)| (node.to_owned(), id.to_owned()))
         .collect();
     for node in replicas {
         let n = entries
@@ -176,11 +171,27 @@ fn mark(recorded: &str, replicas: &[String]) -> String {
             .unwrap_or(0);
         entries.insert(node.clone(), format!("!{}", n + 1));
     }
+    join_record(
+        entries
+            .iter()
+            .map(|(node, id)| (node.as_str(), id.as_str())),
+    )
+}
+
+/// A recorded set's entries (`(node, id)`; node `""` for a bare run id, the older format).
+fn entries_of(recorded: &str) -> impl Iterator<Item = (&str, &str)> {
+    recorded
+        .split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| e.split_once('=').unwrap_or(("", e)))
+}
+
+/// A recorded set from its entries (see [`entries_of`]), in their order.
+fn join_record<'a>(entries: impl Iterator<Item = (&'a str, &'a str)>) -> String {
     entries
-        .into_iter()
         .map(|(node, id)| {
             if node.is_empty() {
-                id
+                id.to_owned()
             } else {
                 format!("{node}={id}")
             }
@@ -278,17 +289,7 @@ fn next_record(seen: &Observed, recorded: &str) -> String {
         let (node, id) = e.split_once('=').unwrap_or(("", e.as_str()));
         entries.insert(node, id);
     }
-    entries
-        .into_iter()
-        .map(|(node, id)| {
-            if node.is_empty() {
-                id.to_owned()
-            } else {
-                format!("{node}={id}")
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(",")
+    join_record(entries.into_iter())
 }
 
 /// The set to record after a fence: what answered now, and the marks of replicas still in the

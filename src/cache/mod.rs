@@ -368,7 +368,9 @@ impl Cache {
         pipe: &Pipeline,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
-        self.run_on(inner, pipe, inner.timeout, Mode::Read).await
+        self.run_on(inner, pipe, inner.timeout, Mode::Read)
+            .await
+            .map(|(v, _)| v)
     }
 
     /// [`Cache::run`] for writes sized by their work: the timeout grows by 50 µs per item on
@@ -382,6 +384,7 @@ impl Cache {
         let inner = self.live()?;
         self.run_on(inner, pipe, inner.timeout + per_item(items), Mode::Bulk)
             .await
+            .map(|(v, _)| v)
     }
 
     /// [`Cache::run_bulk`] for the cache writes of committed changes (the post-commit step):
@@ -398,29 +401,7 @@ impl Cache {
     ) -> Result<(T, Vec<(String, u16)>), CacheUnavailable> {
         let inner = self.live()?;
         let timeout = inner.timeout + per_item(items) + inner.wait_time();
-        match query_noting_acks(inner, pipe, timeout, true).await {
-            Ok(v) => Ok(v),
-            Err(Some(e)) if conn::is_not_replicated(&e) => {
-                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    replicas = inner.wait.replicas,
-                    "cache write not acknowledged by a replica in time; the outbox relay repeats it"
-                );
-                Err(CacheUnavailable)
-            }
-            Err(Some(e)) => {
-                self.mark_down(&e);
-                Err(CacheUnavailable)
-            }
-            Err(None) => {
-                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    ?timeout,
-                    "durable redis write timed out; the outbox relay repairs it"
-                );
-                Err(CacheUnavailable)
-            }
-        }
+        self.run_on(inner, pipe, timeout, Mode::Durable).await
     }
 
     /// [`Cache::run`] even while Redis is marked down (for the outbox relay and recovery), with a
@@ -455,15 +436,25 @@ impl Cache {
         }
     }
 
+    /// Runs `pipe` and judges a failure by `mode`; returns the replies and, for a durable
+    /// write, the masters whose replicas did not acknowledge it (see [`Cache::run_durable`]).
     async fn run_on<T: FromRedisValue>(
         &self,
         inner: &Inner,
         pipe: &Pipeline,
         timeout: Duration,
         mode: Mode,
-    ) -> Result<T, CacheUnavailable> {
-        match query(inner, pipe, timeout).await {
+    ) -> Result<(T, Vec<(String, u16)>), CacheUnavailable> {
+        match query_noting_acks(inner, pipe, timeout, mode == Mode::Durable).await {
             Ok(v) => Ok(v),
+            Err(Some(e)) if conn::is_not_replicated(&e) => {
+                inner.stats.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    replicas = inner.wait.replicas,
+                    "cache write not acknowledged by a replica in time; the outbox relay repeats it"
+                );
+                Err(CacheUnavailable)
+            }
             Err(Some(e)) => {
                 self.mark_down(&e);
                 Err(CacheUnavailable)
@@ -586,6 +577,8 @@ enum Mode {
     Read,
     /// A bulk write: a timeout is logged, the outbox repairs it.
     Bulk,
+    /// A bulk write of a committed change, with `WAIT`.
+    Durable,
 }
 
 impl Inner {

@@ -4,7 +4,7 @@ use chirp::jobs::Job;
 use chirp::timeline::Timeline;
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, member_tweet, tweet_ids};
+use crate::helpers::{TestApp, cached_feed_tweets, member_tweet, tweet_ids};
 
 async fn followers(app: &TestApp, star: i64, n: usize) -> Vec<(i64, String)> {
     let mut out = Vec::new();
@@ -534,13 +534,7 @@ async fn many_small_fan_outs_run_as_one_batch_and_give_each_reader_what_one_at_a
             rows.first().map(|r| r.1),
             "reader {reader}: head at the newest entry"
         );
-        if let Some(members) = app.cached_members(Timeline::Newsfeed(*reader)).await {
-            // (Without the completeness marker.)
-            let cached: Vec<i64> = members
-                .iter()
-                .map(|m| member_tweet(m))
-                .filter(|id| *id > 0)
-                .collect();
+        if let Some(cached) = cached_feed_tweets(&app, *reader).await {
             assert_eq!(
                 cached, expected,
                 "reader {reader}: the cached newsfeed merged"

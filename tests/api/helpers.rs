@@ -488,6 +488,19 @@ pub async fn lock_waiters(app: &TestApp, n: i64) {
     .await;
 }
 
+/// The tweet ids of `reader`'s cached newsfeed, newest first, without the completeness marker
+/// (`None`: not cached).
+pub async fn cached_feed_tweets(app: &TestApp, reader: i64) -> Option<Vec<i64>> {
+    let members = app.cached_members(Timeline::Newsfeed(reader)).await?;
+    Some(
+        members
+            .iter()
+            .map(|m| member_tweet(m))
+            .filter(|id| *id > 0)
+            .collect(),
+    )
+}
+
 /// The tweet id of a newsfeed list member (`"{newsfeed_id}:{tweet_id}:{author_id}"`).
 pub fn member_tweet(member: &str) -> i64 {
     member

@@ -9,7 +9,9 @@ use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::helpers::{CountsOf, TestApp, eventually, lock_waiters, member_tweet, tweet_ids};
+use crate::helpers::{
+    CountsOf, TestApp, cached_feed_tweets, eventually, lock_waiters, member_tweet, tweet_ids,
+};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_reader_holding_the_old_profile_can_not_cache_it_over_an_edit(db: PgPool) {
@@ -103,6 +105,29 @@ async fn likes_racing_cancels_and_comment_deletes_racing_tweet_deletes_are_never
     }
 }
 
+/// Runs two job runners side by side (one job, or one batch of fan-outs, each) with their
+/// cache steps held until both have committed.
+async fn two_runners_commit_before_either_merges(app: &Arc<TestApp>) {
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    let held = gate.clone().lock_owned().await;
+    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
+    let runners = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let w = &app.state.worker;
+            let (x, y) = tokio::join!(w.run_one(), w.run_one());
+            (x.unwrap(), y.unwrap())
+        })
+    };
+    eventually("both runners committed", async || {
+        app.outbox_rows().await == 2
+    })
+    .await;
+    drop(held);
+    assert_eq!(runners.await.unwrap(), (true, true));
+    app.state.cache.set_after_commit(AfterCommit::Apply);
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: PgPool) {
     // One job per runner (a runner would otherwise take both fan-outs as one batch).
@@ -118,24 +143,7 @@ async fn two_fan_outs_that_share_a_follower_both_merge_into_the_cached_feed(db: 
     let c = app.tweet(&tc, "from carol").await["id"].as_i64().unwrap();
 
     // Both fan-outs read bob's generation and commit before either merges.
-    let gate = Arc::new(tokio::sync::Mutex::new(()));
-    let held = gate.clone().lock_owned().await;
-    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
-    let runners = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let w = &app.state.worker;
-            let (x, y) = tokio::join!(w.run_one(), w.run_one());
-            (x.unwrap(), y.unwrap())
-        })
-    };
-    eventually("both batches committed", async || {
-        app.outbox_rows().await == 2
-    })
-    .await;
-    drop(held);
-    assert_eq!(runners.await.unwrap(), (true, true));
-    app.state.cache.set_after_commit(AfterCommit::Apply);
+    two_runners_commit_before_either_merges(&app).await;
 
     let cached = app
         .cached_members(Timeline::Newsfeed(bob))
@@ -186,24 +194,7 @@ async fn two_fan_out_batches_that_share_followers_both_merge_into_the_cached_fee
     for (_, token) in &authors {
         app.tweet(token, "to both").await;
     }
-    let gate = Arc::new(tokio::sync::Mutex::new(()));
-    let held = gate.clone().lock_owned().await;
-    app.state.cache.set_after_commit(AfterCommit::Gate(gate));
-    let runners = {
-        let app = app.clone();
-        tokio::spawn(async move {
-            let w = &app.state.worker;
-            let (x, y) = tokio::join!(w.run_one(), w.run_one());
-            (x.unwrap(), y.unwrap())
-        })
-    };
-    eventually("both batches committed", async || {
-        app.outbox_rows().await == 2
-    })
-    .await;
-    drop(held);
-    assert_eq!(runners.await.unwrap(), (true, true));
-    app.state.cache.set_after_commit(AfterCommit::Apply);
+    two_runners_commit_before_either_merges(&app).await;
     for (reader, token) in &readers {
         let placed: Vec<i64> = sqlx::query_scalar(
             "select tweet_id from newsfeeds where user_id = $1 order by created_at desc",
@@ -216,12 +207,7 @@ async fn two_fan_out_batches_that_share_followers_both_merge_into_the_cached_fee
         // A merge that lands before the other batch's (their order after the commits is
         // free) finds the feed's newest entry older than the head it followed, and drops the
         // feed instead of leaving a gap; a feed still cached holds exactly the rows.
-        if let Some(members) = app.cached_members(Timeline::Newsfeed(*reader)).await {
-            let cached: Vec<i64> = members
-                .iter()
-                .map(|m| member_tweet(m))
-                .filter(|id| *id > 0)
-                .collect();
+        if let Some(cached) = cached_feed_tweets(&app, *reader).await {
             assert_eq!(cached, placed);
         }
         assert_eq!(
