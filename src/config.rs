@@ -206,6 +206,28 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub fanout_batch_jobs: u32,
 
+    /// Hybrid timelines: an author with more followers than this is not fanned out; readers
+    /// pull the author's tweets into their newsfeed at read time (see `hybrid`).
+    #[arg(
+        long,
+        global = true,
+        env = "CHIRP_FANOUT_PULL_ABOVE",
+        default_value_t = 10_000
+    )]
+    pub fanout_pull_above: u64,
+
+    /// Hysteresis of the hybrid timelines: a pulled author is fanned out again only once its
+    /// followers drop below this (default: 90% of `CHIRP_FANOUT_PULL_ABOVE`).
+    #[arg(long, global = true, env = "CHIRP_FANOUT_PULL_BELOW")]
+    pub fanout_pull_below: Option<u64>,
+
+    /// How long (ms) an author who crossed `CHIRP_FANOUT_PULL_ABOVE` stays fanned out before its
+    /// tweets are pulled: every process re-reads the set of pulled authors at least twice in
+    /// this time, so none reads a newsfeed without a pulled tweet it shows later.
+    #[arg(long, global = true, env = "CHIRP_FANOUT_PULL_SETTLE_MS", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u64).range(10..=600_000))]
+    pub fanout_pull_settle_ms: u64,
+
     /// Compose back-pressure: while the oldest fan-out job no runner has taken yet waited
     /// longer than this many ms, `POST /api/tweets/` answers 503 with `Retry-After` instead
     /// of accepting a tweet its followers would see late (see `jobs::Backlog`); 0 turns it

@@ -27,6 +27,9 @@ pub struct Pair {
     pub source: i64,
     /// The advisory lock's name (`newsfeed-pair`, `list-member`).
     pub lock: &'static str,
+    /// Whether the timeline's entries are ordered with pulled tweets (a newsfeed): the
+    /// backfill ends with the pull clock's check ([`crate::hybrid::check`]).
+    pub pull_clock: bool,
     /// `select exists (…)`: does the pair exist now?
     pub exists: &'static str,
     /// A statement the backfill runs before `copy` that returns the timeline's newest entry
@@ -65,42 +68,55 @@ impl Pair {
 /// # Errors
 /// Postgres failed; the job is retried.
 pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
-    let mut tx = worker.db.begin().await?;
-    if !pair.lock_and_check(&mut tx).await? {
-        return Ok(()); // ended meanwhile
-    }
-    let guard = worker
-        .cache
-        .removal_generations(&[pair.timeline.key()])
-        .await
-        .ok()
-        .and_then(|mut g| g.pop());
-    let after: Option<crate::time::Timestamp> = match pair.head {
-        Some(head) => sqlx::query_scalar(head)
-            .bind(pair.owner)
-            .fetch_one(&mut *tx)
+    // Tries rolled back by the pull clock's check (crate::hybrid::check).
+    let mut conflicts = 0;
+    loop {
+        let mut tx = worker.db.begin().await?;
+        if !pair.lock_and_check(&mut tx).await? {
+            return Ok(()); // ended meanwhile
+        }
+        let guard = worker
+            .cache
+            .removal_generations(&[pair.timeline.key()])
             .await
-            .context("locking the timeline's head")?,
-        None => None,
-    };
-    let rows: Vec<ListEntry> = sqlx::query_as(pair.copy)
-        .bind(pair.owner)
-        .bind(pair.source)
-        .bind(worker.backfill_limit as i64)
-        .bind(chrono::Utc::now())
-        .fetch_all(&mut *tx)
-        .await
-        .context("inserting the backfill")?;
-    if rows.is_empty() {
+            .ok()
+            .and_then(|mut g| g.pop());
+        let after: Option<crate::time::Timestamp> = match pair.head {
+            Some(head) => sqlx::query_scalar(head)
+                .bind(pair.owner)
+                .fetch_one(&mut *tx)
+                .await
+                .context("locking the timeline's head")?,
+            None => None,
+        };
+        if pair.pull_clock && conflicts >= crate::hybrid::OPTIMISTIC_TRIES {
+            // After the head's lock, before the copy reads the clock.
+            crate::hybrid::lock_clock(&mut tx).await?;
+        }
+        let rows: Vec<ListEntry> = sqlx::query_as(pair.copy)
+            .bind(pair.owner)
+            .bind(pair.source)
+            .bind(worker.backfill_limit as i64)
+            .bind(chrono::Utc::now())
+            .fetch_all(&mut *tx)
+            .await
+            .context("inserting the backfill")?;
+        let times = rows.iter().map(|r| r.created_at);
+        let (Some(oldest), Some(newest)) = (times.clone().min(), times.max()) else {
+            return Ok(());
+        };
+        let staged = worker
+            .cache
+            .stage(&mut tx, &[pair.timeline.guarded_merge(guard, after, &rows)])
+            .await?;
+        if pair.pull_clock && !crate::hybrid::check(&mut tx, oldest, newest).await? {
+            conflicts += 1;
+            continue; // rolled back: copy again
+        }
+        tx.commit().await.context("committing the backfill")?;
+        worker.cache.finish(&worker.db, staged).await;
         return Ok(());
     }
-    let staged = worker
-        .cache
-        .stage(&mut tx, &[pair.timeline.guarded_merge(guard, after, &rows)])
-        .await?;
-    tx.commit().await.context("committing the backfill")?;
-    worker.cache.finish(&worker.db, staged).await;
-    Ok(())
 }
 
 /// Unmerge: unless the pair exists again by now, removes the source's tweets from the timeline

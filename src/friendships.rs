@@ -99,6 +99,18 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
             };
             jobs::enqueue(&mut tx, &job).await?;
             let staged = cache.stage(&mut tx, &updates).await?;
+            // From here the followee's pulled tweets are pulled; older ones are the backfill's
+            // (crate::hybrid): the pull clock's time and the database's, read holding the
+            // clock shared until the commit.
+            sqlx::query(
+                "update friendships set visible_from = (
+                     select greatest(clock, at + interval '1 microsecond') from pull_clock_share())
+                 where from_user_id = $1 and to_user_id = $2",
+            )
+            .bind(me)
+            .bind(target)
+            .execute(&mut *tx)
+            .await?;
             tx.commit().await?;
             Ok((Followed::New(created_at), Some(staged)))
         })

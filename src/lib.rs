@@ -13,6 +13,7 @@ pub mod error;
 pub mod fanout;
 pub mod friendships;
 pub mod http;
+pub mod hybrid;
 pub mod import;
 pub mod jobs;
 pub mod likes;

@@ -527,6 +527,7 @@ fn membership(list: i64, member: i64) -> Pair {
         owner: list,
         source: member,
         lock: "list-member",
+        pull_clock: false,
         exists: "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
         head: None,
         copy: "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)

@@ -1,13 +1,16 @@
 //! Newsfeeds: the fan-out-on-write rows of `newsfeeds` (every SQL statement on that table lives
 //! here) and the three jobs that keep them: fan-out of a new tweet, follow backfill and unfollow
 //! unmerge (the merge / unmerge of Mastodon's `FeedManager` and Redis in Action ch. 8). The read
-//! path is the generic one of [`crate::timeline`].
+//! path is the generic one of [`crate::timeline`] ([`read`]).
 //!
 //! Each job step commits its rows and stages its cache updates in the outbox in one transaction
 //! (see [`crate::cache::update`]), so a crash between the commit and Redis is repaired by the
 //! relay, and a re-run of a step is harmless. Backfill and unmerge are the shared steps of
 //! [`crate::fanout`] on the (follower, followee) pair, so follow / unfollow / follow in any job
 //! order ends with the feed matching the friendship.
+//!
+//! The tweets of authors with very many followers are not fanned out but pulled at read time
+//! ([`crate::hybrid`], [`read`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +20,7 @@ use sqlx::{PgConnection, PgPool};
 
 use crate::cache::{ListKey, Update};
 use crate::fanout::{self, Pair};
+use crate::hybrid;
 use crate::jobs::{self, Worker};
 use crate::model::TweetRecord;
 use crate::streams;
@@ -59,6 +63,10 @@ macro_rules! shift_column {
 /// their common readers in the same order and never deadlock. A reader without a head row
 /// (no entry yet) gets one.
 ///
+/// The entries are also stamped above the newest pulled tweet, and the caller ends its
+/// transaction with [`hybrid::check`], so pulled tweets and rows keep one order (see
+/// [`crate::hybrid`]).
+///
 /// # Errors
 /// Postgres failed.
 pub async fn stamp(
@@ -69,7 +77,8 @@ pub async fn stamp(
     // `prev` is scratch: only this statement's RETURNING reads it (the row stays locked).
     sqlx::query_as(
         "insert into feed_heads as h (user_id, head)
-         select r, $2 from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         select r, greatest($2, (select at from pull_clock) + interval '1 microsecond')
+         from unnest($1::bigint[]) with ordinality as x(r, i) order by i
          on conflict (user_id) do update
              set prev = nullif(h.head, '-infinity'),
                  head = greatest(excluded.head, h.head + interval '1 microsecond')
@@ -97,6 +106,25 @@ pub async fn unstamp(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()>
         .map(|_| ())
 }
 
+/// Locks the head rows of `readers` (ascending ids; creating missing ones) until the
+/// transaction ends, stamping nothing: taken before the pull clock by a writer that must hold
+/// both (a pulled compose, a writer's retry that holds the clock from the start), so every
+/// transaction takes heads before the clock and none waits in a cycle (see [`crate::hybrid`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_heads(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into feed_heads as h (user_id, head)
+         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update set head = h.head",
+    )
+    .bind(readers)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
 /// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
 pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(concat!(
@@ -111,7 +139,12 @@ pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Ve
     .await
 }
 
-/// A page of user `user_id`'s newsfeed strictly between the cursors, hydrated in the same query.
+/// A page of user `user_id`'s newsfeed strictly between the cursors, hydrated in the same
+/// query: its fan-out rows and the pulled tweets of the followees it pulls
+/// ([`crate::hybrid`]): those after the friendship's `visible_from`, as entries with the
+/// tweet's time and the tweet's id negated as their id (they have no row). This is the
+/// newsfeed's meaning in one query (the oracle the model tests compare every page with); a
+/// cached page of a reader who pulls nothing equals its first branch.
 pub async fn page(
     db: &PgPool,
     user_id: i64,
@@ -120,10 +153,22 @@ pub async fn page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     sqlx::query_as(concat!(
+        "(",
         newsfeed_rows!(),
         "where n.user_id = $1
            and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
-         order by n.created_at desc limit $4"
+         order by n.created_at desc limit $4)
+         union all
+         (select -t.id as entry_id, t.created_at,",
+        crate::feed_row_columns!(),
+        "from users p
+         join friendships f on f.from_user_id = $1 and f.to_user_id = p.id
+         join tweets t on t.user_id = p.id and t.pulled
+         join users u on u.id = t.user_id
+         where p.has_pulled and t.created_at > coalesce(f.visible_from, '-infinity')
+           and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
+         order by t.created_at desc limit $4)
+         order by created_at desc limit $4"
     ))
     .bind(user_id)
     .bind(lt)
@@ -131,6 +176,29 @@ pub async fn page(
     .bind(limit as i64)
     .fetch_all(db)
     .await
+}
+
+/// A page of `reader`'s newsfeed, newest first (see [`crate::timeline::read`] for `req`): the
+/// cached read path, unless the reader follows an author whose tweets are pulled
+/// ([`crate::hybrid`]); then one Postgres query merges its rows with the pulled tweets
+/// ([`page`]), which keeps the page exact (one snapshot of both kinds).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn read(
+    db: &PgPool,
+    cache: &crate::cache::Cache,
+    pulled: &hybrid::PullAuthors,
+    reader: i64,
+    req: &crate::pagination::PageRequest,
+) -> sqlx::Result<Vec<crate::timeline::Item>> {
+    let authors = pulled.current(db).await?;
+    if hybrid::follows_any(db, reader, &authors).await? {
+        let rows = page(db, reader, req.lt, req.gt, req.want()).await?;
+        return crate::timeline::with_likes(db, cache, rows, Some(reader)).await;
+    }
+    let timeline = Timeline::Newsfeed(reader);
+    crate::timeline::read(db, cache, timeline, req, Some(reader)).await
 }
 
 /// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): rows of
@@ -251,18 +319,24 @@ pub async fn fanout(
     };
     // The previous batch's cache step, overlapping this batch's insert.
     let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
+    // Batches rolled back by the pull clock's check (see crate::hybrid).
+    let mut conflicts = 0;
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
-        let tweet: Option<(i64, Timestamp)> =
-            sqlx::query_as("select user_id, created_at from tweets where id = $1 for key share")
-                .bind(tweet_id)
-                .fetch_optional(&mut *tx)
-                .await
-                .context("locking the tweet")?;
-        let Some((author, created_at)) = tweet else {
+        let tweet: Option<(i64, Timestamp, bool)> = sqlx::query_as(
+            "select user_id, created_at, pulled from tweets where id = $1 for key share",
+        )
+        .bind(tweet_id)
+        .fetch_optional(&mut *tx)
+        .await
+        .context("locking the tweet")?;
+        let Some((author, created_at, pulled)) = tweet else {
             break; // deleted meanwhile
         };
+        if pulled {
+            break; // its readers pull it (see crate::hybrid)
+        }
         lock_followers(&mut tx, author, false).await?;
         let batch: Vec<(i64, Timestamp)> = sqlx::query_as(
             "select from_user_id, created_at from friendships
@@ -289,6 +363,11 @@ pub async fn fanout(
         let mut readers = followers.clone();
         readers.sort_unstable();
         readers.dedup();
+        if conflicts >= hybrid::OPTIMISTIC_TRIES {
+            // The heads, then the pull clock, held from before the stamps.
+            lock_heads(&mut tx, &readers).await?;
+            hybrid::lock_clock(&mut tx).await?;
+        }
         let stamped = stamp(&mut tx, &readers, created_at)
             .await
             .context("stamping a batch of newsfeed entries")?;
@@ -363,6 +442,13 @@ pub async fn fanout(
             jobs::finish(&mut *tx, job_id).await?;
         } else {
             jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
+        }
+        let new_times = row_of.values().filter(|r| r.2).map(|r| r.1);
+        if let (Some(oldest), Some(newest)) = (new_times.clone().min(), new_times.max())
+            && !hybrid::check(&mut tx, oldest, newest).await?
+        {
+            conflicts += 1;
+            continue; // rolled back: stamp the batch again
         }
         tx.commit().await.context("committing a fan-out batch")?;
         // The streams (they only need the commit), then the cached newsfeeds, in a task of
@@ -442,14 +528,14 @@ async fn split_fanout(
     let mut tx = worker.db.begin().await?;
     let author: Option<(i64, i64)> = sqlx::query_as(
         "select t.user_id, u.followers_count from tweets t join users u on u.id = t.user_id
-         where t.id = $1 for key share of t",
+         where t.id = $1 and not t.pulled for key share of t",
     )
     .bind(tweet_id)
     .fetch_optional(&mut *tx)
     .await
     .context("locking the tweet")?;
     let Some((author, followers)) = author else {
-        return Ok(None);
+        return Ok(None); // deleted, or pulled (no newsfeed fan-out)
     };
     let followers = usize::try_from(followers).unwrap_or(0);
     let part = part_size(followers, worker.batch_size, worker.fanout_parts);
@@ -502,6 +588,7 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         owner: follower,
         source: followee,
         lock: "newsfeed-pair",
+        pull_clock: true,
         exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
         // Takes the follower's head lock (see [`stamp`]) before the copy reads the newsfeed.
         head: Some(
@@ -510,11 +597,16 @@ fn friendship(follower: i64, followee: i64) -> Pair {
              returning nullif(head, '-infinity')",
         ),
         // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
-        // waited for, and its tweet skipped. Tweets the newsfeed has already are skipped (an
-        // entry of the tweet is never below the tweet's time); the rest are stamped above the
-        // head in their own order (`greatest` of two increasing sequences), and the head moves.
+        // waited for, and its tweet skipped. Pulled tweets after the friendship's
+        // `visible_from` are the reader's to pull (crate::hybrid), not copied. Tweets the
+        // newsfeed has already are skipped (an entry of the tweet is never below the tweet's
+        // time); the rest are stamped above the head and the newest pulled tweet in their own
+        // order (`greatest` of increasing sequences), and the head moves.
         copy: "with x as (
                    select id, created_at from tweets where user_id = $2
+                     and (not pulled or created_at <= (
+                         select coalesce(visible_from, '-infinity') from friendships
+                         where from_user_id = $1 and to_user_id = $2))
                    order by created_at desc limit $3 for key share),
                t as (
                    select id, created_at, row_number() over (order by created_at) as r from x
@@ -526,7 +618,8 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                    select $1, t.id,
                           greatest(t.created_at,
                                    (select head from feed_heads where user_id = $1)
-                                       + t.r * interval '1 microsecond'),
+                                       + t.r * interval '1 microsecond',
+                                   (select at from pull_clock) + t.r * interval '1 microsecond'),
                           $4
                    from t order by t.r
                    returning id, tweet_id, created_at),
@@ -639,15 +732,35 @@ pub struct Leftover {
 /// Postgres failed: nothing of the batch committed, and its jobs are retried.
 #[tracing::instrument(name = "newsfeeds::fanout_batch", skip_all, fields(jobs = jobs.len()))]
 pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Leftover> {
+    let mut tries = 0;
+    loop {
+        let lock_first = tries >= hybrid::OPTIMISTIC_TRIES;
+        if let Some(left) = fanout_batch_once(worker, jobs, lock_first).await? {
+            return Ok(left);
+        }
+        tries += 1; // rolled back by the pull clock's check: stamp the batch again
+    }
+}
+
+/// One try of [`fanout_batch`]: `None` if the pull clock's check rolled it back (a pulled tweet
+/// newer than some of its entries committed meanwhile; see [`hybrid::check`]). `lock_first`:
+/// hold the pull clock before stamping, so the check cannot fail.
+async fn fanout_batch_once(
+    worker: &Worker,
+    jobs: &[Fresh],
+    lock_first: bool,
+) -> anyhow::Result<Option<Leftover>> {
     let mut left = Leftover::default();
     if jobs.is_empty() {
-        return Ok(left);
+        return Ok(Some(left));
     }
     let tweet_ids: Vec<i64> = jobs.iter().map(|j| j.tweet_id).collect();
     let mut tx = worker.db.begin().await?;
     // Also waits for, or excludes, a concurrent delete of each tweet.
-    let mut tweets: Vec<(i64, i64, Timestamp, i64)> = sqlx::query_as(
-        "select t.id, t.user_id, t.created_at, u.followers_count
+    // A pulled tweet (crate::hybrid) counts no followers: its readers pull it.
+    let mut tweets: Vec<(i64, i64, Timestamp, i64, bool)> = sqlx::query_as(
+        "select t.id, t.user_id, t.created_at,
+                case when t.pulled then 0 else u.followers_count end, t.pulled
          from tweets t join users u on u.id = t.user_id
          where t.id = any($1) for key share of t",
     )
@@ -655,13 +768,15 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     .fetch_all(&mut *tx)
     .await
     .context("locking the batch's tweets")?;
-    tweets.sort_by_key(|&(id, _, at, _)| (at, id));
+    let pulled: std::collections::HashSet<i64> =
+        tweets.iter().filter(|t| t.4).map(|t| t.0).collect();
+    tweets.sort_by_key(|&(id, _, at, ..)| (at, id));
     // Authors with more than a batch of followers go the one-tweet path (its parts and
     // per-batch progress); what would make this batch larger than two batches of followers'
     // rows waits for the next one.
     let job_of: HashMap<i64, i64> = jobs.iter().map(|j| (j.tweet_id, j.job_id)).collect();
     let (mut batch, mut pairs) = (Vec::new(), 0_usize);
-    for &(id, author, at, followers) in &tweets {
+    for &(id, author, at, followers, _) in &tweets {
         let followers = usize::try_from(followers).unwrap_or(usize::MAX);
         let job_id = job_of.get(&id).copied().unwrap_or_default();
         let fresh = Fresh {
@@ -689,6 +804,14 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     let mut authors: Vec<i64> = batch.iter().map(|t| t.1).collect();
     authors.sort_unstable();
     authors.dedup();
+    // The authors whose tweets here are fanned out (a pulled one's followers are not read).
+    let mut pushing: Vec<i64> = batch
+        .iter()
+        .filter(|t| !pulled.contains(&t.0))
+        .map(|t| t.1)
+        .collect();
+    pushing.sort_unstable();
+    pushing.dedup();
     sqlx::query(
         "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0))
          from (select a from unnest($1::bigint[]) as a order by a) s",
@@ -700,7 +823,7 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     let follows: Vec<(i64, i64, Timestamp)> = sqlx::query_as(
         "select to_user_id, from_user_id, created_at from friendships where to_user_id = any($1)",
     )
-    .bind(&authors)
+    .bind(&pushing)
     .fetch_all(&mut *tx)
     .await
     .context("reading the authors' followers")?;
@@ -713,7 +836,8 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     }
     // A stale count let a bigger account in: it goes the one-tweet path after all.
     batch.retain(|&(id, author, _, job_id)| {
-        let fits = followers_of.get(&author).map_or(0, Vec::len) <= worker.batch_size;
+        let fits = pulled.contains(&id)
+            || followers_of.get(&author).map_or(0, Vec::len) <= worker.batch_size;
         if !fits {
             left.whole.push(Fresh {
                 job_id,
@@ -724,28 +848,41 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     });
     // Each reader's entries, in the order of their tweets.
     let mut wanted: HashMap<i64, Vec<(i64, i64, Timestamp)>> = HashMap::new();
-    for &(id, author, at, _) in &batch {
+    for &(id, author, at, _) in batch.iter().filter(|t| !pulled.contains(&t.0)) {
         for &reader in followers_of.get(&author).map_or(&[][..], Vec::as_slice) {
             wanted.entry(reader).or_default().push((id, author, at));
         }
     }
     let mut readers: Vec<i64> = wanted.keys().copied().collect();
     readers.sort_unstable();
-    // Locks every reader's head (creating missing ones) in one statement, ascending.
-    let heads: Vec<(i64, Option<Timestamp>)> = sqlx::query_as(
+    // Locks every reader's head (creating missing ones) in one statement, ascending; and reads
+    // the pull clock (crate::hybrid): entries go above the newest pulled tweet.
+    let heads: Vec<(i64, Option<Timestamp>, Option<Timestamp>)> = sqlx::query_as(
         "insert into feed_heads as h (user_id, head)
          select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
          on conflict (user_id) do update set head = h.head
-         returning user_id, nullif(head, '-infinity')",
+         returning user_id, nullif(head, '-infinity'),
+                   (select nullif(at, '-infinity') from pull_clock)",
     )
     .bind(&readers)
     .fetch_all(&mut *tx)
     .await
     .context("locking the readers' heads")?;
-    let head_of: HashMap<i64, Option<Timestamp>> = heads.into_iter().collect();
+    let mut pull_clock = heads.iter().filter_map(|h| h.2).max();
+    if lock_first {
+        // The pull clock after the heads, and read again under it.
+        hybrid::lock_clock(&mut tx).await?;
+        pull_clock = sqlx::query_scalar("select nullif(at, '-infinity') from pull_clock")
+            .fetch_one(&mut *tx)
+            .await
+            .context("reading the pull clock")?;
+    }
+    let head_of: HashMap<i64, Option<Timestamp>> =
+        heads.into_iter().map(|(r, head, _)| (r, head)).collect();
     let (mut pair_readers, mut pair_tweets, mut pair_times) = (Vec::new(), Vec::new(), Vec::new());
     for &reader in &readers {
-        let mut previous = head_of.get(&reader).copied().flatten();
+        // Above the reader's head and the newest pulled tweet.
+        let mut previous = head_of.get(&reader).copied().flatten().max(pull_clock);
         for &(tweet, _, at) in &wanted[&reader] {
             let time = match previous {
                 Some(p) if p >= at => p + chrono::Duration::microseconds(1),
@@ -882,6 +1019,12 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     .execute(&mut *tx)
     .await
     .context("recording the batch's progress")?;
+    let new_times = rows.iter().filter(|r| r.4).map(|r| r.3);
+    if let (Some(oldest), Some(newest)) = (new_times.clone().min(), new_times.max())
+        && !hybrid::check(&mut tx, oldest, newest).await?
+    {
+        return Ok(None); // rolled back
+    }
     tx.commit().await.context("committing a fan-out batch")?;
     // The streams, in the order of the tweets, then the cached newsfeeds (the outbox row
     // repairs what a crash leaves).
@@ -899,5 +1042,5 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
         }
     }
     worker.cache.finish(&worker.db, staged).await;
-    Ok(left)
+    Ok(Some(left))
 }

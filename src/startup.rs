@@ -218,7 +218,8 @@ pub async fn main() -> anyhow::Result<()> {
             if cache.enabled() {
                 crate::cache::outbox::recover(&cache, &db).await;
             }
-            let done = crate::import::replay::run(&db, &cache, &args).await?;
+            let pull = crate::hybrid::PullPolicy::from_config(&cli.config);
+            let done = crate::import::replay::run(&db, &cache, &pull, &args).await?;
             println!("{done}");
             Ok(())
         }

@@ -56,6 +56,11 @@ pub struct Shared {
     pub replica: Arc<crate::replica::Replica>,
     /// Compose back-pressure: how far behind the fan-out is (`CHIRP_FANOUT_MAX_WAIT_MS`).
     pub backlog: Arc<crate::jobs::Backlog>,
+    /// Hybrid timelines: which composes are pulled instead of fanned out
+    /// (`CHIRP_FANOUT_PULL_ABOVE`, see [`crate::hybrid`]).
+    pub pull: crate::hybrid::PullPolicy,
+    /// The authors whose tweets newsfeed reads pull, as this process last read them.
+    pub pull_authors: Arc<crate::hybrid::PullAuthors>,
 }
 
 impl AppState {
@@ -100,6 +105,7 @@ impl AppState {
             idle: std::time::Duration::from_secs(config.chat_idle_secs),
         };
         let config_replica = config.clone();
+        let pull = crate::hybrid::PullPolicy::from_config(&config);
         Ok(AppState(Arc::new(Shared {
             chat,
             shutdown: Arc::new(shutdown),
@@ -114,6 +120,8 @@ impl AppState {
             tokens,
             replica: Arc::new(crate::replica::Replica::new(&config_replica)?),
             backlog: Arc::new(crate::jobs::Backlog::new(config_replica.fanout_max_wait_ms)),
+            pull,
+            pull_authors: Arc::new(crate::hybrid::PullAuthors::new(&pull)),
         })))
     }
 }

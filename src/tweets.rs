@@ -10,6 +10,7 @@ use crate::cache::objects::{Cached, CachedTweet, CachedUser};
 use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
+use crate::hybrid::{self, PullPolicy};
 use crate::jobs::{self, Job};
 use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
@@ -263,9 +264,10 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 
 /// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
 /// [`circles::check_can_post`]), with the photos the caller stored already (see
-/// [`crate::media`]). One transaction inserts the tweet, the author's own newsfeed
-/// row, the author's (and circle's) count, the fan-out job (followers, then lists) and the
-/// outbox row of its cache updates. Right after the commit it calls `committed` (the caller
+/// [`crate::media`]). An author above `CHIRP_FANOUT_PULL_ABOVE` followers (`pull`) has its tweet
+/// pulled by its readers instead of fanned out ([`crate::hybrid`]). One transaction inserts the
+/// tweet, the author's own newsfeed row, the author's (and circle's) count, the fan-out job
+/// (followers, then lists) and the outbox row of its cache updates. Right after the commit it calls `committed` (the caller
 /// wakes the job runners: [`crate::jobs::Worker::announce`]), so the fan-out to followers and
 /// lists starts while the author's cached lists (and the circle's tweets and rank) get the
 /// entry (read your writes), the tweet object and its zero counts are cached and the streams
@@ -279,85 +281,112 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 pub async fn create(
     db: &PgPool,
     cache: &Cache,
+    pull: &PullPolicy,
     author: i64,
     new: &NewTweet,
     committed: impl FnOnce(),
 ) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let (tweet, staged) = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
-        let mut tx = db.begin().await?;
-        // The author's row lock first, the time after it: one author's tweets commit in
-        // the order of their times (also across processes whose clocks differ), so a
-        // refresh of the author's tweets from the newest one a client holds misses none.
-        let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-        let newest: Option<Timestamp> =
-            sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
-                .bind(author)
-                .fetch_one(&mut *tx)
-                .await?;
-        let created_at = match newest {
-            Some(newest) if newest >= now => {
-                crate::time::from_micros(crate::time::to_micros(newest) + 1)
-            }
-            _ => now,
-        };
-        let tweet: TweetRecord = sqlx::query_as(
-            "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
-                                     coordinates, place)
-                 values ($1, $2, $3, $4, $5, $6, $7)
+        // Tries rolled back by the pull clock's check (crate::hybrid::check).
+        let mut conflicts = 0;
+        loop {
+            let mut tx = db.begin().await?;
+            // The author's row lock first, the time after it: one author's tweets commit in
+            // the order of their times (also across processes whose clocks differ), so a
+            // refresh of the author's tweets from the newest one a client holds misses none.
+            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+            // Fanned out, or pulled by its readers (crate::hybrid).
+            let pulled = hybrid::mode(&mut tx, pull, author).await?;
+            let newest: Option<Timestamp> =
+                sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
+                    .bind(author)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            let created_at = match newest {
+                Some(newest) if newest >= now => {
+                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
+                }
+                _ => now,
+            };
+            // A pulled tweet is stamped under the pull clock held exclusively (crate::hybrid);
+            // the author's newsfeed head first: every writer takes heads before the clock.
+            let created_at = if pulled {
+                newsfeeds::lock_heads(&mut tx, &[author]).await?;
+                hybrid::stamp_pulled(&mut tx, created_at).await?
+            } else {
+                if conflicts >= hybrid::OPTIMISTIC_TRIES {
+                    newsfeeds::lock_heads(&mut tx, &[author]).await?;
+                    hybrid::lock_clock(&mut tx).await?;
+                }
+                created_at
+            };
+            let tweet: TweetRecord = sqlx::query_as(
+                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
+                                     coordinates, place, pulled)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
                            place",
-        )
-        .bind(author)
-        .bind(&new.content)
-        .bind(created_at)
-        .bind(circle)
-        .bind(&new.photo_urls)
-        .bind(new.coordinates.map(Vec::from))
-        .bind(new.place.clone().map(sqlx::types::Json))
-        .fetch_one(&mut *tx)
-        .await?;
-        let (newsfeed_id, feed_at, feed_prev) =
-            newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
-        if let Some(circle) = circle {
-            circles::shift_tweets(&mut tx, circle, 1).await?;
+            )
+            .bind(author)
+            .bind(&new.content)
+            .bind(created_at)
+            .bind(circle)
+            .bind(&new.photo_urls)
+            .bind(new.coordinates.map(Vec::from))
+            .bind(new.place.clone().map(sqlx::types::Json))
+            .bind(pulled)
+            .fetch_one(&mut *tx)
+            .await?;
+            let (newsfeed_id, feed_at, feed_prev) =
+                newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
+            if let Some(circle) = circle {
+                circles::shift_tweets(&mut tx, circle, 1).await?;
+            }
+            let fanout = Job::Fanout {
+                tweet_id: tweet.id,
+                progress: None,
+                list_progress: None,
+            };
+            jobs::enqueue(&mut tx, &fanout).await?;
+            let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
+            let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+            // Each merge names its predecessor: a list that lacks it (an earlier write's cache
+            // step has not landed yet) is dropped instead.
+            let updates = [
+                (Timeline::UserTweets(author), own, newest),
+                (Timeline::Newsfeed(author), feed, feed_prev),
+            ]
+            .into_iter()
+            .map(|(t, entry, after)| Update::Merge {
+                list: t.key(),
+                guard: Guard::None,
+                after: after.map(crate::time::to_micros),
+                entries: vec![t.scored(&entry)],
+            })
+            .chain([
+                Update::TweetCreated {
+                    tweet: tweet.clone(),
+                    counts: TweetCounts::default(),
+                },
+                Update::UserCounts {
+                    id: author,
+                    counts: author_counts,
+                },
+            ])
+            .chain(circles::created_updates(&tweet))
+            .collect::<Vec<_>>();
+            let staged = cache.stage(&mut tx, &updates).await?;
+            // The author's own row is a newsfeed entry, ordered with pulled tweets.
+            if pulled {
+                hybrid::wait_past(&mut tx, feed_at, None).await?;
+            } else if !hybrid::check(&mut tx, feed_at, feed_at).await? {
+                conflicts += 1;
+                continue; // rolled back: post it again
+            }
+            tx.commit().await?;
+            return Ok((tweet, (staged, newsfeed_id)));
         }
-        let fanout = Job::Fanout {
-            tweet_id: tweet.id,
-            progress: None,
-            list_progress: None,
-        };
-        jobs::enqueue(&mut tx, &fanout).await?;
-        let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
-        let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
-        // Each merge names its predecessor: a list that lacks it (an earlier write's cache
-        // step has not landed yet) is dropped instead.
-        let updates = [
-            (Timeline::UserTweets(author), own, newest),
-            (Timeline::Newsfeed(author), feed, feed_prev),
-        ]
-        .into_iter()
-        .map(|(t, entry, after)| Update::Merge {
-            list: t.key(),
-            guard: Guard::None,
-            after: after.map(crate::time::to_micros),
-            entries: vec![t.scored(&entry)],
-        })
-        .chain([
-            Update::TweetCreated {
-                tweet: tweet.clone(),
-                counts: TweetCounts::default(),
-            },
-            Update::UserCounts {
-                id: author,
-                counts: author_counts,
-            },
-        ])
-        .chain(circles::created_updates(&tweet))
-        .collect::<Vec<_>>();
-        let staged = cache.stage(&mut tx, &updates).await?;
-        tx.commit().await?;
-        Ok((tweet, (staged, newsfeed_id)))
     })
     .await
     .context("inserting the tweet")?;

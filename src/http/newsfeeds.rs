@@ -7,8 +7,8 @@ use axum::routing::get;
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, QueryMap};
 use crate::http::tweets::{JsonBody, timeline_body};
+use crate::newsfeeds;
 use crate::state::AppState;
-use crate::timeline::{self, Timeline};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/api/newsfeeds", get(list))
@@ -19,7 +19,7 @@ pub fn router() -> Router<AppState> {
 /// ones, see [`crate::newsfeeds::stamp`]).
 async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    let timeline = Timeline::Newsfeed(auth.user_id);
-    let items = timeline::read(&state.db, &state.cache, timeline, &req, Some(auth.user_id)).await?;
+    let (db, cache, pulled) = (&state.db, &state.cache, &state.pull_authors);
+    let items = newsfeeds::read(db, cache, pulled, auth.user_id, &req).await?;
     Ok(timeline_body(items, &req, true))
 }

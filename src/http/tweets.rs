@@ -170,7 +170,8 @@ async fn create(
         coordinates,
         place: None,
     };
-    let created = tweets::create(&state.db, &state.cache, auth.user_id, &new, || {
+    let (db, cache, pull) = (&state.db, &state.cache, &state.pull);
+    let created = tweets::create(db, cache, pull, auth.user_id, &new, || {
         state.worker.announce()
     })
     .await;

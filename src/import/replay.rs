@@ -74,7 +74,12 @@ async fn accounts_for(db: &PgPool, tweets: &[InTweet]) -> anyhow::Result<HashMap
 ///
 /// # Errors
 /// An unreadable file, or no accounts in the database.
-pub async fn run(db: &PgPool, cache: &Cache, args: &ReplayArgs) -> anyhow::Result<Replayed> {
+pub async fn run(
+    db: &PgPool,
+    cache: &Cache,
+    pull: &crate::hybrid::PullPolicy,
+    args: &ReplayArgs,
+) -> anyhow::Result<Replayed> {
     let (tweets, skipped, _) = read::read_tweets(&args.tweets)?;
     if skipped.count > 0 {
         tracing::info!(skipped = skipped.count, "unusable tweet lines skipped");
@@ -112,13 +117,14 @@ pub async fn run(db: &PgPool, cache: &Cache, args: &ReplayArgs) -> anyhow::Resul
         };
         let permit = in_flight.clone().acquire_owned().await?;
         let (db, cache, failed, pb) = (db.clone(), cache.clone(), failed.clone(), pb.clone());
+        let pull = *pull;
         tasks.spawn(async move {
             // Its fan-out job is queued: wake the workers of `chirp serve` / `chirp worker`.
             let wake = || {
                 let (cache, db) = (cache.clone(), db.clone());
                 tokio::spawn(async move { crate::jobs::wake_others(&cache, &db).await });
             };
-            if let Err(e) = tweets::create(&db, &cache, author, &new, wake).await {
+            if let Err(e) = tweets::create(&db, &cache, &pull, author, &new, wake).await {
                 tracing::warn!(error = %e, "posting a replayed tweet failed");
                 failed.fetch_add(1, Ordering::Relaxed);
             }

@@ -10,6 +10,7 @@ mod comments;
 mod fanout;
 mod friendships;
 mod helpers;
+mod hybrid;
 mod import;
 mod likes;
 mod limits;

@@ -255,9 +255,16 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
             ..Default::default()
         };
         let committed = || commits += 1;
-        let (t, _) = chirp::tweets::create(app.db(), &app.state.cache, alice_id, &new, committed)
-            .await
-            .expect("create");
+        let (t, _) = chirp::tweets::create(
+            app.db(),
+            &app.state.cache,
+            &app.state.pull,
+            alice_id,
+            &new,
+            committed,
+        )
+        .await
+        .expect("create");
         if matches {
             expected.push(t.id);
         }
@@ -564,10 +571,16 @@ async fn tweets_that_land_during_a_catch_up_are_sent_once_in_order(db: PgPool) {
                     content: format!("during catch-up {i}"),
                     ..Default::default()
                 };
-                let (t, _) =
-                    chirp::tweets::create(&app_state.db, &app_state.cache, me, &new, || ())
-                        .await
-                        .expect("create");
+                let (t, _) = chirp::tweets::create(
+                    &app_state.db,
+                    &app_state.cache,
+                    &app_state.pull,
+                    me,
+                    &new,
+                    || (),
+                )
+                .await
+                .expect("create");
                 ids.push(t.id);
             }
             ids
@@ -754,7 +767,7 @@ async fn chirp_replay_posts_real_tweets_that_reach_the_streams(db: PgPool) {
         limit: 0,
     };
     let mut wakes = app.subscribe(chirp::jobs::TOPIC).await;
-    let done = chirp::import::replay::run(app.db(), &app.state.cache, &replay)
+    let done = chirp::import::replay::run(app.db(), &app.state.cache, &app.state.pull, &replay)
         .await
         .expect("replay");
     assert_eq!((done.posted, done.failed), (3, 0));

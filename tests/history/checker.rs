@@ -23,7 +23,9 @@
 //! A violation prints the seed, the violation and the part of the history that touches the
 //! same ids, and the run repeats its schedule from `CHIRP_MODEL_SEED=<seed>`. The suite runs a
 //! fresh seed for `CHIRP_MODEL_SECONDS` (default 20) and every seed of `seeds.txt` for
-//! a few seconds; `scripts/model --seconds 600` runs it long.
+//! a few seconds; `scripts/model --seconds 600` runs it long. Odd seeds run with hybrid
+//! timelines ([`chirp::hybrid`]) and a threshold of one follower, so actors' tweets are pulled
+//! and fanned out by turns (`CHIRP_MODEL_HYBRID=1|0` forces it).
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -56,12 +58,19 @@ struct Node {
 }
 
 impl Node {
-    async fn start(db: PgPool, redis_url: String, prefix: String) -> Self {
+    async fn start(db: PgPool, redis_url: String, prefix: String, hybrid: bool) -> Self {
         let app = TestApp::with(db, |c| {
             c.redis_url = redis_url;
             c.redis_prefix = prefix;
             // What `chirp serve` runs with (the suite's helpers lengthen it).
             c.near_lease_ms = chirp::cache::lease::DEFAULT_LENGTH_MS;
+            if hybrid {
+                // Hybrid timelines with a threshold the actors cross both ways: an actor with
+                // three followers or more is pulled, one with one or none is fanned out again.
+                c.fanout_pull_above = 2;
+                c.fanout_pull_below = Some(2);
+                c.fanout_pull_settle_ms = 400;
+            }
         })
         .await;
         let state = app.state.clone();
@@ -368,6 +377,13 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         )
         .with_test_writer()
         .try_init();
+    // Hybrid timelines on odd seeds (`CHIRP_MODEL_HYBRID=1` / `0` forces them on / off).
+    let hybrid = match std::env::var("CHIRP_MODEL_HYBRID").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => seed % 2 == 1,
+    };
+    eprintln!("history checker: seed {seed}, hybrid timelines {hybrid}");
     let redis = RedisServer::start().await;
     let prefix = unique_prefix();
     // The last process talks to Redis through a proxy that can break its subscription alone.
@@ -379,7 +395,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         } else {
             redis.url()
         };
-        nodes.push(Node::start(db.clone(), url, prefix.clone()).await);
+        nodes.push(Node::start(db.clone(), url, prefix.clone(), hybrid).await);
     }
     let mut actors = Vec::new();
     for index in 0..ACTORS {
@@ -438,6 +454,17 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
     let _ = faults.await;
     if !world.record.failed() {
         quiet_checks(&world, &mut actors).await;
+    }
+    if hybrid {
+        let pulled: (i64, i64) =
+            sqlx::query_as("select count(*) filter (where pulled), count(*) from tweets")
+                .fetch_one(&db)
+                .await
+                .unwrap_or_default();
+        eprintln!(
+            "history checker: seed {seed}: {} of {} tweets standing were pulled",
+            pulled.0, pulled.1
+        );
     }
     if let Ok(events) = world.record.events.lock() {
         let count = |f: &dyn Fn(&str) -> bool| events.iter().filter(|e| f(&e.what)).count();
@@ -1126,14 +1153,16 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
                 .map(|t| t.with_timezone(&chrono::Utc));
             let Ok(oldest) = oldest else { continue };
             let expected: Vec<(i64, i64)> = match shown {
-                Shown::Newsfeed => sqlx::query_as(
-                    "select id, tweet_id from newsfeeds where user_id = $1 and created_at >= $2",
-                )
-                .bind(me.id)
-                .bind(oldest)
-                .fetch_all(&db)
-                .await
-                .unwrap_or_default(),
+                // The newsfeed's meaning: its rows and the pulled tweets it shows.
+                Shown::Newsfeed => {
+                    let after = oldest - chrono::Duration::microseconds(1);
+                    chirp::newsfeeds::page(&db, me.id, None, Some(after), 100_000)
+                        .await
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|r| (r.entry_id, r.tweet_id))
+                        .collect()
+                }
                 Shown::UserTweets(author) => sqlx::query_as(
                     "select id, id from tweets where user_id = $1 and created_at >= $2",
                 )

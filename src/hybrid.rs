@@ -1,0 +1,255 @@
+//! Hybrid timelines (Twitter's push/pull split of its home timelines; Silberstein et al.,
+//! "Feeding Frenzy: Selectively Materializing Users' Event Feeds", SIGMOD 2010): the tweets of
+//! an author with more than `CHIRP_FANOUT_PULL_ABOVE` followers are not fanned out (no
+//! newsfeed row per follower); each follower's newsfeed reads them at read time, beside its
+//! fan-out rows, with the same cursors ([`crate::newsfeeds::page`]).
+//!
+//! **Which tweets are pulled.** A compose decides for its tweet, under the author's row lock
+//! ([`mode`]): an author above the threshold becomes a pull source (`has_pulled`, in the set
+//! every newsfeed read consults: [`PullAuthors`]), and its tweets are pulled once every process
+//! has re-read that set since (`CHIRP_FANOUT_PULL_SETTLE_MS`); below
+//! `CHIRP_FANOUT_PULL_BELOW` (hysteresis) its tweets are fanned out again. A tweet keeps the
+//! way it was posted: its rows, or its `pulled` flag, never both (but the author's own row and
+//! a follow's backfill: see below), so a crossing in either direction repeats nothing and
+//! leaves no hole.
+//!
+//! **Exact refresh across both kinds.** A newsfeed entry's time is its place in the newsfeed
+//! (docs/decisions/0001): whoever sees an entry must already see every older one, or a refresh
+//! with `created_at__gt` misses it. Fan-out rows keep that under their newsfeed's head lock; a
+//! pulled tweet has no per-reader lock, so one global clock orders the two kinds
+//! (`pull_clock`): every writer of newsfeed entries stamps them above the newest pulled tweet
+//! and, last before its commit, [`check`]s under the clock's lock (shared) that they still lie
+//! above it (else it rolls back and stamps again) and waits for the database clock to pass
+//! them; a pulled tweet is stamped under the lock held exclusively ([`stamp_pulled`]), above
+//! the newest pulled tweet and the database clock. So an entry committed before a pulled tweet
+//! is older than it, and one committed after is newer; and a pulled compose waits only for
+//! writers in their last statement and commit, never for a whole fan-out batch. A follow
+//! records `visible_from` (the same clock): the followee's pulled tweets up to it are copied by
+//! the follow's backfill (stamped above the newsfeed's head, as in pure fan-out), later ones
+//! are pulled. docs/decisions/0004-hybrid-timelines.md.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::config::Config;
+
+/// When a compose pulls its tweet instead of fanning it out (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PullPolicy {
+    /// Followers above which an author's tweets are pulled (`CHIRP_FANOUT_PULL_ABOVE`).
+    pub above: i64,
+    /// Followers below which a pulled author is fanned out again (`CHIRP_FANOUT_PULL_BELOW`).
+    pub below: i64,
+    /// How long an author that crossed `above` waits before its tweets are pulled
+    /// (`CHIRP_FANOUT_PULL_SETTLE_MS`): a process re-reads the pulled authors at least twice
+    /// in it ([`PullAuthors`]).
+    pub settle: Duration,
+}
+
+impl PullPolicy {
+    /// The policy of `config` (`below` defaults to 90% of `above`, and is at most `above`).
+    pub fn from_config(config: &Config) -> Self {
+        let above = i64::try_from(config.fanout_pull_above).unwrap_or(i64::MAX);
+        let below = config
+            .fanout_pull_below
+            .map_or(above - above / 10, |b| i64::try_from(b).unwrap_or(i64::MAX))
+            .min(above);
+        PullPolicy {
+            above,
+            below,
+            settle: Duration::from_millis(config.fanout_pull_settle_ms),
+        }
+    }
+}
+
+/// Decides, under the author's row lock (the caller holds it), whether `author`'s new tweet is
+/// pulled, and moves the author between the modes: above `policy.above` followers an author
+/// becomes a pull source (pending), its next compose starts the settle time, and tweets posted
+/// after it are pulled; below `policy.below` they are fanned out again. Returns `true` if the
+/// tweet is pulled.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn mode(tx: &mut PgConnection, policy: &PullPolicy, author: i64) -> sqlx::Result<bool> {
+    let settle_us = i64::try_from(policy.settle.as_micros()).unwrap_or(i64::MAX);
+    // SET reads the old values, RETURNING the new ones.
+    sqlx::query_scalar(
+        "update users set
+             pull_from = case
+                 when pull_from is null and followers_count > $2 then 'infinity'
+                 when pull_from is not null and followers_count < $3 then null
+                 when pull_from = 'infinity' then clock_timestamp() + $4 * interval '1 microsecond'
+                 else pull_from end,
+             has_pulled = has_pulled or (pull_from is null and followers_count > $2)
+         where id = $1
+         returning coalesce(pull_from <= clock_timestamp(), false)",
+    )
+    .bind(author)
+    .bind(policy.above)
+    .bind(policy.below)
+    .bind(settle_us)
+    .fetch_optional(tx)
+    .await
+    .map(|pulled| pulled.unwrap_or(false))
+}
+
+/// Takes the `pull-clock` lock shared, for the rest of the transaction, before the caller
+/// stamps entries: its [`check`] then cannot fail. A writer's retry after [`check`] failed
+/// (pulled tweets kept committing while it stamped) does this, so it makes progress. Take the
+/// newsfeed heads the writer stamps first ([`crate::newsfeeds::lock_heads`]): every
+/// transaction takes heads before the clock.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_clock(tx: &mut PgConnection) -> sqlx::Result<()> {
+    sqlx::query("select pg_advisory_xact_lock_shared(hashtextextended('pull-clock', 0))")
+        .execute(tx)
+        .await
+        .map(|_| ())
+}
+
+/// Retries an entry writer makes before it holds the pull clock from the start
+/// ([`lock_clock`]).
+pub const OPTIMISTIC_TRIES: u32 = 2;
+
+/// The last step of every writer of newsfeed entries, right before its commit: takes the
+/// `pull-clock` lock shared (until the commit) and checks that its entries, the oldest at
+/// `oldest`, all lie above the newest pulled tweet (`false`: a pulled tweet newer than one of
+/// them committed since they were stamped; roll back and stamp again); then waits until the
+/// database clock has passed `newest`, so a pulled tweet stamped after the commit lies above
+/// them (entries take their tweets' times, or a few µs past a head: nearly never a wait). The
+/// lock is held for one statement and the commit, so a pulled compose waits that long at most.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn check(
+    tx: &mut PgConnection,
+    oldest: crate::time::Timestamp,
+    newest: crate::time::Timestamp,
+) -> sqlx::Result<bool> {
+    let (pulled, clock): (Option<crate::time::Timestamp>, crate::time::Timestamp) =
+        sqlx::query_as("select nullif(at, '-infinity'), clock from pull_clock_share()")
+            .fetch_one(&mut *tx)
+            .await?;
+    if pulled.is_some_and(|pulled| oldest <= pulled) {
+        return Ok(false);
+    }
+    wait_past(tx, newest, Some(clock)).await?;
+    Ok(true)
+}
+
+/// The time of a pulled tweet whose author's newest tweet is older than `floor`: above it,
+/// above the newest pulled tweet and above the database clock (so above every newsfeed entry
+/// committed before: their writers wait for the clock to pass them in [`check`]). Takes the
+/// `pull-clock` lock exclusively until the commit (a pulled compose waits for the entry writers
+/// in their last statement, and they wait for it) and moves the clock to the new time.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn stamp_pulled(
+    tx: &mut PgConnection,
+    floor: crate::time::Timestamp,
+) -> sqlx::Result<crate::time::Timestamp> {
+    sqlx::query_scalar("select pull_clock_stamp($1)")
+        .bind(floor)
+        .fetch_one(tx)
+        .await
+}
+
+/// The authors with pulled tweets, as this process last read them: every newsfeed read asks
+/// whether its reader follows one ([`follows_any`]). Re-read from Postgres when older than a
+/// half of the settle time: an author's tweets are pulled only a settle time after it joined
+/// the set, so no process reads a newsfeed without the pulled tweets it would show a moment
+/// later (below entries the client already holds).
+pub struct PullAuthors {
+    held: Mutex<Option<(Instant, Arc<Vec<i64>>)>>,
+    reading: tokio::sync::Mutex<()>,
+    max_age: Duration,
+}
+
+impl PullAuthors {
+    /// An empty memory for `policy`.
+    pub fn new(policy: &PullPolicy) -> Self {
+        PullAuthors {
+            held: Mutex::new(None),
+            reading: tokio::sync::Mutex::new(()),
+            max_age: policy.settle / 2,
+        }
+    }
+
+    fn fresh(&self) -> Option<Arc<Vec<i64>>> {
+        let held = self.held.lock().ok()?;
+        held.as_ref()
+            .filter(|(at, _)| at.elapsed() < self.max_age)
+            .map(|(_, authors)| authors.clone())
+    }
+
+    /// The authors with pulled tweets (ascending ids; usually none).
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn current(&self, db: &PgPool) -> sqlx::Result<Arc<Vec<i64>>> {
+        if let Some(authors) = self.fresh() {
+            return Ok(authors);
+        }
+        // One reader at a time: the others wait and take its answer.
+        let _reading = self.reading.lock().await;
+        if let Some(authors) = self.fresh() {
+            return Ok(authors);
+        }
+        // The time before the query: the answer holds everything committed before it.
+        let asked = Instant::now();
+        let authors: Vec<i64> =
+            sqlx::query_scalar("select id from users where has_pulled order by id")
+                .fetch_all(db)
+                .await?;
+        let authors = Arc::new(authors);
+        if let Ok(mut held) = self.held.lock() {
+            *held = Some((asked, authors.clone()));
+        }
+        Ok(authors)
+    }
+}
+
+/// Whether `reader` follows any of `authors` (the pulled authors: [`PullAuthors::current`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn follows_any(db: &PgPool, reader: i64, authors: &[i64]) -> sqlx::Result<bool> {
+    if authors.is_empty() {
+        return Ok(false);
+    }
+    sqlx::query_scalar(
+        "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = any($2))",
+    )
+    .bind(reader)
+    .bind(authors)
+    .fetch_one(db)
+    .await
+}
+
+/// Waits until the database clock has passed `newest`, the newest newsfeed entry time the
+/// caller's transaction wrote (see [`check`]): a pulled tweet stamped after the commit is then
+/// newer than every entry committed before it. `clock` is the database clock the caller read
+/// last, if it did (`None`: ask).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn wait_past(
+    tx: &mut PgConnection,
+    newest: crate::time::Timestamp,
+    clock: Option<crate::time::Timestamp>,
+) -> sqlx::Result<()> {
+    if clock.is_some_and(|c| c > newest) {
+        return Ok(());
+    }
+    sqlx::query(
+        "select pg_sleep(greatest(0, extract(epoch from $1 - clock_timestamp()) + 0.000002))",
+    )
+    .bind(newest)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
