@@ -298,6 +298,11 @@ pub async fn create(
             let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
             // Fanned out, or pulled by its readers (crate::hybrid).
             let pulled = hybrid::mode(&mut tx, pull, author).await?;
+            // The circle's row before any newsfeed head and the pull clock (the order every
+            // compose locks in: no two wait for each other in a cycle).
+            if let Some(circle) = circle {
+                circles::shift_tweets(&mut tx, circle, 1).await?;
+            }
             let newest: Option<Timestamp> =
                 sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
                     .bind(author)
@@ -340,9 +345,6 @@ pub async fn create(
             .await?;
             let (newsfeed_id, feed_at, feed_prev) =
                 newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
-            if let Some(circle) = circle {
-                circles::shift_tweets(&mut tx, circle, 1).await?;
-            }
             let fanout = Job::Fanout {
                 tweet_id: tweet.id,
                 progress: None,

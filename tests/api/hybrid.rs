@@ -371,3 +371,53 @@ async fn hybrid_newsfeeds_are_pure_fan_out_over_random_histories(db: PgPool) {
         "seed {seed}: no author went back to fan-out"
     );
 }
+
+/// A pulled author and others post into one circle at once: every compose locks the circle's
+/// row before the pull clock (a pulled compose holds the clock exclusively, and the others
+/// take it last), so none deadlocks and every post answers 201.
+#[sqlx::test]
+async fn pulled_and_fanned_out_composes_into_one_circle_never_deadlock(db: PgPool) {
+    let app = std::sync::Arc::new(hybrid_app(db, 2, 2).await);
+    let (star, star_token) = app.signup("star").await;
+    let mut tokens = vec![star_token.clone()];
+    for i in 0..3 {
+        let (_, token) = app.signup(&format!("fan{i}")).await;
+        app.follow(&token, star).await;
+        tokens.push(token);
+    }
+    let res = app
+        .post(
+            "/api/circles/",
+            Some(&star_token),
+            json!({"name": "together"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let circle = res.body["id"].as_i64().expect("id");
+    for token in &tokens[1..] {
+        let uri = format!("/api/circles/{circle}/join/");
+        let res = app.post(&uri, Some(token), json!({})).await;
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    }
+    app.tweets(&star_token, "crossing", 2).await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let mut posts = Vec::new();
+    for (i, token) in tokens.iter().enumerate() {
+        let (app, token) = (app.clone(), token.clone());
+        posts.push(tokio::spawn(async move {
+            for n in 0..15 {
+                let body = json!({"content": format!("{i}-{n}"), "circle_id": circle});
+                let res = app.post("/api/tweets/", Some(&token), body).await;
+                assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+            }
+        }));
+    }
+    for post in posts {
+        post.await.expect("posts");
+    }
+    let pulled: i64 = sqlx::query_scalar("select count(*) from tweets where pulled")
+        .fetch_one(app.db())
+        .await
+        .expect("count");
+    assert!(pulled >= 15, "the star's posts were pulled ({pulled})");
+}
