@@ -101,15 +101,15 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
             .fetch_all(&mut *tx)
             .await
             .context("inserting the backfill")?;
-        let times = rows.iter().map(|r| r.created_at);
-        let (Some(oldest), Some(newest)) = (times.clone().min(), times.max()) else {
+        if rows.is_empty() {
             return Ok(());
-        };
+        }
         let staged = worker
             .cache
             .stage(&mut tx, &[pair.timeline.guarded_merge(guard, after, &rows)])
             .await?;
-        if pair.pull_clock && !crate::hybrid::check(&mut tx, oldest, newest).await? {
+        let times = rows.iter().map(|r| r.created_at);
+        if pair.pull_clock && !crate::hybrid::check(&mut tx, times).await? {
             conflicts += 1;
             continue; // rolled back: copy again
         }

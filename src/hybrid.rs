@@ -74,25 +74,34 @@ impl PullPolicy {
 /// Postgres failed.
 pub async fn mode(tx: &mut PgConnection, policy: &PullPolicy, author: i64) -> sqlx::Result<bool> {
     let settle_us = i64::try_from(policy.settle.as_micros()).unwrap_or(i64::MAX);
-    // SET reads the old values, RETURNING the new ones.
+    // The row is written only when the author moves (a compose has just updated it once for
+    // `tweets_count`; a second version of it per compose would be waste).
     sqlx::query_scalar(
-        "update users set
-             pull_from = case
-                 when pull_from is null and followers_count > $2 then 'infinity'
-                 when pull_from is not null and followers_count < $3 then null
-                 when pull_from = 'infinity' then clock_timestamp() + $4 * interval '1 microsecond'
-                 else pull_from end,
-             has_pulled = has_pulled or (pull_from is null and followers_count > $2)
-         where id = $1
-         returning coalesce(pull_from <= clock_timestamp(), false)",
+        "with u as (select pull_from, followers_count from users where id = $1),
+         moved as (
+             update users set
+                 pull_from = case
+                     when u.pull_from is null and u.followers_count > $2 then 'infinity'
+                     when u.pull_from is not null and u.followers_count < $3 then null
+                     else clock_timestamp() + $4 * interval '1 microsecond' end,
+                 has_pulled = users.has_pulled or u.pull_from is null
+             from u
+             where users.id = $1
+               and ((u.pull_from is null and u.followers_count > $2)
+                    or (u.pull_from is not null and u.followers_count < $3)
+                    or u.pull_from = 'infinity')
+             returning users.pull_from)
+         select coalesce(
+             case when exists (select 1 from moved) then (select pull_from from moved)
+                  else (select pull_from from u) end <= clock_timestamp(),
+             false)",
     )
     .bind(author)
     .bind(policy.above)
     .bind(policy.below)
     .bind(settle_us)
-    .fetch_optional(tx)
+    .fetch_one(tx)
     .await
-    .map(|pulled| pulled.unwrap_or(false))
 }
 
 /// Takes the `pull-clock` lock shared, for the rest of the transaction, before the caller
@@ -115,20 +124,27 @@ pub async fn lock_clock(tx: &mut PgConnection) -> sqlx::Result<()> {
 pub const OPTIMISTIC_TRIES: u32 = 2;
 
 /// The last step of every writer of newsfeed entries, right before its commit: takes the
-/// `pull-clock` lock shared (until the commit) and checks that its entries, the oldest at
-/// `oldest`, all lie above the newest pulled tweet (`false`: a pulled tweet newer than one of
-/// them committed since they were stamped; roll back and stamp again); then waits until the
-/// database clock has passed `newest`, so a pulled tweet stamped after the commit lies above
-/// them (entries take their tweets' times, or a few µs past a head: nearly never a wait). The
-/// lock is held for one statement and the commit, so a pulled compose waits that long at most.
+/// `pull-clock` lock shared (until the commit) and checks that the entries it wrote (their
+/// times: `times`) all lie above the newest pulled tweet (`false`: a pulled tweet newer than
+/// one of them committed since they were stamped; roll back and stamp again); then waits until
+/// the database clock has passed the newest, so a pulled tweet stamped after the commit lies
+/// above them (entries take their tweets' times, or a few µs past a head: nearly never a wait).
+/// The lock is held for one statement and the commit, so a pulled compose waits that long at
+/// most. A writer that wrote no entry has nothing to check (`true`, no statement).
 ///
 /// # Errors
 /// Postgres failed.
 pub async fn check(
     tx: &mut PgConnection,
-    oldest: crate::time::Timestamp,
-    newest: crate::time::Timestamp,
+    times: impl IntoIterator<Item = crate::time::Timestamp>,
 ) -> sqlx::Result<bool> {
+    let bounds = times.into_iter().fold(None, |b, t| match b {
+        None => Some((t, t)),
+        Some((lo, hi)) => Some((t.min(lo), t.max(hi))),
+    });
+    let Some((oldest, newest)) = bounds else {
+        return Ok(true);
+    };
     let (pulled, clock): (Option<crate::time::Timestamp>, crate::time::Timestamp) =
         sqlx::query_as("select nullif(at, '-infinity'), clock from pull_clock_share()")
             .fetch_one(&mut *tx)

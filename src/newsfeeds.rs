@@ -444,9 +444,7 @@ pub async fn fanout(
             jobs::save_progress(&mut *tx, job_id, jobs::Part::Followers, last).await?;
         }
         let new_times = row_of.values().filter(|r| r.2).map(|r| r.1);
-        if let (Some(oldest), Some(newest)) = (new_times.clone().min(), new_times.max())
-            && !hybrid::check(&mut tx, oldest, newest).await?
-        {
+        if !hybrid::check(&mut tx, new_times).await? {
             conflicts += 1;
             continue; // rolled back: stamp the batch again
         }
@@ -1020,9 +1018,7 @@ async fn fanout_batch_once(
     .await
     .context("recording the batch's progress")?;
     let new_times = rows.iter().filter(|r| r.4).map(|r| r.3);
-    if let (Some(oldest), Some(newest)) = (new_times.clone().min(), new_times.max())
-        && !hybrid::check(&mut tx, oldest, newest).await?
-    {
+    if !hybrid::check(&mut tx, new_times).await? {
         return Ok(None); // rolled back
     }
     tx.commit().await.context("committing a fan-out batch")?;

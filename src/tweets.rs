@@ -382,7 +382,7 @@ pub async fn create(
             // The author's own row is a newsfeed entry, ordered with pulled tweets.
             if pulled {
                 hybrid::wait_past(&mut tx, feed_at, None).await?;
-            } else if !hybrid::check(&mut tx, feed_at, feed_at).await? {
+            } else if !hybrid::check(&mut tx, [feed_at]).await? {
                 conflicts += 1;
                 continue; // rolled back: post it again
             }

@@ -22,6 +22,15 @@ async fn hybrid_app(db: PgPool, above: u64, below: u64) -> TestApp {
     .await
 }
 
+/// Whether tweet `id` was pulled (posted without newsfeed rows for its author's followers).
+async fn is_pulled(app: &TestApp, id: i64) -> bool {
+    sqlx::query_scalar("select pulled from tweets where id = $1")
+        .bind(id)
+        .fetch_one(app.db())
+        .await
+        .expect("pulled")
+}
+
 /// `(entry id, entry created_at, tweet id)` of a page of newsfeeds.
 fn entries(page: &Value) -> Vec<(i64, String, i64)> {
     page["results"]
@@ -76,12 +85,7 @@ async fn a_pulled_authors_tweet_writes_no_newsfeed_rows_and_is_on_every_follower
         .await
         .expect("count");
     assert_eq!(rows_after, rows_before + 1, "only the author's own row");
-    let is_pulled: bool = sqlx::query_scalar("select pulled from tweets where id = $1")
-        .bind(pulled)
-        .fetch_one(app.db())
-        .await
-        .expect("pulled");
-    assert!(is_pulled);
+    assert!(is_pulled(&app, pulled).await);
     for (_, token) in &fans {
         let page = app.get("/api/newsfeeds/", Some(token)).await;
         assert_eq!(page.status, StatusCode::OK);
@@ -167,12 +171,7 @@ async fn a_fan_out_batch_overtaken_by_a_pulled_tweet_stamps_again_so_no_refresh_
     app.drain().await;
     refresh(&mut held, &mut newest).await;
 
-    let is_pulled: bool = sqlx::query_scalar("select pulled from tweets where id = $1")
-        .bind(pulled)
-        .fetch_one(app.db())
-        .await
-        .expect("pulled");
-    assert!(is_pulled);
+    assert!(is_pulled(&app, pulled).await);
     let tweets: HashSet<i64> = held.values().copied().collect();
     assert!(
         tweets.contains(&pulled),
