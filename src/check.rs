@@ -58,6 +58,7 @@ impl Kind {
             Kind::Timeline(Timeline::UserTweets(_)) => "user tweets",
             Kind::Timeline(Timeline::List(_)) => "list timelines",
             Kind::Timeline(Timeline::Circle(_)) => "circle tweets",
+            Kind::Timeline(Timeline::Pulled(_)) => "pulled tweets",
             Kind::Tweet(_) => "tweet objects",
             Kind::TweetCounts(_) => "tweet counts",
             Kind::User(_) => "user objects",
@@ -85,6 +86,9 @@ fn classify(prefix: &str, key: &str) -> Kind {
         }
         ("posts", Some(b'u')) => {
             id("u").map_or(Kind::Other, |u| Kind::Timeline(Timeline::UserTweets(u)))
+        }
+        ("pulled", Some(b'u')) => {
+            id("u").map_or(Kind::Other, |u| Kind::Timeline(Timeline::Pulled(u)))
         }
         ("items", Some(b'l')) => id("l").map_or(Kind::Other, |l| Kind::Timeline(Timeline::List(l))),
         ("items", Some(b'c')) => {

@@ -27,6 +27,10 @@
 //! records `visible_from` (the same clock): the followee's pulled tweets up to it are copied by
 //! the follow's backfill (stamped above the newsfeed's head, as in pure fan-out), later ones
 //! are pulled. docs/decisions/0004-hybrid-timelines.md.
+//!
+//! **Cached reads.** Each pull source's pulled tweets are one cached list that all its readers
+//! merge with their own rows, checked against one small Postgres snapshot per page
+//! ([`crate::newsfeeds::read`], docs/decisions/0005-cached-pulled-reads.md).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -175,8 +179,8 @@ pub async fn stamp_pulled(
 }
 
 /// The authors with pulled tweets, as this process last read them: every newsfeed read asks
-/// whether its reader follows one ([`follows_any`]). Re-read from Postgres when older than a
-/// half of the settle time: an author's tweets are pulled only a settle time after it joined
+/// which of them its reader follows ([`crate::newsfeeds::sources`]). Re-read from Postgres
+/// when older than a half of the settle time: an author's tweets are pulled only a settle time after it joined
 /// the set, so no process reads a newsfeed without the pulled tweets it would show a moment
 /// later (below entries the client already holds).
 pub struct PullAuthors {
@@ -227,23 +231,6 @@ impl PullAuthors {
         }
         Ok(authors)
     }
-}
-
-/// Whether `reader` follows any of `authors` (the pulled authors: [`PullAuthors::current`]).
-///
-/// # Errors
-/// Postgres failed.
-pub async fn follows_any(db: &PgPool, reader: i64, authors: &[i64]) -> sqlx::Result<bool> {
-    if authors.is_empty() {
-        return Ok(false);
-    }
-    sqlx::query_scalar(
-        "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = any($2))",
-    )
-    .bind(reader)
-    .bind(authors)
-    .fetch_one(db)
-    .await
 }
 
 /// Waits until the database clock has passed `newest`, the newest newsfeed entry time the

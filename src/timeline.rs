@@ -56,17 +56,22 @@ pub enum Timeline {
     List(i64),
     /// The tweets posted into a circle, from `tweets` (see [`crate::circles`]).
     Circle(i64),
+    /// The pulled tweets of a pull source (an author above `CHIRP_FANOUT_PULL_ABOVE`
+    /// followers, [`crate::hybrid`]), from `tweets` where `pulled`: one list that every reader
+    /// of the author merges into its newsfeed ([`newsfeeds::read`]).
+    Pulled(i64),
 }
 
 impl Timeline {
     /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:posts`,
-    /// `{p}:{l7}:items`, `{p}:{c3}:items`), in the split-time layout
+    /// `{p}:{l7}:items`, `{p}:{c3}:items`, `{p}:{u42}:pulled`), in the split-time layout
     /// ([`crate::cache::lists::pack_entry`]). The names changed with each change of encoding,
     /// so lists of an older one are never read (they expire with their TTL).
     pub fn key(self) -> ListKey {
         match self {
             Timeline::Newsfeed(user) => ListKey::timeline(Owner::User(user), "feed"),
             Timeline::UserTweets(user) => ListKey::timeline(Owner::User(user), "posts"),
+            Timeline::Pulled(user) => ListKey::timeline(Owner::User(user), "pulled"),
             Timeline::List(list) => ListKey::timeline(Owner::List(list), "items"),
             Timeline::Circle(circle) => ListKey::timeline(Owner::Circle(circle), "items"),
         }
@@ -82,9 +87,10 @@ impl Timeline {
             Timeline::Newsfeed(_) => {
                 pack_member_shifted(entry.sub_micros, [entry.id, entry.tweet_id], entry.shift)
             }
-            Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
-                pack_member(entry.sub_micros, &[entry.tweet_id])
-            }
+            Timeline::UserTweets(_)
+            | Timeline::List(_)
+            | Timeline::Circle(_)
+            | Timeline::Pulled(_) => pack_member(entry.sub_micros, &[entry.tweet_id]),
         }
     }
 
@@ -97,7 +103,10 @@ impl Timeline {
                 let (sub, [id, tweet_id], shift) = unpack_shifted(member)?;
                 (sub, id, tweet_id, shift)
             }
-            Timeline::UserTweets(_) | Timeline::List(_) | Timeline::Circle(_) => {
+            Timeline::UserTweets(_)
+            | Timeline::List(_)
+            | Timeline::Circle(_)
+            | Timeline::Pulled(_) => {
                 let (sub, [tweet_id]) = unpack_entry::<1>(member)?;
                 (sub, tweet_id, tweet_id, 0)
             }
@@ -143,6 +152,7 @@ impl Timeline {
         match self {
             Timeline::Newsfeed(user) => newsfeeds::entries(db, user, limit).await,
             Timeline::UserTweets(user) => tweets::timeline_entries(db, user, limit).await,
+            Timeline::Pulled(user) => tweets::pulled_entries(db, user, limit).await,
             Timeline::List(list) => lists::feed_entries(db, list, limit).await,
             Timeline::Circle(circle) => circles::timeline_entries(db, circle, limit).await,
         }
@@ -159,6 +169,7 @@ impl Timeline {
     pub async fn owner_exists(self, db: &PgPool, cache: &Cache) -> sqlx::Result<bool> {
         Ok(match self {
             Timeline::Newsfeed(_) => true, // the authenticated viewer's own
+            Timeline::Pulled(_) => true,   // read only for an author the reader follows
             Timeline::UserTweets(user) => !users::load_many(db, cache, &[user]).await?.is_empty(),
             Timeline::List(list) => lists::get(db, list).await?.is_some(),
             Timeline::Circle(circle) => circles::get(db, circle).await?.is_some(),
@@ -167,7 +178,7 @@ impl Timeline {
 
     /// Entries older than `gt` that arrived after `gt` (see [`read`]); only list timelines have
     /// them (a newsfeed entry that arrives behind newer ones is stamped above them:
-    /// [`newsfeeds::stamp`]; a user's own and a circle's tweets are listed in the transaction
+    /// [`newsfeeds::stamp`]; a user's own, a circle's and pulled tweets are listed in the transaction
     /// that writes them).
     async fn late_arrivals(
         self,
@@ -177,7 +188,10 @@ impl Timeline {
     ) -> sqlx::Result<Vec<FeedRow>> {
         match self {
             Timeline::List(list) => lists::late_arrivals(db, list, gt, limit).await,
-            Timeline::Newsfeed(_) | Timeline::UserTweets(_) | Timeline::Circle(_) => Ok(Vec::new()),
+            Timeline::Newsfeed(_)
+            | Timeline::UserTweets(_)
+            | Timeline::Circle(_)
+            | Timeline::Pulled(_) => Ok(Vec::new()),
         }
     }
 
@@ -190,8 +204,9 @@ impl Timeline {
         limit: usize,
     ) -> sqlx::Result<Vec<FeedRow>> {
         match self {
-            Timeline::Newsfeed(user) => newsfeeds::page(db, user, lt, gt, limit).await,
+            Timeline::Newsfeed(user) => newsfeeds::rows_page(db, user, lt, gt, limit).await,
             Timeline::UserTweets(user) => tweets::timeline_page(db, user, lt, gt, limit).await,
+            Timeline::Pulled(user) => tweets::pulled_page(db, user, lt, gt, limit).await,
             Timeline::List(list) => lists::feed_page(db, list, lt, gt, limit).await,
             Timeline::Circle(circle) => circles::timeline_page(db, circle, lt, gt, limit).await,
         }

@@ -303,11 +303,17 @@ pub async fn create(
             if let Some(circle) = circle {
                 circles::shift_tweets(&mut tx, circle, 1).await?;
             }
-            let newest: Option<Timestamp> =
-                sqlx::query_scalar("select max(created_at) from tweets where user_id = $1")
-                    .bind(author)
-                    .fetch_one(&mut *tx)
-                    .await?;
+            // The author's newest tweet, and its newest pulled one if this one is pulled: the
+            // predecessors that guard the merges into its cached lists.
+            let (newest, newest_pulled): (Option<Timestamp>, Option<Timestamp>) = sqlx::query_as(
+                "select (select max(created_at) from tweets where user_id = $1),
+                            case when $2 then (select max(created_at) from tweets
+                                               where user_id = $1 and pulled) end",
+            )
+            .bind(author)
+            .bind(pulled)
+            .fetch_one(&mut *tx)
+            .await?;
             let created_at = match newest {
                 Some(newest) if newest >= now => {
                     crate::time::from_micros(crate::time::to_micros(newest) + 1)
@@ -355,11 +361,13 @@ pub async fn create(
             let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
             // Each merge names its predecessor: a list that lacks it (an earlier write's cache
             // step has not landed yet) is dropped instead.
+            let pulled_list = pulled.then_some((Timeline::Pulled(author), own, newest_pulled));
             let updates = [
                 (Timeline::UserTweets(author), own, newest),
                 (Timeline::Newsfeed(author), feed, feed_prev),
             ]
             .into_iter()
+            .chain(pulled_list)
             .map(|(t, entry, after)| Update::Merge {
                 list: t.key(),
                 guard: Guard::None,
@@ -467,9 +475,9 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     }
     notifications::forget_tweet(&mut tx, id).await?;
     // Its comments and likes go with it (on delete cascade).
-    sqlx::query("delete from tweets where id = $1")
+    let pulled: bool = sqlx::query_scalar("delete from tweets where id = $1 returning pulled")
         .bind(id)
-        .execute(&mut *tx)
+        .fetch_one(&mut *tx)
         .await
         .context("deleting the tweet")?;
     let author_counts = shift_tweets_count(&mut tx, me, -1)
@@ -487,6 +495,14 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
             members: vec![own.member(&entry_of(id, id, &tweet))],
         },
     ];
+    if pulled {
+        // Its readers' newsfeeds merge it from its author's pulled list (crate::hybrid).
+        let list = Timeline::Pulled(me);
+        updates.push(Update::Remove {
+            list: list.key(),
+            members: vec![list.member(&entry_of(id, id, &tweet))],
+        });
+    }
     updates.extend(circles::deleted_updates(&tweet));
     if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
         let feeds = readers
@@ -547,6 +563,48 @@ pub async fn timeline_entries(
          where user_id = $1 order by created_at desc limit $2",
     )
     .bind(user_id)
+    .bind(limit as i64)
+    .fetch_all(db)
+    .await
+}
+
+/// The newest `limit` pulled tweets of user `user_id` (to fill the cache; see
+/// [`crate::hybrid`]).
+pub async fn pulled_entries(
+    db: &PgPool,
+    user_id: i64,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
+    sqlx::query_as(
+        "select id, id as tweet_id, user_id as author_id, created_at from tweets
+         where user_id = $1 and pulled order by created_at desc limit $2",
+    )
+    .bind(user_id)
+    .bind(limit as i64)
+    .fetch_all(db)
+    .await
+}
+
+/// A page of user `user_id`'s pulled tweets strictly between the cursors, hydrated in the
+/// same query (past the cached window of [`crate::timeline::Timeline::Pulled`]).
+pub async fn pulled_page(
+    db: &PgPool,
+    user_id: i64,
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<FeedRow>> {
+    sqlx::query_as(concat!(
+        "select t.id as entry_id, t.created_at,",
+        crate::feed_row_columns!(),
+        "from tweets t join users u on u.id = t.user_id
+         where t.user_id = $1 and t.pulled
+           and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
+         order by t.created_at desc limit $4"
+    ))
+    .bind(user_id)
+    .bind(lt)
+    .bind(gt)
     .bind(limit as i64)
     .fetch_all(db)
     .await

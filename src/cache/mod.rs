@@ -81,6 +81,12 @@ pub struct Stats {
     /// Timeline pages hydrated without a second Redis round trip: every counter they needed came
     /// with the range read, prefetched from this process's page memory ([`pages`]).
     pub prefetched: AtomicU64,
+    /// Newsfeed pages of readers of pull sources merged from cached lists
+    /// ([`crate::newsfeeds::read`]).
+    pub merged: AtomicU64,
+    /// Such pages read from Postgres instead: a list lagged behind the snapshot, or held more
+    /// entries past it than the page.
+    pub merge_fallbacks: AtomicU64,
 }
 
 /// What the post-commit step does: a test hook to simulate a crash between a Postgres commit and

@@ -57,6 +57,8 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "recoveries": s.recoveries.load(Ordering::Relaxed),
             "replicas_distrusted": s.replicas_distrusted.load(Ordering::Relaxed),
             "prefetched": s.prefetched.load(Ordering::Relaxed),
+            "merged": s.merged.load(Ordering::Relaxed),
+            "merge_fallbacks": s.merge_fallbacks.load(Ordering::Relaxed),
         })
     });
     let status = if pg_ok {

@@ -439,6 +439,8 @@ impl TestApp {
             "fallbacks" => &s.fallbacks,
             "fences" => &s.fences,
             "prefetched" => &s.prefetched,
+            "merged" => &s.merged,
+            "merge_fallbacks" => &s.merge_fallbacks,
             _ => &s.errors,
         };
         counter.load(Ordering::Relaxed)

@@ -2,6 +2,7 @@
 //! pulled at read time, not fanned out, and every newsfeed stays what pure fan-out gives.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use rand::rngs::StdRng;
@@ -9,7 +10,9 @@ use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, lock_waiters, page_all, urlencode};
+use chirp::cache::AfterCommit;
+
+use crate::helpers::{TestApp, eventually, lock_waiters, page_all, urlencode};
 
 /// An app whose authors are pulled above `above` followers and pushed again below `below`,
 /// with a settle time short enough for a test.
@@ -363,12 +366,105 @@ async fn hybrid_newsfeeds_are_pure_fan_out_over_random_histories(db: PgPool) {
     .fetch_one(app.db())
     .await
     .expect("counts");
-    eprintln!("seed {seed}: {pulled} pulled tweets, {pushed_after} pushed after a pulled one");
+    let (merged, fallbacks) = (app.stat("merged"), app.stat("merge_fallbacks"));
+    eprintln!(
+        "seed {seed}: {pulled} pulled tweets, {pushed_after} pushed after a pulled one; \
+         {merged} pages merged from cached lists, {fallbacks} from Postgres"
+    );
+    // One process, each write's cache step done before the next read: no list ever lags.
+    assert!(merged > 0, "seed {seed}: no page was merged from the cache");
+    assert_eq!(fallbacks, 0, "seed {seed}: a page fell back to Postgres");
     assert!(pulled > 0, "seed {seed}: no tweet was pulled");
     assert!(
         pushed_after > 0,
         "seed {seed}: no author went back to fan-out"
     );
+}
+
+/// A newsfeed that merges pulled tweets from their author's cached list checks the lists
+/// against one Postgres snapshot: while a pulled tweet's cache step has not landed (process A
+/// committed it and stalls before Redis), a fan-out row of a later tweet is already in the
+/// reader's cached newsfeed (process B). Merged as they stand, the page would show the later
+/// row without the pulled tweet below it, and a refresh from it would never deliver the pulled
+/// one. The page must equal the oracle, and once the list caught up, pages merge from the
+/// cache again.
+#[sqlx::test]
+async fn a_page_merged_while_a_pulled_list_lags_is_the_snapshots_page(db: PgPool) {
+    let b = hybrid_app(db.clone(), 2, 1).await;
+    let prefix = b.prefix.clone();
+    let a = TestApp::with(db, |c| {
+        c.redis_prefix = prefix;
+        c.fanout_pull_above = 2;
+        c.fanout_pull_below = Some(1);
+        c.fanout_pull_settle_ms = 10;
+    })
+    .await;
+    let (star, star_token) = b.signup("star").await;
+    let (reader, reader_token) = b.signup("reader").await;
+    let (friend, friend_token) = b.signup("friend").await;
+    b.follow(&reader_token, friend).await;
+    for fan in [&reader_token, &friend_token, &b.signup("fan").await.1] {
+        b.follow(fan, star).await;
+    }
+    b.tweets(&star_token, "pushed", 2).await;
+    b.drain().await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let first = b.tweet(&star_token, "pulled first").await["id"]
+        .as_i64()
+        .expect("id");
+    assert!(is_pulled(&b, first).await);
+    let oracle = async |app: &TestApp| -> Vec<(i64, i64)> {
+        chirp::newsfeeds::page(app.db(), reader, None, None, 100)
+            .await
+            .expect("oracle")
+            .iter()
+            .map(|r| (r.entry_id, r.tweet_id))
+            .collect()
+    };
+    let served = async |app: &TestApp| -> Vec<(i64, i64)> {
+        let page = app
+            .get("/api/newsfeeds/?page_size=100", Some(&reader_token))
+            .await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        entries(&page.body).iter().map(|e| (e.0, e.2)).collect()
+    };
+    // Both lists cached, the page merged from them.
+    assert_eq!(served(&b).await, oracle(&b).await);
+    assert_eq!(served(&b).await, oracle(&b).await);
+    assert_eq!((b.stat("merged"), b.stat("merge_fallbacks")), (2, 0));
+
+    // Process A commits a pulled tweet and stalls before its cache step.
+    let gate = Arc::new(tokio::sync::Mutex::new(()));
+    let held = gate.clone().lock_owned().await;
+    a.state.cache.set_after_commit(AfterCommit::Gate(gate));
+    let a = Arc::new(a);
+    let post = {
+        let (a, token) = (a.clone(), star_token.clone());
+        tokio::spawn(async move { a.tweet(&token, "pulled late").await["id"].as_i64() })
+    };
+    eventually("the pulled tweet committed", async || {
+        b.outbox_rows().await == 1
+    })
+    .await;
+    // Process B: a later tweet of a pushed author reaches the reader's cached newsfeed.
+    let later = b.tweet(&friend_token, "later").await["id"]
+        .as_i64()
+        .expect("id");
+    b.drain().await;
+    let page = served(&b).await;
+    let expected = oracle(&b).await;
+    assert_eq!(page, expected, "the merged page and the oracle");
+    assert_eq!(page[0].1, later);
+    assert_eq!(b.stat("merge_fallbacks"), 1);
+
+    drop(held);
+    let late = post.await.expect("post").expect("id");
+    assert!(is_pulled(&b, late).await);
+    assert_eq!(b.outbox_rows().await, 0);
+    let page = served(&b).await;
+    assert_eq!(page, oracle(&b).await);
+    assert_eq!(page[1], (-late, late));
+    assert_eq!(b.stat("merge_fallbacks"), 1, "merged from the cache again");
 }
 
 /// A pulled author and others post into one circle at once: every compose locks the circle's

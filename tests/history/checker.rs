@@ -461,9 +461,19 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
                 .fetch_one(&db)
                 .await
                 .unwrap_or_default();
+        let stat = |name| {
+            (0..world.nodes.len())
+                .map(|n| world.app(n).stat(name))
+                .sum::<u64>()
+        };
         eprintln!(
-            "history checker: seed {seed}: {} of {} tweets standing were pulled",
-            pulled.0, pulled.1
+            "history checker: seed {seed}: {} of {} tweets standing were pulled; newsfeed pages \
+             merged from cached lists {}, read from Postgres as a list lagged {} (processes \
+             running at the end)",
+            pulled.0,
+            pulled.1,
+            stat("merged"),
+            stat("merge_fallbacks")
         );
     }
     if let Ok(events) = world.record.events.lock() {
