@@ -423,18 +423,13 @@ pub async fn timeline_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
+    let sql = concat!(
         circle_rows!(),
         "where t.circle_id = $1
            and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
          order by t.created_at desc limit $4"
-    ))
-    .bind(id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    );
+    crate::timeline::fetch_page(db, sql, id, lt, gt, limit).await
 }
 
 /// Parses the rank's `date` (`YYYY-MM-DD`, UTC; default today).

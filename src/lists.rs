@@ -394,18 +394,13 @@ pub async fn feed_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
+    let sql = concat!(
         list_feed_rows!(),
         "where f.list_id = $1
            and f.created_at < coalesce($2, 'infinity') and f.created_at > coalesce($3, '-infinity')
          order by f.created_at desc limit $4"
-    ))
-    .bind(id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    );
+    crate::timeline::fetch_page(db, sql, id, lt, gt, limit).await
 }
 
 /// Rows of list `id`'s timeline older than `gt` that arrived after it (a backfill or late

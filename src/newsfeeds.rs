@@ -40,6 +40,19 @@ macro_rules! newsfeed_rows {
     };
 }
 
+/// The fan-out rows of a hydrated newsfeed page: user `$1`'s, strictly between the cursors
+/// (`$2`, `$3`), `$4` at most, newest first ([`rows_page`], and [`page`]'s first branch).
+macro_rules! rows_between {
+    () => {
+        concat!(
+            newsfeed_rows!(),
+            "where n.user_id = $1
+               and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
+             order by n.created_at desc limit $4"
+        )
+    };
+}
+
 /// The `shift` column of a [`ListEntry`] read from `newsfeeds n join tweets t`: how many µs the
 /// entry's time lies past its tweet's (see [`stamp`]).
 macro_rules! shift_column {
@@ -156,12 +169,10 @@ pub async fn page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
+    let sql = concat!(
         "(",
-        newsfeed_rows!(),
-        "where n.user_id = $1
-           and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
-         order by n.created_at desc limit $4)
+        rows_between!(),
+        ")
          union all
          (select -t.id as entry_id, t.created_at,",
         crate::feed_row_columns!(),
@@ -177,13 +188,8 @@ pub async fn page(
          where u.has_pulled
          order by t.created_at desc limit $4)
          order by created_at desc limit $4"
-    ))
-    .bind(user_id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    );
+    crate::timeline::fetch_page(db, sql, user_id, lt, gt, limit).await
 }
 
 /// A page of user `user_id`'s fan-out rows strictly between the cursors, hydrated in the same
@@ -196,18 +202,7 @@ pub async fn rows_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
-        newsfeed_rows!(),
-        "where n.user_id = $1
-           and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
-         order by n.created_at desc limit $4"
-    ))
-    .bind(user_id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    crate::timeline::fetch_page(db, rows_between!(), user_id, lt, gt, limit).await
 }
 
 /// One source of a newsfeed page that merges pulled tweets ([`read`]), as of one Postgres

@@ -793,6 +793,26 @@ async fn load_page(
     with_likes(db, cache, rows, viewer).await
 }
 
+/// Runs `sql`, a hydrated page query strictly between the cursors whose parameters are the
+/// timeline's owner (`$1`), `lt` (`$2`), `gt` (`$3`) and the limit (`$4`): the Postgres side
+/// of every [`Timeline`] page.
+pub(crate) async fn fetch_page(
+    db: &PgPool,
+    sql: &'static str,
+    owner: i64,
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<FeedRow>> {
+    sqlx::query_as(sql)
+        .bind(owner)
+        .bind(lt)
+        .bind(gt)
+        .bind(limit as i64)
+        .fetch_all(db)
+        .await
+}
+
 /// Items from joined Postgres rows, with `has_liked` for the viewer.
 pub async fn with_likes(
     db: &PgPool,

@@ -552,20 +552,55 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
     .await
 }
 
+/// The SQL of a user's tweets (`$1`) for the cache, newest `$2` first, with `$filter` (`""`, or
+/// `" and pulled"` for the pulled ones, a literal so the partial index serves it).
+macro_rules! user_tweet_entries {
+    ($filter:literal) => {
+        concat!(
+            "select id, id as tweet_id, user_id as author_id, created_at from tweets
+             where user_id = $1",
+            $filter,
+            " order by created_at desc limit $2"
+        )
+    };
+}
+
+/// The SQL of a hydrated page of a user's tweets (`$1`) strictly between the cursors (`$2`,
+/// `$3`), `$4` at most, with `$filter` as in [`user_tweet_entries`].
+macro_rules! user_tweet_page {
+    ($filter:literal) => {
+        concat!(
+            "select t.id as entry_id, t.created_at,",
+            crate::feed_row_columns!(),
+            "from tweets t join users u on u.id = t.user_id
+             where t.user_id = $1",
+            $filter,
+            " and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
+             order by t.created_at desc limit $4"
+        )
+    };
+}
+
+async fn user_entries(
+    db: &PgPool,
+    sql: &'static str,
+    user_id: i64,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
+    sqlx::query_as(sql)
+        .bind(user_id)
+        .bind(limit as i64)
+        .fetch_all(db)
+        .await
+}
+
 /// The newest `limit` entries of user `user_id`'s tweets (for filling the cache).
 pub async fn timeline_entries(
     db: &PgPool,
     user_id: i64,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(
-        "select id, id as tweet_id, user_id as author_id, created_at from tweets
-         where user_id = $1 order by created_at desc limit $2",
-    )
-    .bind(user_id)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    user_entries(db, user_tweet_entries!(""), user_id, limit).await
 }
 
 /// The newest `limit` pulled tweets of user `user_id` (to fill the cache; see
@@ -575,14 +610,7 @@ pub async fn pulled_entries(
     user_id: i64,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(
-        "select id, id as tweet_id, user_id as author_id, created_at from tweets
-         where user_id = $1 and pulled order by created_at desc limit $2",
-    )
-    .bind(user_id)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    user_entries(db, user_tweet_entries!(" and pulled"), user_id, limit).await
 }
 
 /// A page of user `user_id`'s pulled tweets strictly between the cursors, hydrated in the
@@ -594,20 +622,8 @@ pub async fn pulled_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
-        "select t.id as entry_id, t.created_at,",
-        crate::feed_row_columns!(),
-        "from tweets t join users u on u.id = t.user_id
-         where t.user_id = $1 and t.pulled
-           and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
-         order by t.created_at desc limit $4"
-    ))
-    .bind(user_id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    let sql = user_tweet_page!(" and t.pulled");
+    crate::timeline::fetch_page(db, sql, user_id, lt, gt, limit).await
 }
 
 /// A page of user `user_id`'s tweets strictly between the cursors, hydrated in the same query.
@@ -618,20 +634,8 @@ pub async fn timeline_page(
     gt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
-        "select t.id as entry_id, t.created_at,",
-        crate::feed_row_columns!(),
-        "from tweets t join users u on u.id = t.user_id
-         where t.user_id = $1
-           and t.created_at < coalesce($2, 'infinity') and t.created_at > coalesce($3, '-infinity')
-         order by t.created_at desc limit $4"
-    ))
-    .bind(user_id)
-    .bind(lt)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    let sql = user_tweet_page!("");
+    crate::timeline::fetch_page(db, sql, user_id, lt, gt, limit).await
 }
 
 /// Tweet `id`, its counts and its author, from the caches where possible.
