@@ -440,7 +440,9 @@ async fn compare_timeline(
         .map(|e| e.2)
         .min()
         .map(crate::time::from_micros);
-    let mut truth = timeline.entries(db, limit.max(cached.len()) + 1).await?;
+    let mut truth = timeline
+        .entries(db, None, limit.max(cached.len()) + 1)
+        .await?;
     if !complete {
         match floor {
             Some(f) => truth.retain(|e| e.created_at >= f),

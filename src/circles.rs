@@ -403,14 +403,22 @@ macro_rules! circle_rows {
     };
 }
 
-/// The newest `limit` entries of circle `id`'s tweets (for filling the cache).
-pub async fn timeline_entries(db: &PgPool, id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+/// The newest `limit` entries of circle `id`'s tweets older than `lt` (if given), for filling
+/// the cache.
+pub async fn timeline_entries(
+    db: &PgPool,
+    id: i64,
+    lt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
         "select id, id as tweet_id, user_id as author_id, created_at from tweets
-         where circle_id = $1 order by created_at desc limit $2",
+         where circle_id = $1 and created_at < coalesce($3, 'infinity')
+         order by created_at desc limit $2",
     )
     .bind(id)
     .bind(limit as i64)
+    .bind(lt)
     .fetch_all(db)
     .await
 }

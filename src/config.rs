@@ -150,6 +150,13 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub cache_list_limit: u32,
 
+    /// Background loads per process that grow a cold list to `CHIRP_CACHE_LIST_LIMIT` entries
+    /// after its first page was answered from a page-sized load (0: a cold list keeps its
+    /// first, page-sized window and grows only with new entries; older pages read Postgres).
+    #[arg(long, global = true, env = "CHIRP_CACHE_EXTENSIONS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(0..=64))]
+    pub cache_extensions: u32,
+
     /// TTL in seconds of cached lists and objects.
     #[arg(long, global = true, env = "CHIRP_CACHE_TTL_SECS", default_value_t = 604_800,
           value_parser = clap::value_parser!(u64).range(1..))]

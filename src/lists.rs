@@ -373,15 +373,23 @@ macro_rules! list_feed_rows {
     };
 }
 
-/// The newest `limit` entries of list `id`'s timeline (for filling the cache).
-pub async fn feed_entries(db: &PgPool, id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+/// The newest `limit` entries of list `id`'s timeline older than `lt` (if given), for filling
+/// the cache.
+pub async fn feed_entries(
+    db: &PgPool,
+    id: i64,
+    lt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(
         "select f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at
          from list_feeds f join tweets t on t.id = f.tweet_id
-         where f.list_id = $1 order by f.created_at desc limit $2",
+         where f.list_id = $1 and f.created_at < coalesce($3, 'infinity')
+         order by f.created_at desc limit $2",
     )
     .bind(id)
     .bind(limit as i64)
+    .bind(lt)
     .fetch_all(db)
     .await
 }

@@ -139,16 +139,24 @@ pub async fn lock_heads(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<
     .map(|_| ())
 }
 
-/// The newest `limit` entries of user `user_id`'s newsfeed (for filling the cache).
-pub async fn entries(db: &PgPool, user_id: i64, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+/// The newest `limit` entries of user `user_id`'s newsfeed older than `lt` (if given), for
+/// filling the cache.
+pub async fn entries(
+    db: &PgPool,
+    user_id: i64,
+    lt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(concat!(
         "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
         shift_column!(),
         "from newsfeeds n join tweets t on t.id = n.tweet_id
-             where n.user_id = $1 order by n.created_at desc limit $2"
+             where n.user_id = $1 and n.created_at < coalesce($3, 'infinity')
+             order by n.created_at desc limit $2"
     ))
     .bind(user_id)
     .bind(limit as i64)
+    .bind(lt)
     .fetch_all(db)
     .await
 }

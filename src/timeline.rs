@@ -12,8 +12,14 @@
 //!    ([`crate::cache::lists::Head`]).
 //! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
 //!    list, circle or user gets nothing cached), start a load (its generation), load the
-//!    newest `CHIRP_CACHE_LIST_LIMIT` entries from Postgres (one indexed query), store them with
-//!    `FILL` (refused if anything was written since), and answer from what was loaded.
+//!    newest page from Postgres with its tweets and authors (one indexed, joined query of
+//!    `page_size + 3` rows), store it (`page_size + 2` entries) as the list's first window with `FILL` (refused if
+//!    anything was written since) and its objects in the same round trip, release the lock
+//!    (readers who waited read the list) and answer from the rows. The first read that goes
+//!    below that window (step 4) grows the list in the background to `CHIRP_CACHE_LIST_LIMIT`
+//!    entries: it loads the entries below its lowest one and stores them with `EXTEND`
+//!    (refused if anything was written since). A cold first page thus costs what a page needs,
+//!    not what the window needs (issue 42; docs/decisions/0006-page-sized-cold-loads.md).
 //! 3. Hydrate the entries in one pipeline: tweet objects, their counts, their authors and the
 //!    viewer's liked set (tweets, counters and authors this process holds in its near cache,
 //!    [`crate::cache::near`], and counters prefetched in step 1 are not asked for: a warm page
@@ -147,14 +153,20 @@ impl Timeline {
         (score, self.member(entry))
     }
 
-    /// The newest `limit` entries from Postgres (to fill the cache).
-    pub(crate) async fn entries(self, db: &PgPool, limit: usize) -> sqlx::Result<Vec<ListEntry>> {
+    /// The newest `limit` entries from Postgres older than `lt` (if given), to fill or grow
+    /// the cached list.
+    pub(crate) async fn entries(
+        self,
+        db: &PgPool,
+        lt: Option<Timestamp>,
+        limit: usize,
+    ) -> sqlx::Result<Vec<ListEntry>> {
         match self {
-            Timeline::Newsfeed(user) => newsfeeds::entries(db, user, limit).await,
-            Timeline::UserTweets(user) => tweets::timeline_entries(db, user, limit).await,
-            Timeline::Pulled(user) => tweets::pulled_entries(db, user, limit).await,
-            Timeline::List(list) => lists::feed_entries(db, list, limit).await,
-            Timeline::Circle(circle) => circles::timeline_entries(db, circle, limit).await,
+            Timeline::Newsfeed(user) => newsfeeds::entries(db, user, lt, limit).await,
+            Timeline::UserTweets(user) => tweets::timeline_entries(db, user, lt, limit).await,
+            Timeline::Pulled(user) => tweets::pulled_entries(db, user, lt, limit).await,
+            Timeline::List(list) => lists::feed_entries(db, list, lt, limit).await,
+            Timeline::Circle(circle) => circles::timeline_entries(db, circle, lt, limit).await,
         }
     }
 
@@ -392,6 +404,45 @@ pub struct FeedRow {
     pub tweet_created_at: Timestamp,
 }
 
+impl FeedRow {
+    /// The list entry of this row (its tweet's time lies `shift` µs before the entry's).
+    pub fn entry(&self) -> ListEntry {
+        ListEntry::stamped(
+            self.entry_id,
+            self.tweet_id,
+            self.author_id,
+            self.tweet_created_at,
+            self.created_at,
+        )
+    }
+
+    /// Copies of the row's tweet, its counts and its author, to cache.
+    fn objects(&self) -> (TweetRecord, TweetCounts, UserRecord) {
+        let r = self;
+        (
+            TweetRecord {
+                id: r.tweet_id,
+                user_id: r.author_id,
+                content: r.content.clone(),
+                created_at: r.tweet_created_at,
+                circle_id: r.circle_id,
+                photo_urls: r.photo_urls.clone(),
+                coordinates: r.coordinates.clone(),
+                place: r.place.clone(),
+            },
+            r.counts,
+            UserRecord {
+                id: r.author_id,
+                username: r.username.clone(),
+                nickname: r.nickname.clone(),
+                avatar_url: r.avatar_url.clone(),
+                version: r.version,
+                created_at: r.author_created_at,
+            },
+        )
+    }
+}
+
 impl From<FeedRow> for Item {
     fn from(r: FeedRow) -> Self {
         Item {
@@ -527,7 +578,17 @@ async fn read_cached(
         }
         None => {
             stats.misses.fetch_add(1, Ordering::Relaxed);
-            load_window(db, cache, timeline, req).await?
+            match load_window(db, cache, timeline, req, viewer).await? {
+                Loaded::Window(window) => window,
+                Loaded::Page(items) => {
+                    // As below: the next read of this page prefetches its counters.
+                    if let (None, Some(pages)) = (gt, cache.pages()) {
+                        let ids: Vec<i64> = items.iter().map(|i| i.tweet.id()).collect();
+                        pages.remember(shape, &ids);
+                    }
+                    return Ok(Some(items));
+                }
+            }
         }
     };
     let entries: Vec<ListMember> = window
@@ -568,6 +629,9 @@ async fn read_cached(
     }
     if !covered {
         stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        if !window.complete {
+            spawn_extension(db, cache, timeline);
+        }
         // Postgres continues below the lowest item of a full window (members it could not
         // decode made the page short; the list holds more below them, and its floor, if read,
         // lies further down), else below the list's floor.
@@ -586,58 +650,147 @@ async fn read_cached(
     Ok(Some(items))
 }
 
-/// The miss path: one load per list at a time; see the module docs.
+/// What the miss path found: the list as another loader stored it (hydrate it as a hit), or
+/// the page itself, answered from the first fill's Postgres rows.
+enum Loaded {
+    Window(Window),
+    Page(Vec<Item>),
+}
+
+/// The miss path: one load per list at a time (single flight), a page-sized first window
+/// answered at once; the list grows to its full window when a read first goes below it
+/// ([`spawn_extension`]); see the module docs.
 async fn load_window(
     db: &PgPool,
     cache: &Cache,
     timeline: Timeline,
     req: &PageRequest,
-) -> Result<Window, ReadError> {
+    viewer: Option<i64>,
+) -> Result<Loaded, ReadError> {
     let want = req.want();
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
     let list = timeline.key();
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
-    let _loading = flight.acquire().await;
+    let loading = flight.acquire().await;
     if let Some(window) = cache
         .range(list, lt, gt, want, false, Prefetch::default())
         .await?
     {
-        return Ok(window); // another request loaded it while we waited
+        return Ok(Loaded::Window(window)); // another request loaded it while we waited
     }
     if !timeline.owner_exists(db, cache).await? {
         // Nothing to cache: the caller answers the empty page with a 404.
-        return Ok(Window {
+        return Ok(Loaded::Window(Window {
             complete: true,
             floor: None,
             items: Vec::new(),
             ..Window::default()
-        });
+        }));
     }
     // Start the load before the snapshot: a write committed after the snapshot bumps the
     // generation, and FILL then refuses to store the stale load.
     let generation = cache.begin_load(list).await?;
-    let limit = cache.list_limit();
-    let mut entries = timeline.entries(db, limit + 1).await?;
-    let complete = entries.len() <= limit;
-    entries.truncate(limit);
-    let scored: Vec<Scored> = entries.iter().map(|e| timeline.scored(e)).collect();
-    cache.fill(list, &generation, complete, &scored).await?;
-    Ok(Window {
-        complete,
-        floor: if complete {
-            None
-        } else {
-            entries.last().map(|e| time::to_micros(e.created_at))
-        },
-        items: entries
+    // The first window is the newest page, hydrated in the same query: a cold first page costs
+    // what the page needs (issue 42: the whole window, 1,001 rows, took 25–46 ms). One entry
+    // more than the page reads (`want`), so that a warm read of the first page finds more
+    // than it asked for and needs no second round trip for the list's floor (`Cache::range`).
+    let first = (want + 1).min(cache.list_limit()).max(1);
+    let mut rows = timeline.page(db, None, None, first + 1).await?;
+    let complete = rows.len() <= first;
+    rows.truncate(first);
+    let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
+    let objects: Vec<(TweetRecord, TweetCounts, UserRecord)> =
+        rows.iter().map(FeedRow::objects).collect();
+    cache
+        .fill_hydrated(list, &generation, complete, &scored, &objects)
+        .await?;
+    drop(loading);
+    let floor = rows.last().map(|r| time::to_micros(r.created_at));
+    // The page lies inside the first window unless it starts below it.
+    let inside = rows.iter().filter(|r| req.contains(r.created_at)).count();
+    let covered = inside >= want || complete || matches!((gt, floor), (Some(g), Some(f)) if g >= f);
+    let items = if covered {
+        // In the cached form, so this page is the same JSON, byte for byte, as the warm page.
+        let page = rows
             .iter()
-            .zip(scored)
-            .filter(|(e, _)| req.contains(e.created_at))
+            .zip(&objects)
+            .filter(|(r, _)| req.contains(r.created_at))
             .take(want)
-            .map(|(_, (_, member))| member)
-            .collect(),
-        ..Window::default()
-    })
+            .map(|(r, (tweet, counts, user))| Item {
+                id: r.entry_id,
+                created_at: r.created_at,
+                tweet: TweetBody::Cached(CachedTweet::of(tweet)),
+                author: match CachedUser::of(user) {
+                    Some(u) => AuthorBody::Cached(u),
+                    None => AuthorBody::Record(Box::new(user.clone())),
+                },
+                counts: *counts,
+                has_liked: false,
+            })
+            .collect();
+        mark_liked(db, cache, page, viewer).await?
+    } else {
+        load_page(db, cache, timeline, req.lt, req.gt, want, viewer).await?
+    };
+    if !covered {
+        // A page below the first window: grow the list for the pages after it.
+        spawn_extension(db, cache, timeline);
+    }
+    Ok(Loaded::Page(items))
+}
+
+/// Grows an incomplete cached list in the background, if a permit is free
+/// (`CHIRP_CACHE_EXTENSIONS`): called when a read went below its window (a reader scrolls past
+/// the first page), after that read was answered from Postgres. Readers who read one page
+/// (most returning users: issue 42) cost no more than that page.
+fn spawn_extension(db: &PgPool, cache: &Cache, timeline: Timeline) {
+    if let Some(permit) = cache.extension_permit() {
+        let (db, cache) = (db.clone(), cache.clone());
+        tokio::spawn(async move { extend(&db, &cache, timeline, permit).await });
+    }
+}
+
+/// Grows an incomplete cached list downwards to the list limit: loads the entries below its
+/// lowest one and stores them with `EXTEND`, refused if the list was written since the load
+/// began ([`crate::cache::scripts::EXTEND`]), so a growth never loses a concurrent write (the
+/// list then stays as it was: correct, only shorter). Under the list's single-flight lock, so a
+/// process grows a list once at a time.
+async fn extend(
+    db: &PgPool,
+    cache: &Cache,
+    timeline: Timeline,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let list = timeline.key();
+    let Some(flight) = cache.flight(list) else {
+        return;
+    };
+    let _loading = flight.acquire().await;
+    let Ok(Some((generation, floor, len))) = cache.begin_extend(list).await else {
+        return;
+    };
+    let (Some(below), Some(room)) = (floor.micros(), cache.list_limit().checked_sub(len)) else {
+        return;
+    };
+    if room == 0 {
+        return;
+    }
+    let mut entries = match timeline
+        .entries(db, Some(time::from_micros(below)), room + 1)
+        .await
+    {
+        Ok(entries) => entries,
+        Err(e) => {
+            tracing::warn!(error = %e, "growing a cached list failed");
+            return;
+        }
+    };
+    let complete = entries.len() <= room;
+    entries.truncate(room);
+    let scored: Vec<Scored> = entries.iter().map(|e| timeline.scored(e)).collect();
+    let _ = cache
+        .extend(list, &generation, &floor, complete, &scored)
+        .await;
 }
 
 /// Hydrates entries from the object caches, falling back to Postgres for misses. Returns the
@@ -820,7 +973,22 @@ pub async fn with_likes(
     rows: Vec<FeedRow>,
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
-    let mut items: Vec<Item> = rows.into_iter().map(Item::from).collect();
+    mark_liked(
+        db,
+        cache,
+        rows.into_iter().map(Item::from).collect(),
+        viewer,
+    )
+    .await
+}
+
+/// Sets `has_liked` of `items` for the viewer.
+async fn mark_liked(
+    db: &PgPool,
+    cache: &Cache,
+    mut items: Vec<Item>,
+    viewer: Option<i64>,
+) -> sqlx::Result<Vec<Item>> {
     let ids: Vec<i64> = items.iter().map(|i| i.tweet.id()).collect();
     let liked = likes::liked_tweets(db, cache, viewer, &ids).await?;
     for item in &mut items {

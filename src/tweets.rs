@@ -552,7 +552,8 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
     .await
 }
 
-/// The SQL of a user's tweets (`$1`) for the cache, newest `$2` first, with `$filter` (`""`, or
+/// The SQL of a user's tweets (`$1`) for the cache, newest `$2` first below `$3` (if not
+/// null), with `$filter` (`""`, or
 /// `" and pulled"` for the pulled ones, a literal so the partial index serves it).
 macro_rules! user_tweet_entries {
     ($filter:literal) => {
@@ -560,7 +561,7 @@ macro_rules! user_tweet_entries {
             "select id, id as tweet_id, user_id as author_id, created_at from tweets
              where user_id = $1",
             $filter,
-            " order by created_at desc limit $2"
+            " and created_at < coalesce($3, 'infinity') order by created_at desc limit $2"
         )
     };
 }
@@ -585,32 +586,37 @@ async fn user_entries(
     db: &PgPool,
     sql: &'static str,
     user_id: i64,
+    lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
     sqlx::query_as(sql)
         .bind(user_id)
         .bind(limit as i64)
+        .bind(lt)
         .fetch_all(db)
         .await
 }
 
-/// The newest `limit` entries of user `user_id`'s tweets (for filling the cache).
+/// The newest `limit` entries of user `user_id`'s tweets older than `lt` (if given), for
+/// filling the cache.
 pub async fn timeline_entries(
     db: &PgPool,
     user_id: i64,
+    lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    user_entries(db, user_tweet_entries!(""), user_id, limit).await
+    user_entries(db, user_tweet_entries!(""), user_id, lt, limit).await
 }
 
-/// The newest `limit` pulled tweets of user `user_id` (to fill the cache; see
-/// [`crate::hybrid`]).
+/// The newest `limit` pulled tweets of user `user_id` older than `lt` (if given), to fill the
+/// cache (see [`crate::hybrid`]).
 pub async fn pulled_entries(
     db: &PgPool,
     user_id: i64,
+    lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    user_entries(db, user_tweet_entries!(" and pulled"), user_id, limit).await
+    user_entries(db, user_tweet_entries!(" and pulled"), user_id, lt, limit).await
 }
 
 /// A page of user `user_id`'s pulled tweets strictly between the cursors, hydrated in the

@@ -118,6 +118,38 @@ impl Cache {
         .ignore();
     }
 
+    /// [`Cache::pipe_put_versioned`] of many `(key, version, value)` in as few script calls as
+    /// the deployment allows: one on a single Redis, one per hash slot on a cluster.
+    pub(crate) fn pipe_put_versioned_many(
+        &self,
+        pipe: &mut redis::Pipeline,
+        mut puts: Vec<(String, i64, String)>,
+    ) {
+        let Some(ttl) = self.ttl() else { return };
+        if self.is_cluster() {
+            puts.sort_by_key(|(key, _, _)| super::conn::key_slot(key.as_bytes()));
+        }
+        let mut rest = puts.as_slice();
+        while let Some((first, _, _)) = rest.first() {
+            let slot = super::conn::key_slot(first.as_bytes());
+            let n = match self.is_cluster() {
+                true => rest
+                    .iter()
+                    .take_while(|(key, _, _)| super::conn::key_slot(key.as_bytes()) == slot)
+                    .count(),
+                false => rest.len(),
+            };
+            let (group, tail) = rest.split_at(n);
+            let mut inv = scripts::SET_IF_NEWER_EACH.prepare_invoke();
+            inv.arg(ttl);
+            for (key, version, value) in group {
+                inv.key(key).arg(*version).arg(value);
+            }
+            pipe.invoke_script(&inv).ignore();
+            rest = tail;
+        }
+    }
+
     /// A user's cached profile counts (`None`: not cached).
     pub async fn get_user_counts(&self, id: i64) -> Result<Option<UserCounts>, CacheUnavailable> {
         let keys = self.keys().ok_or(CacheUnavailable)?;

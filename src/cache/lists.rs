@@ -177,6 +177,21 @@ pub fn entry_time(score: i64, member: &[u8]) -> Option<i64> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Generation(pub(crate) String);
 
+/// The lowest entry of an incomplete cached timeline ([`Cache::begin_extend`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Floor {
+    /// Its score: the entry's whole second ([`split_time`]).
+    pub score: i64,
+    pub member: Vec<u8>,
+}
+
+impl Floor {
+    /// The entry's time, µs since the Unix epoch (`None` for a member of another layout).
+    pub fn micros(&self) -> Option<i64> {
+        entry_time(self.score, &self.member)
+    }
+}
+
 /// What a cached list says about a range: see [`Cache::range`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Window {
@@ -598,6 +613,76 @@ impl Cache {
         Ok(Generation(g))
     }
 
+    /// Starts growing an incomplete cached list downwards ([`scripts::EXTEND`]): its generation
+    /// (as [`Cache::begin_load`]: call before the Postgres snapshot), its lowest entry and how
+    /// many entries it holds. `None` if the list is not cached or complete. One round trip.
+    pub async fn begin_extend(
+        &self,
+        list: ListKey,
+    ) -> Result<Option<(Generation, Floor, usize)>, CacheUnavailable> {
+        let inner = self.live()?;
+        let key = inner.keys.list(list);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(
+            scripts::BEGIN_LOAD
+                .key(Keys::gen_of(&key))
+                .arg(inner.ttl_secs),
+        )
+        .cmd("ZRANGE")
+        .arg(&key)
+        .arg(0)
+        .arg(0)
+        .arg("WITHSCORES")
+        .cmd("ZCARD")
+        .arg(&key);
+        let (g, lowest, len): (String, Vec<(Vec<u8>, f64)>, usize) = self.run(&pipe).await?;
+        Ok(match lowest.into_iter().next() {
+            Some((member, score)) if member != MARKER.as_bytes() => Some((
+                Generation(g),
+                Floor {
+                    score: score as i64,
+                    member,
+                },
+                len,
+            )),
+            _ => None,
+        })
+    }
+
+    /// Adds `entries` (newest first), loaded from Postgres below `floor` after
+    /// [`Cache::begin_extend`] returned `generation`, to the bottom of a cached list, unless
+    /// the list was written since or its lowest entry is no longer `floor`; trims it to the
+    /// list limit. `complete`: nothing older exists. Returns whether they were stored.
+    pub async fn extend(
+        &self,
+        list: ListKey,
+        generation: &Generation,
+        floor: &Floor,
+        complete: bool,
+        entries: &[Scored],
+    ) -> Result<bool, CacheUnavailable> {
+        let inner = self.live()?;
+        let key = inner.keys.list(list);
+        let mut inv = scripts::EXTEND.key(&key);
+        inv.key(Keys::gen_of(&key))
+            .arg(&generation.0)
+            .arg(inner.ttl_secs)
+            .arg(inner.list_limit)
+            .arg(floor.score)
+            .arg(&floor.member)
+            .arg(if complete { "1" } else { "0" });
+        for (score, member) in entries {
+            inv.arg(*score).arg(member);
+        }
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&inv);
+        let (stored,): (i64,) = self.run_bulk(&pipe, entries.len()).await?;
+        if stored == 1 {
+            inner.stats.extensions.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(stored == 1)
+    }
+
     /// The removal generations (`r`) of lists, in order (`""`: none), to guard merges planned
     /// now with [`crate::cache::Guard::Removals`]. One round trip.
     pub async fn removal_generations(
@@ -628,6 +713,19 @@ impl Cache {
         complete: bool,
         entries: &[Scored],
     ) -> Result<bool, CacheUnavailable> {
+        self.fill_with(list, generation, complete, entries, redis::pipe())
+            .await
+    }
+
+    /// The fill of [`Cache::fill`] after the (ignored) commands already in `pipe`.
+    pub(super) async fn fill_with(
+        &self,
+        list: ListKey,
+        generation: &Generation,
+        complete: bool,
+        entries: &[Scored],
+        mut pipe: redis::Pipeline,
+    ) -> Result<bool, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
         let mut inv = scripts::FILL.key(&key);
@@ -638,7 +736,6 @@ impl Cache {
         for (score, member) in entries {
             inv.arg(*score).arg(member);
         }
-        let mut pipe = redis::pipe();
         pipe.invoke_script(&inv);
         let (stored,): (i64,) = self.run_bulk(&pipe, entries.len()).await?;
         inner.stats.loads.fetch_add(1, Ordering::Relaxed);

@@ -62,6 +62,9 @@ pub struct Stats {
     pub misses: AtomicU64,
     /// Lists loaded from Postgres to fill the cache.
     pub loads: AtomicU64,
+    /// Cached lists grown downwards after their page-sized first fill (see
+    /// [`crate::timeline`]'s miss path).
+    pub extensions: AtomicU64,
     /// Pages (or page tails) read from Postgres because they lie past the cached window.
     pub fallbacks: AtomicU64,
     /// Redis operations that failed.
@@ -142,6 +145,8 @@ struct Inner {
     /// [`Cache::subscription_broken`]).
     subscription: std::sync::atomic::AtomicU8,
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Permits for background loads that grow cold lists (`CHIRP_CACHE_EXTENSIONS`).
+    extensions: Arc<tokio::sync::Semaphore>,
     stats: Stats,
     after_commit: Mutex<AfterCommit>,
     /// Tweet and user objects in this process's memory ([`near`]).
@@ -234,6 +239,9 @@ impl Cache {
                 healthy: AtomicBool::new(false),
                 subscription: std::sync::atomic::AtomicU8::new(0),
                 flights: Mutex::new(HashMap::new()),
+                extensions: Arc::new(tokio::sync::Semaphore::new(
+                    config.cache_extensions as usize,
+                )),
                 stats: Stats::default(),
                 after_commit: Mutex::new(AfterCommit::Apply),
                 objects: near::Near::new(
@@ -557,6 +565,14 @@ impl Cache {
             deleted += keys.len();
         }
         Ok(deleted)
+    }
+
+    /// A permit to grow a cold list's window in the background (`CHIRP_CACHE_EXTENSIONS` run
+    /// at once per process); `None` when all are taken (the list then stays as it is, and a
+    /// later read below its window asks again) or the cache is off.
+    pub fn extension_permit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let inner = self.inner.as_ref()?;
+        inner.extensions.clone().try_acquire_owned().ok()
     }
 
     /// The single-flight lock of one list: concurrent misses of the same list wait for the first

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 
+use crate::cache::Scored;
 use crate::cache::counts::Versioned;
 use crate::cache::keys::Object;
 use crate::cache::near::{Lookup, NearKey};
@@ -325,6 +326,17 @@ pub struct CachedUser {
 }
 
 impl CachedUser {
+    /// The cached form of a user (as [`Cache::put_users`] stores it); `None` if it does not
+    /// serialise.
+    pub fn of(user: &UserRecord) -> Option<Self> {
+        let json = serde_json::to_string(user).ok()?;
+        Some(CachedUser {
+            id: user.id,
+            public_end: public_end(&json),
+            json: json.into(),
+        })
+    }
+
     /// The public `User` object without its closing `}`: the stored object up to its `version`
     /// member. `None` if the stored JSON is not in that shape (then parse it with
     /// [`CachedUser::record`]).
@@ -506,6 +518,37 @@ impl Cache {
                 .ignore();
         }
         let _ = self.run::<()>(&pipe).await;
+    }
+
+    /// [`Cache::fill`], and the tweets (with their counts) and users of the entries in the same
+    /// round trip, so that readers who waited for this load hydrate from Redis.
+    pub async fn fill_hydrated(
+        &self,
+        list: ListKey,
+        generation: &Generation,
+        complete: bool,
+        entries: &[Scored],
+        objects: &[(TweetRecord, TweetCounts, UserRecord)],
+    ) -> Result<bool, CacheUnavailable> {
+        let inner = self.live()?;
+        let mut pipe = redis::pipe();
+        let mut versioned = Vec::with_capacity(2 * objects.len());
+        let mut authors = HashSet::new();
+        for (tweet, counts, user) in objects {
+            pipe_put_tweet(&mut pipe, &inner.keys, tweet, inner.ttl_secs);
+            let counts = (
+                inner.keys.tweet_counts(tweet.id),
+                counts.version,
+                counts.encode(),
+            );
+            versioned.push(counts);
+            if let Some(value) = encode_user(user).filter(|_| authors.insert(user.id)) {
+                versioned.push((inner.keys.user(user.id), user.version, value));
+            }
+        }
+        self.pipe_put_versioned_many(&mut pipe, versioned);
+        self.fill_with(list, generation, complete, entries, pipe)
+            .await
     }
 
     /// User objects for `ids`, in order, in one `MGET`.

@@ -90,6 +90,40 @@ return 1
     ))
 });
 
+/// `EXTEND list gen | expected ttl limit floor_score floor_member complete score member ...` → 1
+/// if stored: grows an incomplete cached timeline downwards with entries loaded from Postgres
+/// below its lowest entry, the rest of its window after a page-sized first fill ([`FILL`];
+/// the miss path of [`crate::timeline`]). Stored only if the list still exists with the lowest
+/// entry `(floor_score, floor_member)` and nothing was written to it since [`BEGIN_LOAD`]
+/// returned `expected`: the loaded entries are then exactly what lies below that entry, and
+/// the list again holds every item at or above its (new) lowest entry. `complete` = 1 adds the
+/// marker (nothing older exists); the list is trimmed to `limit` as a merge trims it. It adds
+/// only below what the list showed, so it bumps no generation.
+pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{SAME_GENERATION}
+if not same_generation(KEYS[2], ARGV[1]) then return 0 end
+local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if lowest[1] ~= ARGV[5] or tonumber(lowest[2]) ~= tonumber(ARGV[4]) then return 0 end
+if ARGV[6] == '1' then redis.call('ZADD', KEYS[1], '-inf', '#') end
+local i = 7
+while i <= #ARGV do
+  local last = math.min(i + 999, #ARGV)
+  redis.call('ZADD', KEYS[1], unpack(ARGV, i, last))
+  i = last + 1
+end
+local n = redis.call('ZCARD', KEYS[1])
+local real = n
+if ARGV[6] == '1' then real = n - 1 end
+local limit = tonumber(ARGV[3])
+if real > limit then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - limit - 1) end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
+return 1
+"#
+    ))
+});
+
 /// `above(a, b)`: whether member `a` sorts after member `b` in a sorted set of one score (by
 /// their bytes, as Redis compares them; Lua's `<` on strings follows the server's locale).
 const ABOVE: &str = r#"
@@ -99,6 +133,19 @@ local function above(a, b)
     if x ~= y then return x > y end
   end
   return #a > #b
+end
+"#;
+
+/// `entry_time(score, member)`: a timeline entry's time in µs since the score epoch (score ×
+/// 10⁶ + the member's sub-second prefix: [`super::lists::pack_entry`]).
+const ENTRY_TIME: &str = r#"
+local function entry_time(score, m)
+  local sub = 0
+  local b1 = string.byte(m, 1)
+  if b1 >= 128 and #m >= 3 then
+    sub = (b1 - 128) * 65536 + string.byte(m, 2) * 256 + string.byte(m, 3)
+  end
+  return tonumber(score) * 1000000 + sub
 end
 "#;
 
@@ -116,7 +163,7 @@ end
 /// saw this entry without that one would refresh past it: the list is dropped instead.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{GENERATIONS}{ABOVE}
+        r#"{GENERATIONS}{ABOVE}{ENTRY_TIME}
 local ttl = ARGV[2]
 local has_gen = redis.call('EXISTS', KEYS[2]) == 1
 if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
@@ -126,14 +173,7 @@ end
 if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
   local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   local newest = nil
-  if top[1] and top[1] ~= '#' then
-    local m, sub = top[1], 0
-    local b1 = string.byte(m, 1)
-    if b1 >= 128 and #m >= 3 then
-      sub = (b1 - 128) * 65536 + string.byte(m, 2) * 256 + string.byte(m, 3)
-    end
-    newest = tonumber(top[2]) * 1000000 + sub
-  end
+  if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
   if newest == nil or newest < tonumber(ARGV[4]) then
     redis.call('DEL', KEYS[1])
     bump(KEYS[2], ttl, false)
@@ -203,20 +243,43 @@ return 1
 /// A cached *floor* `"{version}|"` (no payload; readers take it for a miss, see
 /// [`super::update::Repair::SetIfNewer`]) refuses only older versions.
 pub static SET_IF_NEWER: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
-        r#"
-local cur = redis.call('GET', KEYS[1])
-if cur then
-  local v, rest = string.match(cur, '^(%d+)|(.*)$')
-  v = tonumber(v)
-  local new = tonumber(ARGV[1])
-  if v and (v > new or (v == new and rest ~= '')) then return 0 end
-end
-redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[3])
-return 1
-"#,
-    )
+    Script::new(&format!(
+        r#"{SET_VERSIONED}
+return set_versioned(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
+"#
+    ))
 });
+
+/// `SET_IF_NEWER_EACH key... | ttl version value ...` → how many were stored: [`SET_IF_NEWER`]
+/// of each key with its `version` and `value`, in one call (a cold page stores a few dozen
+/// objects; one script call each was most of the Redis time of a cold page). On a cluster its
+/// keys must share a slot: the caller groups them ([`super::Cache::pipe_put_versioned_many`]).
+pub static SET_IF_NEWER_EACH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r#"{SET_VERSIONED}
+local n = 0
+for i = 1, #KEYS do
+  n = n + set_versioned(KEYS[i], ARGV[2 * i], ARGV[2 * i + 1], ARGV[1])
+end
+return n
+"#
+    ))
+});
+
+/// `set_versioned(key, version, value, ttl)` → 1 if stored: the rule of [`SET_IF_NEWER`].
+const SET_VERSIONED: &str = r#"
+local function set_versioned(key, version, value, ttl)
+  local cur = redis.call('GET', key)
+  if cur then
+    local v, rest = string.match(cur, '^(%d+)|(.*)$')
+    v = tonumber(v)
+    local new = tonumber(version)
+    if v and (v > new or (v == new and rest ~= '')) then return 0 end
+  end
+  redis.call('SET', key, value, 'EX', ttl)
+  return 1
+end
+"#;
 
 /// `SET_FILL set gen | expected ttl member ...`: stores a set loaded from Postgres (with the
 /// integer marker `-1`, so an empty set exists too and the set stays an intset) unless it exists
@@ -364,14 +427,16 @@ return {ok and 1 or 0, best, best_rem, best_reset, retry}
 });
 
 /// Every script, for `SCRIPT LOAD` after Redis lost its script cache (restart, `SCRIPT FLUSH`).
-pub fn all() -> [&'static Script; 15] {
+pub fn all() -> [&'static Script; 17] {
     [
         &BEGIN_LOAD,
         &FILL,
+        &EXTEND,
         &MERGE,
         &REMOVE,
         &INVALIDATE,
         &SET_IF_NEWER,
+        &SET_IF_NEWER_EACH,
         &SET_FILL,
         &SET_ADD,
         &RANK_RANGE,

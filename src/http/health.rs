@@ -51,6 +51,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "hits": s.hits.load(Ordering::Relaxed),
             "misses": s.misses.load(Ordering::Relaxed),
             "loads": s.loads.load(Ordering::Relaxed),
+            "extensions": s.extensions.load(Ordering::Relaxed),
             "fallbacks": s.fallbacks.load(Ordering::Relaxed),
             "errors": s.errors.load(Ordering::Relaxed),
             "fences": s.fences.load(Ordering::Relaxed),

@@ -436,6 +436,7 @@ impl TestApp {
             "hits" => &s.hits,
             "misses" => &s.misses,
             "loads" => &s.loads,
+            "extensions" => &s.extensions,
             "fallbacks" => &s.fallbacks,
             "fences" => &s.fences,
             "prefetched" => &s.prefetched,

@@ -6,6 +6,7 @@ mod cache;
 mod chat;
 mod check;
 mod circles;
+mod cold;
 mod comments;
 mod fanout;
 mod friendships;

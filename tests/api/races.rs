@@ -572,7 +572,9 @@ async fn a_fan_out_refuses_the_fill_of_a_feed_whose_load_began_before_its_commit
     // A reader of bob's (uncached) feed begins its load and takes its snapshot.
     let feed = Timeline::Newsfeed(bob);
     let generation = app.state.cache.begin_load(feed.key()).await.unwrap();
-    let snapshot = chirp::newsfeeds::entries(app.db(), bob, 100).await.unwrap();
+    let snapshot = chirp::newsfeeds::entries(app.db(), bob, None, 100)
+        .await
+        .unwrap();
 
     // The fan-out commits meanwhile: the feed has no entries in Redis, but it is being loaded.
     let id = app.tweet(&ta, "during the load").await["id"]

@@ -1,0 +1,320 @@
+//! Cold first pages (issue 42): a miss answers from a page-sized load and grows the cached list
+//! to its window after answering (`timeline::load_window`, `Cache::extend`). A cold page must
+//! be exactly the warm page and the Postgres page, many cold readers of one list must cause one
+//! load, and a growth that races writes must lose nothing and bring nothing back.
+
+use std::collections::HashSet;
+
+use axum::http::StatusCode;
+use chirp::config::CacheMode;
+use chirp::timeline::Timeline;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::helpers::{TestApp, eventually, page_all, urlencode};
+
+const LIST_LIMIT: u32 = 40;
+
+/// Who is who in [`world`].
+struct World {
+    bob: i64,
+    tb: String,
+    alice: i64,
+    ta: String,
+    carol: i64,
+}
+
+/// A newsfeed and a user timeline longer than the cached window: bob follows alice and carol,
+/// who post 30 tweets each in turn, then dave's 12 earlier tweets arrive by a follow's backfill
+/// (entries stamped above their tweets: `ListEntry::shift`); bob likes some.
+async fn world(app: &TestApp) -> World {
+    let (alice, ta) = app.signup("alice").await;
+    let (carol, tc) = app.signup("carol").await;
+    let (dave, td) = app.signup("dave").await;
+    let (bob, tb) = app.signup("bob").await;
+    app.follow(&tb, alice).await;
+    app.follow(&tb, carol).await;
+    let dave_tweets = app.tweets(&td, "dave", 12).await;
+    for i in 0..30 {
+        app.tweet(&ta, &format!("alice {i}")).await;
+        app.tweet(&tc, &format!("carol {i}")).await;
+    }
+    app.follow(&tb, dave).await;
+    app.drain().await;
+    for id in dave_tweets.iter().step_by(3) {
+        app.like(&tb, "tweet", *id).await;
+    }
+    World {
+        bob,
+        tb,
+        alice,
+        ta,
+        carol,
+    }
+}
+
+/// The `created_at` of every entry of a listing, newest first (from one page of 100).
+async fn times(app: &TestApp, base: &str, token: Option<&str>) -> Vec<String> {
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let res = app.get(&format!("{base}{sep}page_size=100"), token).await;
+    assert_eq!(res.status, StatusCode::OK);
+    res.body["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| r["created_at"].as_str().expect("created_at").to_owned())
+        .collect()
+}
+
+/// For every page size from 1 to 100, a first page, a page below a random entry or a refresh
+/// above one, of bob's newsfeed or alice's tweets (as bob, for `has_liked`): read right after a
+/// flush (cold), then again (warm, while the list may be growing), then with the cache off
+/// (Postgres). The three bodies are equal, field for field.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
+    let seed: u64 = std::env::var("CHIRP_COLD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("cold pages seed {seed} (re-run: CHIRP_COLD_SEED={seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+    let off = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
+    let World { tb, alice, .. } = world(&app).await;
+    let timelines = [
+        "/api/newsfeeds/".to_owned(),
+        format!("/api/tweets/?user_id={alice}"),
+    ];
+    let all = [
+        times(&off, &timelines[0], Some(&tb)).await,
+        times(&off, &timelines[1], Some(&tb)).await,
+    ];
+    assert_eq!((all[0].len(), all[1].len()), (72, 30));
+    let mut newsfeed_pages = 0;
+    for size in 1..=100 {
+        let which = rng.random_range(0..2);
+        newsfeed_pages += u64::from(which == 0);
+        let base = &timelines[which];
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let at = &all[which][rng.random_range(0..all[which].len())];
+        let cursor = match rng.random_range(0..3) {
+            0 => String::new(),
+            1 => format!("&created_at__lt={}", urlencode(at)),
+            _ => format!("&created_at__gt={}", urlencode(at)),
+        };
+        let uri = format!("{base}{sep}page_size={size}{cursor}");
+        app.flush_cache().await;
+        let cold = app.get(&uri, Some(&tb)).await;
+        let warm = app.get(&uri, Some(&tb)).await;
+        let postgres = off.get(&uri, Some(&tb)).await;
+        assert_eq!(postgres.status, StatusCode::OK, "{uri}: {}", postgres.body);
+        assert_eq!(cold.body, postgres.body, "cold page of {uri}");
+        assert_eq!(warm.body, postgres.body, "warm page of {uri}");
+    }
+    // (A first page of a user's tweets may come from the list's head in this process's
+    // memory, which a flush of Redis does not take.)
+    assert!(
+        app.stat("loads") >= newsfeed_pages,
+        "every newsfeed page began cold: {} loads",
+        app.stat("loads")
+    );
+    // The last lists grew to their window; what they hold is Postgres's.
+    eventually("a list grew after its first page", async || {
+        app.stat("extensions") > 0
+    })
+    .await;
+    let report = chirp::check::run(app.db(), &app.state.cache)
+        .await
+        .expect("check");
+    assert!(report.differences.is_empty(), "{:?}", report.differences);
+}
+
+/// 50 readers of one cold newsfeed at once: one Postgres load (the others wait for it and read
+/// the list it stored) of one page, every reader gets the same page, and readers who scroll
+/// below it grow the list to its window once.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn fifty_concurrent_cold_readers_of_one_list_cause_one_load(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache_list_limit = LIST_LIMIT).await;
+    let World { bob, tb, .. } = world(&app).await;
+    app.flush_cache().await;
+    let (loads, extensions) = (app.stat("loads"), app.stat("extensions"));
+    let mut tasks = Vec::new();
+    for _ in 0..50 {
+        let app_ = app.app.clone();
+        let token = tb.clone();
+        tasks.push(tokio::spawn(async move {
+            use tower::ServiceExt;
+            let req = axum::http::Request::get("/api/newsfeeds/")
+                .header("authorization", format!("Bearer {token}"))
+                .body(axum::body::Body::empty())
+                .expect("request");
+            let res = app_.oneshot(req).await.expect("response");
+            assert_eq!(res.status(), StatusCode::OK);
+            http_body_util::BodyExt::collect(res.into_body())
+                .await
+                .expect("body")
+                .to_bytes()
+        }));
+    }
+    let mut bodies = Vec::new();
+    for t in tasks {
+        bodies.push(t.await.expect("reader"));
+    }
+    assert!(bodies.windows(2).all(|w| w[0] == w[1]), "one page for all");
+    assert_eq!(app.stat("loads") - loads, 1, "one load for 50 cold readers");
+    assert_eq!(
+        app.cached_members(Timeline::Newsfeed(bob))
+            .await
+            .map(|m| m.len()),
+        Some(22),
+        "a first window of one page (20), the entry that tells whether a next page exists, and one more"
+    );
+    // A reader scrolls below the first window: the list grows, once.
+    let page: Value = serde_json::from_slice(&bodies[0]).expect("json");
+    let last = page["results"][19]["created_at"].as_str().expect("20th");
+    let below = format!("/api/newsfeeds/?created_at__lt={}", urlencode(last));
+    for _ in 0..3 {
+        assert_eq!(app.get(&below, Some(&tb)).await.status, StatusCode::OK);
+    }
+    eventually("the list grew to its window", async || {
+        app.cached_members(Timeline::Newsfeed(bob))
+            .await
+            .is_some_and(|m| m.len() == LIST_LIMIT as usize)
+    })
+    .await;
+    assert_eq!(app.stat("extensions") - extensions, 1, "grown once");
+    assert_eq!(app.stat("loads") - loads, 1);
+}
+
+/// A growth loads the entries below the list's lowest one, then stores them unless the list
+/// was written since it began. Here an unfollow lands in between (its unmerge removes carol's
+/// entries from the rows and the list): the growth is refused, and no page ever shows carol's
+/// tweets again. Growths are off (`CHIRP_CACHE_EXTENSIONS=0`) so the test drives the only one.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_growth_that_races_an_unfollow_brings_nothing_back(db: PgPool) {
+    let app = TestApp::with(db, |c| {
+        c.cache_list_limit = LIST_LIMIT;
+        c.cache_extensions = 0;
+    })
+    .await;
+    let World { bob, tb, carol, .. } = world(&app).await;
+    app.flush_cache().await;
+    let first = app.get("/api/newsfeeds/?page_size=5", Some(&tb)).await;
+    assert_eq!(first.status, StatusCode::OK);
+    let list = Timeline::Newsfeed(bob);
+    assert_eq!(
+        app.cached_members(list).await.map(|m| m.len()),
+        Some(7),
+        "a page-sized first window"
+    );
+    let cache = &app.state.cache;
+    let (generation, floor, len) = cache
+        .begin_extend(list.key())
+        .await
+        .expect("redis")
+        .expect("an incomplete list");
+    let below = chirp::time::from_micros(floor.micros().expect("a timeline entry"));
+    let loaded = chirp::newsfeeds::entries(app.db(), bob, Some(below), 100)
+        .await
+        .expect("entries");
+    assert!(loaded.len() > 30 && len == 7);
+    // The unfollow commits and its unmerge removes carol's entries, after the growth's load.
+    let res = app
+        .post(
+            &format!("/api/friendships/{carol}/unfollow/"),
+            Some(&tb),
+            serde_json::json!({}),
+        )
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    app.drain().await;
+    let scored: Vec<_> = loaded.iter().map(|e| list.scored(e)).collect();
+    let stored = cache
+        .extend(list.key(), &generation, &floor, false, &scored)
+        .await
+        .expect("redis");
+    assert!(!stored, "a growth planned before a removal is refused");
+    let carols: HashSet<i64> = sqlx::query_scalar("select id from tweets where user_id = $1")
+        .bind(carol)
+        .fetch_all(app.db())
+        .await
+        .expect("carol's tweets")
+        .into_iter()
+        .collect();
+    for size in [5, 20, 100] {
+        let feed = page_all(&app, "/api/newsfeeds/", Some(&tb), size).await;
+        assert!(
+            feed.iter().all(|id| !carols.contains(id)),
+            "page size {size}: an unfollowed author's tweet came back"
+        );
+        assert_eq!(feed.len(), 42, "alice's 30 and dave's 12");
+    }
+}
+
+/// Random histories: while a reader walks down its newsfeed from a cold first page (a fill, then
+/// growths), a followee posts (fan-out merges into the list being filled or grown) or the reader
+/// unfollows or follows again (removals and backfills). After each round, every cached list is what Postgres holds
+/// (`chirp check`) and the whole newsfeed paged from the cache is the newsfeed paged from
+/// Postgres.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn fills_and_growths_that_race_fan_out_lose_nothing(db: PgPool) {
+    let seed: u64 = std::env::var("CHIRP_COLD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("cold races seed {seed} (re-run: CHIRP_COLD_SEED={seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+    let off = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
+    let World { tb, ta, carol, .. } = world(&app).await;
+    let mut following_carol = true;
+    for round in 0..12 {
+        app.flush_cache().await;
+        // A walk down the whole newsfeed: a cold first page, then pages below its window,
+        // which grow the list while the writes land.
+        let size = rng.random_range(1..=30);
+        let read = page_all(&app, "/api/newsfeeds/", Some(&tb), size);
+        let write = async {
+            match rng.random_range(0..3) {
+                0 => {
+                    app.tweet(&ta, &format!("race {round}")).await;
+                }
+                1 if following_carol => {
+                    let r = app
+                        .post(
+                            &format!("/api/friendships/{carol}/unfollow/"),
+                            Some(&tb),
+                            serde_json::json!({}),
+                        )
+                        .await;
+                    assert!(r.status.is_success());
+                    following_carol = false;
+                }
+                _ => {
+                    app.follow(&tb, carol).await;
+                    following_carol = true;
+                }
+            }
+            app.drain().await;
+        };
+        let (walked, ()) = tokio::join!(read, write);
+        assert!(!walked.is_empty());
+        app.drain().await;
+        // Let the growth (if any) land, then compare.
+        tokio::time::sleep(std::time::Duration::from_millis(rng.random_range(0..30))).await;
+        let report = chirp::check::run(app.db(), &app.state.cache)
+            .await
+            .expect("check");
+        assert!(
+            report.differences.is_empty(),
+            "round {round}: {:?}",
+            report.differences
+        );
+        let size = rng.random_range(1..=50);
+        let cached = page_all(&app, "/api/newsfeeds/", Some(&tb), size).await;
+        let postgres = page_all(&off, "/api/newsfeeds/", Some(&tb), size).await;
+        assert_eq!(cached, postgres, "round {round}, page size {size}");
+    }
+}
