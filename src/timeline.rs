@@ -13,10 +13,11 @@
 //! 2. On a miss, take the list's single-flight lock, check that the owner exists (an unknown
 //!    list, circle or user gets nothing cached), start a load (its generation), load the
 //!    newest page from Postgres with its tweets and authors (one indexed, joined query of
-//!    `page_size + 3` rows), store it (`page_size + 2` entries) as the list's first window with `FILL` (refused if
+//!    `page_size + 3` rows; a refresh's page is a default page), store it (`page_size + 2`
+//!    entries) as the list's first window with `FILL` (refused if
 //!    anything was written since) and its objects in the same round trip, release the lock
-//!    (readers who waited read the list) and answer from the rows. The first read that goes
-//!    below that window (step 4) grows the list in the background to `CHIRP_CACHE_LIST_LIMIT`
+//!    (readers who waited read the list) and answer from the rows. A read that starts inside
+//!    that window and goes below it (step 4) grows the list in the background to `CHIRP_CACHE_LIST_LIMIT`
 //!    entries: it loads the entries below its lowest one and stores them with `EXTEND`
 //!    (refused if anything was written since). A cold first page thus costs what a page needs,
 //!    not what the window needs (issue 42; docs/decisions/0006-page-sized-cold-loads.md).
@@ -629,7 +630,10 @@ async fn read_cached(
     }
     if !covered {
         stats.fallbacks.fetch_add(1, Ordering::Relaxed);
-        if !window.complete {
+        // A page that begins inside an incomplete window and ends below it (a reader scrolling
+        // past the window's end): grow the list. Pages wholly below it do not ask again, so a
+        // list at the limit costs one growth attempt per walk past its end, not one per page.
+        if !window.complete && !entries.is_empty() {
             spawn_extension(db, cache, timeline);
         }
         // Postgres continues below the lowest item of a full window (members it could not
@@ -694,7 +698,13 @@ async fn load_window(
     // what the page needs (issue 42: the whole window, 1,001 rows, took 25–46 ms). One entry
     // more than the page reads (`want`), so that a warm read of the first page finds more
     // than it asked for and needs no second round trip for the list's floor (`Cache::range`).
-    let first = (want + 1).min(cache.list_limit()).max(1);
+    // A refresh asks for up to 1,000 entries but usually finds a few: a default page's window
+    // serves it when the refresh's cursor lies inside it, else Postgres answers it below.
+    let page = match (req.lt, req.gt) {
+        (None, Some(_)) => crate::pagination::DEFAULT_PAGE_SIZE + 1,
+        _ => want,
+    };
+    let first = (page + 1).min(cache.list_limit()).max(1);
     let mut rows = timeline.page(db, None, None, first + 1).await?;
     let complete = rows.len() <= first;
     rows.truncate(first);
@@ -734,6 +744,9 @@ async fn load_window(
     };
     if !covered {
         // A page below the first window: grow the list for the pages after it.
+        if let Some(stats) = cache.stats() {
+            stats.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
         spawn_extension(db, cache, timeline);
     }
     Ok(Loaded::Page(items))

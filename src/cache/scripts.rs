@@ -13,7 +13,8 @@
 //! lowest entry (its *floor*); everything older is read from Postgres.
 //!
 //! **Generations.** Each list (and liked set) has a hash `{list}:gen` with two counters: `w`,
-//! bumped by every write, and `r`, bumped by every removal or invalidation. A loader creates the
+//! bumped by every write (but [`EXTEND`], which adds only below what the list held), and `r`,
+//! bumped by every removal or invalidation. A loader creates the
 //! hash with [`BEGIN_LOAD`] *before* its Postgres snapshot and [`FILL`] stores the load only if
 //! neither counter moved, so a load never loses a concurrent write. A fan-out merge is guarded by
 //! `r` alone (read under the followers lock): merges do not conflict with merges, only with an

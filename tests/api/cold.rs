@@ -55,6 +55,13 @@ async fn world(app: &TestApp) -> World {
     }
 }
 
+/// How many members `reader`'s cached newsfeed holds (`None`: not cached).
+async fn cached_len(app: &TestApp, reader: i64) -> Option<usize> {
+    app.cached_members(Timeline::Newsfeed(reader))
+        .await
+        .map(|m| m.len())
+}
+
 /// The `created_at` of every entry of a listing, newest first (from one page of 100).
 async fn times(app: &TestApp, base: &str, token: Option<&str>) -> Vec<String> {
     let sep = if base.contains('?') { '&' } else { '?' };
@@ -165,9 +172,7 @@ async fn fifty_concurrent_cold_readers_of_one_list_cause_one_load(db: PgPool) {
     assert!(bodies.windows(2).all(|w| w[0] == w[1]), "one page for all");
     assert_eq!(app.stat("loads") - loads, 1, "one load for 50 cold readers");
     assert_eq!(
-        app.cached_members(Timeline::Newsfeed(bob))
-            .await
-            .map(|m| m.len()),
+        cached_len(&app, bob).await,
         Some(22),
         "a first window of one page (20), the entry that tells whether a next page exists, and one more"
     );
@@ -316,5 +321,33 @@ async fn fills_and_growths_that_race_fan_out_lose_nothing(db: PgPool) {
         let cached = page_all(&app, "/api/newsfeeds/", Some(&tb), size).await;
         let postgres = page_all(&off, "/api/newsfeeds/", Some(&tb), size).await;
         assert_eq!(cached, postgres, "round {round}, page size {size}");
+    }
+}
+
+/// A refresh (`created_at__gt` alone) may return up to 1,000 entries but usually finds a few:
+/// cold, it loads a default page's window like a first page (not the whole window), answers
+/// from it when its cursor lies inside, and from Postgres when the cursor lies below it.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_cold_refresh_loads_a_page_sized_window(db: PgPool) {
+    let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+    let off = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
+    let World { bob, tb, .. } = world(&app).await;
+    let all = times(&off, "/api/newsfeeds/", Some(&tb)).await;
+    for (at, expected) in [(4, 4), (30, 30)] {
+        app.flush_cache().await;
+        let uri = format!("/api/newsfeeds/?created_at__gt={}", urlencode(&all[at]));
+        let cold = app.get(&uri, Some(&tb)).await;
+        assert_eq!(cold.body, off.get(&uri, Some(&tb)).await.body, "{uri}");
+        assert_eq!(
+            cold.body["results"].as_array().map(Vec::len),
+            Some(expected)
+        );
+        if at < 20 {
+            assert_eq!(
+                cached_len(&app, bob).await,
+                Some(22),
+                "a default page's window, not {LIST_LIMIT} entries"
+            );
+        } // (Below the window, the refresh read Postgres and the list grows.)
     }
 }
