@@ -411,16 +411,10 @@ pub async fn timeline_entries(
     lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(
-        "select id, id as tweet_id, user_id as author_id, created_at from tweets
-         where circle_id = $1 and created_at < coalesce($3, 'infinity')
-         order by created_at desc limit $2",
-    )
-    .bind(id)
-    .bind(limit as i64)
-    .bind(lt)
-    .fetch_all(db)
-    .await
+    let sql = "select id, id as tweet_id, user_id as author_id, created_at from tweets
+         where circle_id = $1 and created_at < coalesce($2, 'infinity')
+         order by created_at desc limit $3";
+    crate::timeline::fetch_entries(db, sql, id, lt, limit).await
 }
 
 /// A page of circle `id`'s tweets strictly between the cursors, hydrated in the same query.

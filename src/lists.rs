@@ -381,17 +381,11 @@ pub async fn feed_entries(
     lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(
-        "select f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at
+    let sql = "select f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at
          from list_feeds f join tweets t on t.id = f.tweet_id
-         where f.list_id = $1 and f.created_at < coalesce($3, 'infinity')
-         order by f.created_at desc limit $2",
-    )
-    .bind(id)
-    .bind(limit as i64)
-    .bind(lt)
-    .fetch_all(db)
-    .await
+         where f.list_id = $1 and f.created_at < coalesce($2, 'infinity')
+         order by f.created_at desc limit $3";
+    crate::timeline::fetch_entries(db, sql, id, lt, limit).await
 }
 
 /// A page of list `id`'s timeline strictly between the cursors, hydrated in the same query.

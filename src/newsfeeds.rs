@@ -147,18 +147,14 @@ pub async fn entries(
     lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(concat!(
+    let sql = concat!(
         "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
         shift_column!(),
         "from newsfeeds n join tweets t on t.id = n.tweet_id
-             where n.user_id = $1 and n.created_at < coalesce($3, 'infinity')
-             order by n.created_at desc limit $2"
-    ))
-    .bind(user_id)
-    .bind(limit as i64)
-    .bind(lt)
-    .fetch_all(db)
-    .await
+             where n.user_id = $1 and n.created_at < coalesce($2, 'infinity')
+             order by n.created_at desc limit $3"
+    );
+    crate::timeline::fetch_entries(db, sql, user_id, lt, limit).await
 }
 
 /// A page of user `user_id`'s newsfeed strictly between the cursors, hydrated in the same

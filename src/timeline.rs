@@ -42,7 +42,7 @@ use sqlx::PgPool;
 use crate::cache::lists::{
     pack_member, pack_member_shifted, split_time, unpack_entry, unpack_shifted,
 };
-use crate::cache::objects::{Cached, CachedTweet, CachedUser, Prefetched};
+use crate::cache::objects::{Cached, CachedTweet, CachedUser, Hydrated, Prefetched};
 use crate::cache::pages::PageShape;
 use crate::cache::{
     Cache, CacheUnavailable, Guard, ListKey, Owner, Prefetch, Scored, Update, Window,
@@ -417,30 +417,32 @@ impl FeedRow {
         )
     }
 
-    /// Copies of the row's tweet, its counts and its author, to cache.
-    fn objects(&self) -> (TweetRecord, TweetCounts, UserRecord) {
-        let r = self;
-        (
-            TweetRecord {
-                id: r.tweet_id,
-                user_id: r.author_id,
-                content: r.content.clone(),
-                created_at: r.tweet_created_at,
-                circle_id: r.circle_id,
-                photo_urls: r.photo_urls.clone(),
-                coordinates: r.coordinates.clone(),
-                place: r.place.clone(),
-            },
-            r.counts,
-            UserRecord {
-                id: r.author_id,
-                username: r.username.clone(),
-                nickname: r.nickname.clone(),
-                avatar_url: r.avatar_url.clone(),
-                version: r.version,
-                created_at: r.author_created_at,
-            },
-        )
+    /// The row's tweet, counts and author in their cached forms (each encoded once).
+    fn hydrated(self) -> Hydrated {
+        let tweet = TweetRecord {
+            id: self.tweet_id,
+            user_id: self.author_id,
+            content: self.content,
+            created_at: self.tweet_created_at,
+            circle_id: self.circle_id,
+            photo_urls: self.photo_urls,
+            coordinates: self.coordinates,
+            place: self.place,
+        };
+        let author = UserRecord {
+            id: self.author_id,
+            username: self.username,
+            nickname: self.nickname,
+            avatar_url: self.avatar_url,
+            version: self.version,
+            created_at: self.author_created_at,
+        };
+        Hydrated {
+            tweet: CachedTweet::of(&tweet),
+            counts: self.counts,
+            author: CachedUser::of(&author),
+            author_version: author.version,
+        }
     }
 }
 
@@ -709,46 +711,46 @@ async fn load_window(
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
-    let objects: Vec<(TweetRecord, TweetCounts, UserRecord)> =
-        rows.iter().map(FeedRow::objects).collect();
+    let floor = rows.last().map(|r| time::to_micros(r.created_at));
+    // Each row's objects in their cached form: stored below, and the page's items (so this
+    // page is the same JSON, byte for byte, as the warm page).
+    let (at, objects): (Vec<(i64, Timestamp)>, Vec<Hydrated>) = rows
+        .into_iter()
+        .map(|r| ((r.entry_id, r.created_at), r.hydrated()))
+        .unzip();
     cache
         .fill_hydrated(list, &generation, complete, &scored, &objects)
         .await?;
     drop(loading);
-    let floor = rows.last().map(|r| time::to_micros(r.created_at));
     // The page lies inside the first window unless it starts below it.
-    let inside = rows.iter().filter(|r| req.contains(r.created_at)).count();
+    let inside = at.iter().filter(|(_, t)| req.contains(*t)).count();
     let covered = inside >= want || complete || matches!((gt, floor), (Some(g), Some(f)) if g >= f);
     let items = if covered {
-        // In the cached form, so this page is the same JSON, byte for byte, as the warm page.
-        let page = rows
-            .iter()
-            .zip(&objects)
-            .filter(|(r, _)| req.contains(r.created_at))
+        let page = at
+            .into_iter()
+            .zip(objects)
+            .filter(|((_, t), _)| req.contains(*t))
             .take(want)
-            .map(|(r, (tweet, counts, user))| Item {
-                id: r.entry_id,
-                created_at: r.created_at,
-                tweet: TweetBody::Cached(CachedTweet::of(tweet)),
-                author: match CachedUser::of(user) {
-                    Some(u) => AuthorBody::Cached(u),
-                    None => AuthorBody::Record(Box::new(user.clone())),
-                },
-                counts: *counts,
+            .map(|((id, created_at), o)| Item {
+                id,
+                created_at,
+                tweet: TweetBody::Cached(o.tweet),
+                author: AuthorBody::Cached(o.author),
+                counts: o.counts,
                 has_liked: false,
             })
             .collect();
         mark_liked(db, cache, page, viewer).await?
     } else {
-        load_page(db, cache, timeline, req.lt, req.gt, want, viewer).await?
-    };
-    if !covered {
-        // A page below the first window: grow the list for the pages after it.
+        // A page below the first window: Postgres answers it, and the list grows for the
+        // pages after it.
         if let Some(stats) = cache.stats() {
             stats.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
+        let items = load_page(db, cache, timeline, req.lt, req.gt, want, viewer).await?;
         spawn_extension(db, cache, timeline);
-    }
+        items
+    };
     Ok(Loaded::Page(items))
 }
 
@@ -957,6 +959,24 @@ async fn load_page(
 ) -> sqlx::Result<Vec<Item>> {
     let rows = timeline.page(db, lt, gt, limit).await?;
     with_likes(db, cache, rows, viewer).await
+}
+
+/// Runs `sql`, a query of a timeline's newest entries (to fill or grow its cached list) whose
+/// parameters are the timeline's owner (`$1`), `lt` (`$2`: only entries older, if not null)
+/// and the limit (`$3`): the Postgres side of every [`Timeline::entries`].
+pub(crate) async fn fetch_entries(
+    db: &PgPool,
+    sql: &'static str,
+    owner: i64,
+    lt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
+    sqlx::query_as(sql)
+        .bind(owner)
+        .bind(lt)
+        .bind(limit as i64)
+        .fetch_all(db)
+        .await
 }
 
 /// Runs `sql`, a hydrated page query strictly between the cursors whose parameters are the

@@ -552,7 +552,7 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
     .await
 }
 
-/// The SQL of a user's tweets (`$1`) for the cache, newest `$2` first below `$3` (if not
+/// The SQL of a user's tweets (`$1`) for the cache, newest `$3` first below `$2` (if not
 /// null), with `$filter` (`""`, or
 /// `" and pulled"` for the pulled ones, a literal so the partial index serves it).
 macro_rules! user_tweet_entries {
@@ -561,7 +561,7 @@ macro_rules! user_tweet_entries {
             "select id, id as tweet_id, user_id as author_id, created_at from tweets
              where user_id = $1",
             $filter,
-            " and created_at < coalesce($3, 'infinity') order by created_at desc limit $2"
+            " and created_at < coalesce($2, 'infinity') order by created_at desc limit $3"
         )
     };
 }
@@ -582,21 +582,6 @@ macro_rules! user_tweet_page {
     };
 }
 
-async fn user_entries(
-    db: &PgPool,
-    sql: &'static str,
-    user_id: i64,
-    lt: Option<Timestamp>,
-    limit: usize,
-) -> sqlx::Result<Vec<ListEntry>> {
-    sqlx::query_as(sql)
-        .bind(user_id)
-        .bind(limit as i64)
-        .bind(lt)
-        .fetch_all(db)
-        .await
-}
-
 /// The newest `limit` entries of user `user_id`'s tweets older than `lt` (if given), for
 /// filling the cache.
 pub async fn timeline_entries(
@@ -605,7 +590,8 @@ pub async fn timeline_entries(
     lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    user_entries(db, user_tweet_entries!(""), user_id, lt, limit).await
+    let sql = user_tweet_entries!("");
+    crate::timeline::fetch_entries(db, sql, user_id, lt, limit).await
 }
 
 /// The newest `limit` pulled tweets of user `user_id` older than `lt` (if given), to fill the
@@ -616,7 +602,8 @@ pub async fn pulled_entries(
     lt: Option<Timestamp>,
     limit: usize,
 ) -> sqlx::Result<Vec<ListEntry>> {
-    user_entries(db, user_tweet_entries!(" and pulled"), user_id, lt, limit).await
+    let sql = user_tweet_entries!(" and pulled");
+    crate::timeline::fetch_entries(db, sql, user_id, lt, limit).await
 }
 
 /// A page of user `user_id`'s pulled tweets strictly between the cursors, hydrated in the

@@ -325,16 +325,27 @@ pub struct CachedUser {
     public_end: Option<usize>,
 }
 
+/// A tweet, its counters and its author as one Postgres row gave them, in the cached forms a
+/// page is written from: what a cold page shows and stores ([`Cache::fill_hydrated`]).
+#[derive(Debug, Clone)]
+pub struct Hydrated {
+    pub tweet: CachedTweet,
+    pub counts: TweetCounts,
+    pub author: CachedUser,
+    /// The author's version (the user object's `SET_IF_NEWER` guard).
+    pub author_version: i64,
+}
+
 impl CachedUser {
-    /// The cached form of a user (as [`Cache::put_users`] stores it); `None` if it does not
-    /// serialise.
-    pub fn of(user: &UserRecord) -> Option<Self> {
-        let json = serde_json::to_string(user).ok()?;
-        Some(CachedUser {
+    /// The cached form of a user (as [`Cache::put_users`] stores it).
+    pub fn of(user: &UserRecord) -> Self {
+        // Serialising plain strings and numbers can not fail.
+        let json = serde_json::to_string(user).unwrap_or_default();
+        CachedUser {
             id: user.id,
             public_end: public_end(&json),
             json: json.into(),
-        })
+        }
     }
 
     /// The public `User` object without its closing `}`: the stored object up to its `version`
@@ -520,30 +531,32 @@ impl Cache {
         let _ = self.run::<()>(&pipe).await;
     }
 
-    /// [`Cache::fill`], and the tweets (with their counts) and users of the entries in the same
-    /// round trip, so that readers who waited for this load hydrate from Redis.
+    /// [`Cache::fill`], and the tweets (with their counts) and authors of the entries in the
+    /// same round trip, so that readers who waited for this load hydrate from Redis. The
+    /// objects are in the cached form the page itself is written from, encoded once.
     pub async fn fill_hydrated(
         &self,
         list: ListKey,
         generation: &Generation,
         complete: bool,
         entries: &[Scored],
-        objects: &[(TweetRecord, TweetCounts, UserRecord)],
+        objects: &[Hydrated],
     ) -> Result<bool, CacheUnavailable> {
         let inner = self.live()?;
         let mut pipe = redis::pipe();
         let mut versioned = Vec::with_capacity(2 * objects.len());
         let mut authors = HashSet::new();
-        for (tweet, counts, user) in objects {
-            pipe_put_tweet(&mut pipe, &inner.keys, tweet, inner.ttl_secs);
+        for o in objects {
+            pipe_put_cached_tweet(&mut pipe, &inner.keys, &o.tweet, inner.ttl_secs);
             let counts = (
-                inner.keys.tweet_counts(tweet.id),
-                counts.version,
-                counts.encode(),
+                inner.keys.tweet_counts(o.tweet.id),
+                o.counts.version,
+                o.counts.encode(),
             );
             versioned.push(counts);
-            if let Some(value) = encode_user(user).filter(|_| authors.insert(user.id)) {
-                versioned.push((inner.keys.user(user.id), user.version, value));
+            if authors.insert(o.author.id) {
+                let value = stored_user(o.author_version, &o.author.json);
+                versioned.push((inner.keys.user(o.author.id), o.author_version, value));
             }
         }
         self.pipe_put_versioned_many(&mut pipe, versioned);
@@ -1062,9 +1075,14 @@ pub(crate) fn pipe_put_tweet(
     tweet: &TweetRecord,
     ttl: u64,
 ) {
+    pipe_put_cached_tweet(pipe, keys, &CachedTweet::of(tweet), ttl);
+}
+
+/// [`pipe_put_tweet`] of a tweet already in its cached form.
+fn pipe_put_cached_tweet(pipe: &mut redis::Pipeline, keys: &Keys, tweet: &CachedTweet, ttl: u64) {
     pipe.cmd("SET")
         .arg(keys.tweet(tweet.id))
-        .arg(CachedTweet::of(tweet).encode())
+        .arg(tweet.encode())
         .arg("NX")
         .arg("EX")
         .arg(ttl)
@@ -1160,7 +1178,12 @@ fn decode_tweet(v: Option<String>) -> Cached<CachedTweet> {
 /// `"{version}|{user JSON}"`.
 pub(crate) fn encode_user(user: &UserRecord) -> Option<String> {
     let json = serde_json::to_string(user).ok()?;
-    Some(format!("{}|{json}", user.version))
+    Some(stored_user(user.version, &json))
+}
+
+/// The stored value of a user object: `"{version}|{json}"`.
+fn stored_user(version: i64, json: &str) -> String {
+    format!("{version}|{json}")
 }
 
 fn decode_user(v: Option<String>) -> Option<UserRecord> {

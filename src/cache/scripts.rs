@@ -46,6 +46,30 @@ local function bump(gen, ttl, removal)
 end
 "#;
 
+/// `each_chunk(cmd, key, from)`: `cmd key ARGV[from] …` over the rest of `ARGV`, 1,000 arguments
+/// a call (Lua's `unpack` is limited by its stack).
+const EACH_CHUNK: &str = r#"
+local function each_chunk(cmd, key, from)
+  local i = from
+  while i <= #ARGV do
+    local last = math.min(i + 999, #ARGV)
+    redis.call(cmd, key, unpack(ARGV, i, last))
+    i = last + 1
+  end
+end
+"#;
+
+/// `trim(list, limit, complete)`: removes a list's lowest entries beyond `limit` real entries
+/// (the marker of a `complete` list, the lowest of all, goes first).
+const TRIM: &str = r#"
+local function trim(list, limit, complete)
+  local n = redis.call('ZCARD', list)
+  local real = n
+  if complete then real = n - 1 end
+  if real > tonumber(limit) then redis.call('ZREMRANGEBYRANK', list, 0, n - tonumber(limit) - 1) end
+end
+"#;
+
 /// `BEGIN_LOAD gen | ttl` → `"w:r"`: creates the generation hash if missing (so writes from now
 /// on bump it) and returns its counters, to hand to [`FILL`] / [`SET_FILL`] after the load.
 pub static BEGIN_LOAD: LazyLock<Script> = LazyLock::new(|| {
@@ -74,16 +98,11 @@ end
 /// loads never leave duplicates.
 pub static FILL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{SAME_GENERATION}
+        r#"{SAME_GENERATION}{EACH_CHUNK}
 if not same_generation(KEYS[2], ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if ARGV[3] == '1' then redis.call('ZADD', KEYS[1], '-inf', '#') end
-local i = 4
-while i <= #ARGV do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('ZADD', KEYS[1], unpack(ARGV, i, last))
-  i = last + 1
-end
+each_chunk('ZADD', KEYS[1], 4)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
@@ -102,22 +121,13 @@ return 1
 /// only below what the list showed, so it bumps no generation.
 pub static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{SAME_GENERATION}
+        r#"{SAME_GENERATION}{EACH_CHUNK}{TRIM}
 if not same_generation(KEYS[2], ARGV[1]) then return 0 end
 local lowest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 if lowest[1] ~= ARGV[5] or tonumber(lowest[2]) ~= tonumber(ARGV[4]) then return 0 end
 if ARGV[6] == '1' then redis.call('ZADD', KEYS[1], '-inf', '#') end
-local i = 7
-while i <= #ARGV do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('ZADD', KEYS[1], unpack(ARGV, i, last))
-  i = last + 1
-end
-local n = redis.call('ZCARD', KEYS[1])
-local real = n
-if ARGV[6] == '1' then real = n - 1 end
-local limit = tonumber(ARGV[3])
-if real > limit then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - limit - 1) end
+each_chunk('ZADD', KEYS[1], 7)
+trim(KEYS[1], ARGV[3], ARGV[6] == '1')
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1
@@ -164,7 +174,7 @@ end
 /// saw this entry without that one would refresh past it: the list is dropped instead.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{GENERATIONS}{ABOVE}{ENTRY_TIME}
+        r#"{GENERATIONS}{ABOVE}{ENTRY_TIME}{TRIM}
 local ttl = ARGV[2]
 local has_gen = redis.call('EXISTS', KEYS[2]) == 1
 if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
@@ -192,11 +202,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
       redis.call('ZADD', KEYS[1], ARGV[i], ARGV[i + 1])
     end
   end
-  local n = redis.call('ZCARD', KEYS[1])
-  local real = n
-  if complete then real = n - 1 end
-  local limit = tonumber(ARGV[3])
-  if real > limit then redis.call('ZREMRANGEBYRANK', KEYS[1], 0, n - limit - 1) end
+  trim(KEYS[1], ARGV[3], complete)
   redis.call('EXPIRE', KEYS[1], ttl)
   bump(KEYS[2], ttl, false)
 elseif has_gen then
@@ -211,16 +217,9 @@ return 1
 /// generation exists).
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{GENERATIONS}
+        r#"{GENERATIONS}{EACH_CHUNK}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
-if cached then
-  local i = 2
-  while i <= #ARGV do
-    local last = math.min(i + 999, #ARGV)
-    redis.call('ZREM', KEYS[1], unpack(ARGV, i, last))
-    i = last + 1
-  end
-end
+if cached then each_chunk('ZREM', KEYS[1], 2) end
 if cached or redis.call('EXISTS', KEYS[2]) == 1 then bump(KEYS[2], ARGV[1], true) end
 return 1
 "#
@@ -287,16 +286,11 @@ end
 /// or was written since [`BEGIN_LOAD`] returned `expected`.
 pub static SET_FILL: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{SAME_GENERATION}
+        r#"{SAME_GENERATION}{EACH_CHUNK}
 if not same_generation(KEYS[2], ARGV[1]) then return 0 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('SADD', KEYS[1], '-1')
-local i = 3
-while i <= #ARGV do
-  local last = math.min(i + 999, #ARGV)
-  redis.call('SADD', KEYS[1], unpack(ARGV, i, last))
-  i = last + 1
-end
+each_chunk('SADD', KEYS[1], 3)
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 return 1

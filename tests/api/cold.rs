@@ -8,12 +8,11 @@ use std::collections::HashSet;
 use axum::http::StatusCode;
 use chirp::config::CacheMode;
 use chirp::timeline::Timeline;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde_json::Value;
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, eventually, page_all, urlencode};
+use crate::helpers::{TestApp, eventually, page_all, seeded_rng, urlencode};
 
 const LIST_LIMIT: u32 = 40;
 
@@ -81,12 +80,7 @@ async fn times(app: &TestApp, base: &str, token: Option<&str>) -> Vec<String> {
 /// (Postgres). The three bodies are equal, field for field.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
-    let seed: u64 = std::env::var("CHIRP_COLD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("cold pages seed {seed} (re-run: CHIRP_COLD_SEED={seed})");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (_, mut rng) = seeded_rng("CHIRP_COLD_SEED", "cold pages");
     let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
     let off = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
     let World { tb, alice, .. } = world(&app).await;
@@ -265,12 +259,7 @@ async fn a_growth_that_races_an_unfollow_brings_nothing_back(db: PgPool) {
 /// Postgres.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn fills_and_growths_that_race_fan_out_lose_nothing(db: PgPool) {
-    let seed: u64 = std::env::var("CHIRP_COLD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("cold races seed {seed} (re-run: CHIRP_COLD_SEED={seed})");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (_, mut rng) = seeded_rng("CHIRP_COLD_SEED", "cold races");
     let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
     let off = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
     let World { tb, ta, carol, .. } = world(&app).await;

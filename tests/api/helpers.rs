@@ -449,6 +449,18 @@ impl TestApp {
 }
 
 /// Polls `check` every 50 ms until it holds; panics after 10 s.
+/// A random generator for a randomized test and its seed: from the environment variable `var`
+/// if set (to re-run a failure), else random; prints the seed so a failure can be re-run.
+pub fn seeded_rng(var: &str, what: &str) -> (u64, rand::rngs::StdRng) {
+    use rand::SeedableRng;
+    let seed: u64 = std::env::var(var)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("{what} seed {seed} (re-run: {var}={seed})");
+    (seed, rand::rngs::StdRng::seed_from_u64(seed))
+}
+
 pub async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     for _ in 0..200 {
         if check().await {

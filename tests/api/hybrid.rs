@@ -5,14 +5,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use axum::http::StatusCode;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use chirp::cache::AfterCommit;
 
-use crate::helpers::{TestApp, eventually, lock_waiters, page_all, urlencode};
+use crate::helpers::{TestApp, eventually, lock_waiters, page_all, seeded_rng, urlencode};
 
 /// An app whose authors are pulled above `above` followers and pushed again below `below`,
 /// with a settle time short enough for a test.
@@ -195,12 +194,7 @@ async fn a_fan_out_batch_overtaken_by_a_pulled_tweet_stamps_again_so_no_refresh_
 /// equals the oracle query (`newsfeeds::page`) entry for entry.
 #[sqlx::test]
 async fn hybrid_newsfeeds_are_pure_fan_out_over_random_histories(db: PgPool) {
-    let seed: u64 = std::env::var("CHIRP_HYBRID_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(rand::random);
-    eprintln!("hybrid model seed {seed} (re-run: CHIRP_HYBRID_SEED={seed})");
-    let mut rng = StdRng::seed_from_u64(seed);
+    let (seed, mut rng) = seeded_rng("CHIRP_HYBRID_SEED", "hybrid model");
     let app = hybrid_app(db, 2, 2).await;
     const USERS: usize = 6;
     let mut users = Vec::new();
