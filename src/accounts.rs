@@ -1,7 +1,7 @@
 //! Accounts: sign-up, login, logout and bearer-token authentication.
 //!
-//! Passwords are hashed with argon2id (the `argon2` crate's defaults: 19 MiB, 2 passes) on the
-//! blocking thread pool. Tokens are 32 random bytes, base64url-encoded (43 characters); only
+//! Passwords are hashed with argon2id (the `argon2` crate's defaults: 19 MiB, 2 passes) on a
+//! bounded pool ([`HashPool`]). Tokens are 32 random bytes, base64url-encoded (43 characters); only
 //! their SHA-256 is stored, and logout deletes it.
 
 use argon2::password_hash::{
@@ -28,7 +28,7 @@ use crate::users::User;
 pub const TOKEN_LEN: usize = 43;
 
 /// A hash to verify against when the username is unknown, so that login takes the same time
-/// either way (computed once, on first use).
+/// either way (computed once, on first use, inside the hashing pool).
 static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| {
     let salt = SaltString::generate(&mut OsRng);
     Argon2::default()
@@ -37,26 +37,99 @@ static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| {
         .unwrap_or_default()
 });
 
-async fn hash_password(password: String) -> anyhow::Result<String> {
-    tokio::task::spawn_blocking(move || {
-        let salt = SaltString::generate(&mut OsRng);
-        Argon2::default()
-            .hash_password(password.as_bytes(), &salt)
-            .map(|h| h.to_string())
-            .map_err(|e| anyhow::anyhow!("hashing password: {e}"))
-    })
-    .await?
+/// The bounded pool every password hash runs on. An argon2id hash holds 19 MiB and one core
+/// for tens of ms, so unbounded concurrent logins took a process from 20 MB to 1.66 GB: at
+/// most one hash per core runs at once ([`HashPool::running`]), at most
+/// [`HashPool::QUEUE_PER_CORE`] per core wait, and a login or signup past that is a 503 with
+/// `Retry-After: 1` (OWASP's password storage guidance: bound the work factor's concurrency).
+pub struct HashPool {
+    permits: tokio::sync::Semaphore,
+    waiting: std::sync::atomic::AtomicUsize,
+    queue: usize,
+    /// Hashes that could run at once (the cores).
+    pub running: usize,
+    active: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    /// Most hashes seen running at once since start.
+    pub peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
-async fn verify_password(password: String, hash: String) -> anyhow::Result<bool> {
-    tokio::task::spawn_blocking(move || match PasswordHash::new(&hash) {
-        Ok(parsed) => Argon2::default()
-            .verify_password(password.as_bytes(), &parsed)
-            .is_ok(),
-        Err(_) => false,
-    })
-    .await
-    .map_err(anyhow::Error::from)
+impl HashPool {
+    /// Hashes that may wait per core.
+    pub const QUEUE_PER_CORE: usize = 16;
+
+    fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
+        HashPool {
+            permits: tokio::sync::Semaphore::new(cores),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
+            queue: cores * Self::QUEUE_PER_CORE,
+            running: cores,
+            active: std::sync::Arc::default(),
+            peak: std::sync::Arc::default(),
+        }
+    }
+
+    /// Runs `hash` on a blocking thread once a permit is free.
+    ///
+    /// # Errors
+    /// `Busy` (503) when the queue is full; `Internal` if the hash panicked.
+    async fn run<T: Send + 'static>(
+        &self,
+        hash: impl FnOnce() -> T + Send + 'static,
+    ) -> ApiResult<T> {
+        use std::sync::atomic::Ordering;
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.queue {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(ApiError::Busy(
+                1,
+                "Too many logins at once; try again shortly.",
+            ));
+        }
+        let permit = self.permits.acquire().await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        let _permit = permit.map_err(|e| anyhow::anyhow!("hashing pool closed: {e}"))?;
+        let (active, peak) = (self.active.clone(), self.peak.clone());
+        Ok(tokio::task::spawn_blocking(move || {
+            let now = active.fetch_add(1, Ordering::AcqRel) + 1;
+            peak.fetch_max(now, Ordering::AcqRel);
+            let hashed = hash();
+            active.fetch_sub(1, Ordering::AcqRel);
+            hashed
+        })
+        .await
+        .map_err(anyhow::Error::from)?)
+    }
+}
+
+/// This process's [`HashPool`] (memory is per process, so is the bound).
+pub static HASHING: LazyLock<HashPool> = LazyLock::new(HashPool::new);
+
+async fn hash_password(password: String) -> ApiResult<String> {
+    HASHING
+        .run(move || {
+            let salt = SaltString::generate(&mut OsRng);
+            Argon2::default()
+                .hash_password(password.as_bytes(), &salt)
+                .map(|h| h.to_string())
+                .map_err(|e| anyhow::anyhow!("hashing password: {e}"))
+        })
+        .await?
+        .map_err(ApiError::from)
+}
+
+/// Verifies `password` against `hash`, or against [`DUMMY_HASH`] when there is none.
+async fn verify_password(password: String, hash: Option<String>) -> ApiResult<bool> {
+    HASHING
+        .run(move || {
+            let hash = hash.as_deref().unwrap_or(DUMMY_HASH.as_str());
+            match PasswordHash::new(hash) {
+                Ok(parsed) => Argon2::default()
+                    .verify_password(password.as_bytes(), &parsed)
+                    .is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await
 }
 
 /// SHA-256 of a token, as stored in `auth_tokens`.
@@ -137,13 +210,7 @@ pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(
     .bind(username.to_lowercase())
     .fetch_optional(db)
     .await?;
-    let hash = match &row {
-        Some(r) => r.password_hash.clone(),
-        None => tokio::task::spawn_blocking(|| DUMMY_HASH.clone())
-            .await
-            .map_err(anyhow::Error::from)?,
-    };
-    let matches = verify_password(password, hash).await?;
+    let matches = verify_password(password, row.as_ref().map(|r| r.password_hash.clone())).await?;
     match row {
         Some(c) if matches => {
             let token = issue_token(db, c.id).await?;
@@ -187,17 +254,11 @@ pub async fn logout(
     Ok(())
 }
 
-/// The id of the user a token belongs to: from this process's memory ([`TokenCache`]), else
-/// from the Redis token cache (one round trip), else from Postgres (then cached in both).
+/// A bearer token's SHA-256 (see [`hash_token`]), once its shape is checked.
 ///
 /// # Errors
-/// `InvalidToken` for a malformed, unknown or revoked token.
-pub async fn authenticate(
-    db: &PgPool,
-    cache: &Cache,
-    tokens: &TokenCache,
-    token: &str,
-) -> ApiResult<i64> {
+/// `InvalidToken` for anything but 43 base64url characters.
+pub fn token_hash(token: &str) -> ApiResult<Vec<u8>> {
     if token.len() != TOKEN_LEN
         || !token
             .bytes()
@@ -205,29 +266,59 @@ pub async fn authenticate(
     {
         return Err(ApiError::InvalidToken);
     }
-    let hash = hash_token(token);
-    if let Some(id) = tokens.get(&hash) {
+    Ok(hash_token(token))
+}
+
+/// The id of the user whose token has the SHA-256 `hash` ([`token_hash`]): from this
+/// process's memory ([`TokenCache`]), else from the Redis token cache (one round trip), else
+/// from Postgres (then cached in both). A token Postgres does not know is remembered as
+/// unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory, so asking again
+/// costs no Postgres query (a token can not become valid later: it is random and issued,
+/// stored, before any client has it).
+///
+/// # Errors
+/// `InvalidToken` for an unknown or revoked token.
+pub async fn authenticate(
+    db: &PgPool,
+    cache: &Cache,
+    tokens: &TokenCache,
+    hash: &[u8],
+) -> ApiResult<i64> {
+    if let Some(id) = tokens.get(hash) {
         return Ok(id);
     }
+    if tokens.is_unknown(hash) {
+        return Err(ApiError::InvalidToken);
+    }
     let lookup = tokens.begin();
-    match cache.get_token(&hash).await {
+    match cache.get_token(hash).await {
         Ok(CachedToken::User(id)) => {
-            tokens.insert(lookup, &hash, id);
+            tokens.insert(lookup, hash, id);
             return Ok(id);
         }
-        Ok(CachedToken::Revoked) => return Err(ApiError::InvalidToken),
+        Ok(CachedToken::Revoked) => {
+            tokens.remember_unknown(hash);
+            return Err(ApiError::InvalidToken);
+        }
         Ok(CachedToken::Miss) | Err(_) => {}
     }
     let user: Option<i64> =
         sqlx::query_scalar("select user_id from auth_tokens where token_hash = $1")
-            .bind(&hash)
+            .bind(hash)
             .fetch_optional(db)
             .await?;
-    let id = user.ok_or(ApiError::InvalidToken)?;
-    cache.put_token(&hash, id).await;
-    tokens.insert(lookup, &hash, id);
+    let Some(id) = user else {
+        tokens.remember_unknown(hash);
+        cache.put_unknown_token(hash, UNKNOWN_TOKEN_SECS).await;
+        return Err(ApiError::InvalidToken);
+    };
+    cache.put_token(hash, id).await;
+    tokens.insert(lookup, hash, id);
     Ok(id)
 }
+
+/// Seconds Redis remembers a token that Postgres did not know.
+pub const UNKNOWN_TOKEN_SECS: u64 = 600;
 
 /// Validates sign-up input; returns `(username lowercase, email, password)`.
 pub fn validate_signup(

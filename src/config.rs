@@ -274,6 +274,13 @@ pub struct Config {
           value_parser = crate::http::limits::RateLimits::parse)]
     pub rate_limits: crate::http::limits::RateLimits,
 
+    /// Proxies (load balancers) whose `Forwarded`/`X-Forwarded-For` headers name the client,
+    /// comma-separated addresses or CIDR networks (`10.0.0.0/8,::1`); none by default (the TCP
+    /// peer is the client). Rate limits count per client, so behind a proxy set this.
+    #[arg(long, global = true, env = "CHIRP_TRUSTED_PROXIES", default_value = "",
+          value_parser = crate::http::client_ip::TrustedProxies::parse)]
+    pub trusted_proxies: crate::http::client_ip::TrustedProxies,
+
     /// Where photos and avatars are stored: a local directory, or `s3://bucket[/prefix]` for an
     /// S3-compatible store (configured by the usual `AWS_*` variables).
     #[arg(

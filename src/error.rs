@@ -38,10 +38,11 @@ pub enum ApiError {
     /// 413, 415 and other plain `{"detail": ...}` answers.
     #[error("{1}")]
     Detail(StatusCode, String),
-    /// 503 with `Retry-After` (whole seconds): the write would be accepted but not delivered
-    /// in time (the fan-out is behind, see [`crate::jobs::Backlog`]).
+    /// 503 with `Retry-After` (whole seconds) and the reason: the write would be accepted but
+    /// not delivered in time (the fan-out is behind, see [`crate::jobs::Backlog`]), or the
+    /// server is at a bound it keeps (password hashing, see [`crate::accounts`]).
     #[error("busy; retry after {0} s")]
-    Busy(u64),
+    Busy(u64, &'static str),
     /// 500; the cause is logged, never sent.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -93,11 +94,8 @@ impl IntoResponse for ApiError {
                 detail(StatusCode::METHOD_NOT_ALLOWED, "Method not allowed.")
             }
             ApiError::Detail(status, msg) => detail(status, &msg),
-            ApiError::Busy(secs) => {
-                let mut res = detail(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The fan-out of new tweets is behind; try again shortly.",
-                );
+            ApiError::Busy(secs, reason) => {
+                let mut res = detail(StatusCode::SERVICE_UNAVAILABLE, reason);
                 res.headers_mut().insert(
                     axum::http::header::RETRY_AFTER,
                     axum::http::HeaderValue::from(secs),

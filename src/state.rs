@@ -46,6 +46,10 @@ pub struct Shared {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
+    /// Clients whose token lookups this process refuses for now (failed authentications).
+    pub refused: crate::http::limits::Refused,
+    /// `/healthz`'s probe of Postgres and Redis, run at most once per interval.
+    pub health: crate::http::health::Probe,
     /// This process's stream clients.
     pub streams: Arc<streams::Hub>,
     /// This process's one pub/sub subscription (chat wake-ups, stream events, revocations).
@@ -115,6 +119,8 @@ impl AppState {
             media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
+            refused: crate::http::limits::Refused::default(),
+            health: crate::http::health::Probe::default(),
             streams,
             subscriber,
             tokens,

@@ -629,6 +629,23 @@ impl Cache {
         let _ = self.run::<()>(&pipe).await;
     }
 
+    /// Remembers for `secs` that Postgres does not know the token with SHA-256 `hash` (its
+    /// tombstone, `SET NX`: a cached user id is kept), so the next lookup stops here.
+    pub async fn put_unknown_token(&self, hash: &[u8], secs: u64) {
+        let Some(keys) = self.keys() else {
+            return;
+        };
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(keys.token(hash))
+            .arg(TOMBSTONE)
+            .arg("NX")
+            .arg("EX")
+            .arg(secs.max(1))
+            .ignore();
+        let _ = self.run::<()>(&pipe).await;
+    }
+
     /// Which of `tweet_ids` `user` liked: from the user's liked set held in this process's near
     /// cache ([`HeldLikes`]), else from the cached set in Redis in one round trip (`SMISMEMBER`,
     /// with a sample of the set to hold it from now on if it is small).

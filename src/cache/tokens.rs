@@ -41,7 +41,17 @@ impl NearKey for [u8; 32] {
 pub struct TokenCache {
     near: Arc<Near<[u8; 32], i64>>,
     cache: Cache,
+    /// Tokens Postgres did not know (or Redis held revoked), until when: a negative cache, so
+    /// a client repeating a bad token costs no round trip. Needs no invalidation: a token
+    /// never becomes valid after a lookup missed it.
+    unknown: std::sync::Mutex<std::collections::HashMap<[u8; 32], std::time::Instant>>,
 }
+
+/// How long a process remembers an unknown token.
+const UNKNOWN_TTL: Duration = Duration::from_secs(60);
+/// Most unknown tokens a process remembers (32 bytes and an instant each); past it, the
+/// expired ones are dropped, then all.
+const UNKNOWN_CAPACITY: usize = 50_000;
 
 impl std::ops::Deref for TokenCache {
     type Target = Near<[u8; 32], i64>;
@@ -66,6 +76,7 @@ impl TokenCache {
         Arc::new(TokenCache {
             near,
             cache: cache.clone(),
+            unknown: std::sync::Mutex::default(),
         })
     }
 
@@ -87,6 +98,34 @@ impl TokenCache {
         if let Ok(key) = <[u8; 32]>::try_from(hash) {
             self.near.insert(&self.cache, lookup, [(key, user)]);
         }
+    }
+
+    /// Whether this process saw the token (by SHA-256) unknown or revoked in the last
+    /// minute.
+    pub fn is_unknown(&self, hash: &[u8]) -> bool {
+        let Ok(key) = <[u8; 32]>::try_from(hash) else {
+            return false;
+        };
+        let unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        unknown
+            .get(&key)
+            .is_some_and(|until| *until > std::time::Instant::now())
+    }
+
+    /// Remembers a token (by SHA-256) that a lookup found unknown or revoked.
+    pub fn remember_unknown(&self, hash: &[u8]) {
+        let Ok(key) = <[u8; 32]>::try_from(hash) else {
+            return;
+        };
+        let now = std::time::Instant::now();
+        let mut unknown = self.unknown.lock().unwrap_or_else(|p| p.into_inner());
+        if unknown.len() >= UNKNOWN_CAPACITY {
+            unknown.retain(|_, until| *until > now);
+            if unknown.len() >= UNKNOWN_CAPACITY {
+                unknown.clear();
+            }
+        }
+        unknown.insert(key, now + UNKNOWN_TTL);
     }
 
     /// Forgets a token in this process's memory (a logout, before its commit's cache step

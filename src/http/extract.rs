@@ -13,6 +13,8 @@ use serde_json::{Map, Value};
 
 use crate::accounts;
 use crate::error::{ApiError, FieldErrors};
+use crate::http::client_ip::ClientIp;
+use crate::http::limits;
 use crate::media::{self, Upload};
 use crate::pagination::{PageQuery, PageRequest};
 use crate::state::AppState;
@@ -334,27 +336,45 @@ fn bearer(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// here, once; a malformed, unknown or revoked token is a 401 on *every* route (also where
 /// login is optional, as Django REST framework does); no token is an anonymous caller. The
 /// handlers' [`Auth`] and [`MaybeAuth`] read the result from the request's extensions.
+///
+/// Failed authentications count against the client IP's `failed` rate limit
+/// ([`limits::failed`]); over it, a token this process does not hold in memory is a 429
+/// before any lookup ([`limits::refuse_lookup`]), so guessing tokens costs neither Redis nor
+/// Postgres.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
-    match bearer(req.headers()) {
-        Err(e) => return e.into_response(),
-        Ok(None) => {}
-        Ok(Some(token)) => {
-            match accounts::authenticate(&state.db, &state.cache, &state.tokens, &token).await {
-                Ok(user_id) => {
-                    req.extensions_mut().insert(Auth { user_id, token });
-                    if !req.method().is_safe() {
-                        // A write: this user's never-cached reads stay on the primary for a
-                        // while (see `crate::replica`), counted from its start and its end (a
-                        // client that goes away mid-request still wrote).
-                        state.replica.wrote(user_id);
-                        let res = next.run(req).await;
-                        state.replica.wrote(user_id);
-                        return res;
-                    }
-                }
-                Err(e) => return e.into_response(),
-            }
-        }
+    let client = ClientIp::of(&req);
+    let token = match bearer(req.headers()) {
+        Err(e) => return limits::failed(&state, client, e).await,
+        Ok(None) => return next.run(req).await,
+        Ok(Some(token)) => token,
+    };
+    let hash = match accounts::token_hash(&token) {
+        Ok(hash) => hash,
+        Err(e) => return limits::failed(&state, client, e).await,
+    };
+    let held = state.tokens.get(&hash);
+    if held.is_none()
+        && let Some(refused) = limits::refuse_lookup(&state, client)
+    {
+        return refused;
+    }
+    let user_id = match held {
+        Some(id) => id,
+        None => match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash).await {
+            Ok(id) => id,
+            Err(e @ ApiError::InvalidToken) => return limits::failed(&state, client, e).await,
+            Err(e) => return e.into_response(),
+        },
+    };
+    req.extensions_mut().insert(Auth { user_id, token });
+    if !req.method().is_safe() {
+        // A write: this user's never-cached reads stay on the primary for a while (see
+        // `crate::replica`), counted from its start and its end (a client that goes away
+        // mid-request still wrote).
+        state.replica.wrote(user_id);
+        let res = next.run(req).await;
+        state.replica.wrote(user_id);
+        return res;
     }
     next.run(req).await
 }

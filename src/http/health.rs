@@ -1,7 +1,7 @@
 //! `/healthz` (dependencies) and `/livez` (the process only).
 
-use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -28,24 +28,17 @@ pub fn router() -> Router<AppState> {
 /// taken has waited, and whether composes are refused for it, [`crate::jobs::Backlog`]; `null`
 /// if Postgres does not answer).
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
-    // One statement: Postgres answers, and how far the fan-out lags.
-    let lag = tokio::time::timeout(Duration::from_secs(2), crate::jobs::lag(&state.db)).await;
-    let (pg_ok, fanout) = match lag {
-        Ok(Ok(lag)) => {
+    let probed = state.health.probe(&state).await;
+    let (pg_ok, fanout) = match probed.lag {
+        Some(lag) => {
             let mut fanout = json!(lag);
             fanout["waiting_ms"] = json!(state.backlog.wait_ms());
             fanout["refusing_composes"] = json!(state.backlog.refuse().is_some());
             (true, fanout)
         }
-        _ => (false, Value::Null),
+        None => (false, Value::Null),
     };
-    let redis = if !state.cache.enabled() {
-        "off"
-    } else if state.cache.available() && state.cache.ping().await {
-        "ok"
-    } else {
-        "down"
-    };
+    let redis = probed.redis;
     let cache = state.cache.stats().map(|s| {
         json!({
             "hits": s.hits.load(Ordering::Relaxed),
@@ -120,6 +113,56 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
         },
     });
     (status, Json(body))
+}
+
+/// `/healthz`'s probe of its dependencies (the fan-out lag query on Postgres, a `PING` on
+/// Redis), run at most once per [`Probe::INTERVAL`]: the requests of one interval share it
+/// (those that arrive while it runs wait for it), so polling `/healthz` however fast costs
+/// Postgres and Redis at most ten round trips a second. It is not rate-limited: load
+/// balancers poll it.
+#[derive(Debug, Default)]
+pub struct Probe {
+    last: tokio::sync::Mutex<Option<(Instant, Probed)>>,
+    /// Probes run since start.
+    pub runs: AtomicU64,
+}
+
+/// What one probe found.
+#[derive(Debug, Clone)]
+struct Probed {
+    /// `None`: Postgres did not answer within 2 s.
+    lag: Option<crate::jobs::Lag>,
+    redis: &'static str,
+}
+
+impl Probe {
+    /// How long one probe's result is reused.
+    pub const INTERVAL: Duration = Duration::from_millis(100);
+
+    async fn probe(&self, state: &AppState) -> Probed {
+        let mut last = self.last.lock().await;
+        if let Some((at, probed)) = last.as_ref()
+            && at.elapsed() < Self::INTERVAL
+        {
+            return probed.clone();
+        }
+        self.runs.fetch_add(1, Ordering::Relaxed);
+        // One statement: Postgres answers, and how far the fan-out lags.
+        let lag = tokio::time::timeout(Duration::from_secs(2), crate::jobs::lag(&state.db))
+            .await
+            .ok()
+            .and_then(Result::ok);
+        let redis = if !state.cache.enabled() {
+            "off"
+        } else if state.cache.available() && state.cache.ping().await {
+            "ok"
+        } else {
+            "down"
+        };
+        let probed = Probed { lag, redis };
+        *last = Some((Instant::now(), probed.clone()));
+        probed
+    }
 }
 
 /// Always 200 without touching Postgres or Redis: the HTTP stack's ceiling in benchmarks.

@@ -5,16 +5,16 @@
 //! `X-RateLimit-Limit`, `X-RateLimit-Remaining` and `X-RateLimit-Reset` of the rate nearest to
 //! exhaustion.
 
-use std::net::SocketAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::extract::{ConnectInfo, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::cache::limits::{Decision, Rate};
 use crate::error::ApiError;
+use crate::http::client_ip::ClientIp;
 use crate::http::extract::Auth;
 use crate::state::AppState;
 
@@ -29,10 +29,20 @@ pub enum Class {
     Write,
     /// Reads.
     Read,
+    /// Failed authentications (a malformed, unknown or revoked bearer token), per client IP;
+    /// counted after the lookup, and while over it a token this process does not hold in
+    /// memory is refused before any lookup.
+    Failed,
 }
 
 impl Class {
-    const ALL: [Class; 4] = [Class::Auth, Class::Tweet, Class::Write, Class::Read];
+    const ALL: [Class; 5] = [
+        Class::Auth,
+        Class::Tweet,
+        Class::Write,
+        Class::Read,
+        Class::Failed,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -40,6 +50,7 @@ impl Class {
             Class::Tweet => "tweet",
             Class::Write => "write",
             Class::Read => "read",
+            Class::Failed => "failed",
         }
     }
 
@@ -67,7 +78,8 @@ pub struct RateLimits {
 }
 
 impl RateLimits {
-    /// The defaults of docs/API.md: auth 3/s, tweet 1/s and 5/min, write 10/s, read 50/s.
+    /// The defaults of docs/API.md: auth 3/s, tweet 1/s and 5/min, write 10/s, read 50/s,
+    /// failed authentications 10/s and 100/min.
     pub fn defaults() -> Self {
         let per = |count, secs: u64| Rate {
             count,
@@ -79,6 +91,7 @@ impl RateLimits {
                 (Class::Tweet, vec![per(1, 1), per(5, 60)]),
                 (Class::Write, vec![per(10, 1)]),
                 (Class::Read, vec![per(50, 1)]),
+                (Class::Failed, vec![per(10, 1), per(100, 60)]),
             ],
         }
     }
@@ -89,7 +102,7 @@ impl RateLimits {
     }
 
     /// Parses `on`, `off`, or `class=N/unit[,N/unit];...` (unit `s`, `m` or `h`; classes
-    /// `auth`, `tweet`, `write`, `read`; a class not named keeps its default, `class=off`
+    /// `auth`, `tweet`, `write`, `read`, `failed`; a class not named keeps its default, `class=off`
     /// lifts it).
     ///
     /// # Errors
@@ -108,7 +121,7 @@ impl RateLimits {
             let class = Class::ALL
                 .into_iter()
                 .find(|c| c.name() == name.trim())
-                .ok_or_else(|| format!("{name:?}: expected auth, tweet, write or read"))?;
+                .ok_or_else(|| format!("{name:?}: expected auth, tweet, write, read or failed"))?;
             let rates = if rates.trim() == "off" {
                 Vec::new()
             } else {
@@ -171,40 +184,118 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
     };
     let user = req.extensions().get::<Auth>().map(|a| a.user_id);
     let subject = match (class, user) {
-        (Class::Auth, _) | (_, None) => {
-            let ip = req
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map_or_else(|| "unknown".to_owned(), |c| c.0.ip().to_string());
-            format!("i{ip}")
-        }
+        (Class::Auth, _) | (_, None) => ClientIp::subject_of(ClientIp::of(&req)),
         (_, Some(id)) => format!("u{id}"),
     };
-    let decision = match state.cache.gcra(&subject, class.name(), rates).await {
+    let decision = decide(&state, &subject, class, rates).await;
+    let mut res = if decision.allowed {
+        next.run(req).await
+    } else {
+        too_many(&decision)
+    };
+    set_headers(&mut res, rates, &decision);
+    res
+}
+
+/// Before a token lookup that may reach Redis and Postgres: a 429 while this process last saw
+/// the client's failed-authentication limit exhausted ([`failed`]), else `None`. Tokens held
+/// in the process's memory are answered before this is asked, so a client that shares an
+/// address with a token guesser keeps working.
+pub fn refuse_lookup(state: &AppState, client: Option<ClientIp>) -> Option<Response> {
+    let rates = state.config.rate_limits.rates(Class::Failed)?;
+    let subject = ClientIp::subject_of(client);
+    let retry_after = state.refused.remaining(&subject)?;
+    let decision = Decision {
+        allowed: false,
+        rate: 0,
+        remaining: 0,
+        reset_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
+        retry_after_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
+    };
+    let mut res = too_many(&decision);
+    set_headers(&mut res, rates, &decision);
+    Some(res)
+}
+
+/// After a failed authentication (`error`, a 401): counts it against the client's `failed`
+/// limit and answers `error`, or a 429 once over the limit, after which [`refuse_lookup`]
+/// refuses the client's unknown tokens until the limit allows one again.
+pub async fn failed(state: &AppState, client: Option<ClientIp>, error: ApiError) -> Response {
+    let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
+        return error.into_response();
+    };
+    let subject = ClientIp::subject_of(client);
+    let decision = decide(state, &subject, Class::Failed, rates).await;
+    if decision.allowed {
+        return error.into_response();
+    }
+    state.refused.refuse(
+        &subject,
+        std::time::Duration::from_micros(decision.retry_after_us),
+    );
+    let mut res = too_many(&decision);
+    set_headers(&mut res, rates, &decision);
+    res
+}
+
+/// Counts one request of `subject` in Redis, or in this process while Redis is down.
+async fn decide(state: &AppState, subject: &str, class: Class, rates: &[Rate]) -> Decision {
+    match state.cache.gcra(subject, class.name(), rates).await {
         Ok(d) => d,
         Err(_) => {
             let now = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-            state.limiter.check(&subject, class.name(), rates, now)
+            state.limiter.check(subject, class.name(), rates, now)
         }
-    };
-    let mut res = if decision.allowed {
-        next.run(req).await
-    } else {
-        let mut res = ApiError::Detail(
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many requests, try again later.".into(),
-        )
-        .into_response();
-        res.headers_mut().insert(
-            HeaderName::from_static("retry-after"),
-            HeaderValue::from(ceil_secs(decision.retry_after_us)),
-        );
-        res
-    };
-    set_headers(&mut res, rates, &decision);
+    }
+}
+
+fn too_many(decision: &Decision) -> Response {
+    let mut res = ApiError::Detail(
+        StatusCode::TOO_MANY_REQUESTS,
+        "Too many requests, try again later.".into(),
+    )
+    .into_response();
+    res.headers_mut().insert(
+        HeaderName::from_static("retry-after"),
+        HeaderValue::from(ceil_secs(decision.retry_after_us).max(1)),
+    );
     res
+}
+
+/// Clients this process refuses token lookups for, until when: set when a failed
+/// authentication went over the `failed` limit, so a token guesser costs one Redis round trip
+/// per refusal period and process, not one lookup per guess. Holds at most
+/// [`Refused::CAPACITY`] clients (the expired ones are dropped first; past that, all).
+#[derive(Debug, Default)]
+pub struct Refused {
+    until: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+impl Refused {
+    /// Most clients remembered.
+    pub const CAPACITY: usize = 100_000;
+
+    fn remaining(&self, subject: &str) -> Option<std::time::Duration> {
+        let until = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let left = until
+            .get(subject)?
+            .checked_duration_since(std::time::Instant::now())?;
+        (!left.is_zero()).then_some(left)
+    }
+
+    fn refuse(&self, subject: &str, period: std::time::Duration) {
+        let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        if until.len() >= Self::CAPACITY {
+            until.retain(|_, t| *t > now);
+            if until.len() >= Self::CAPACITY {
+                until.clear();
+            }
+        }
+        until.insert(subject.to_owned(), now + period);
+    }
 }
 
 fn ceil_secs(us: u64) -> u64 {

@@ -3,6 +3,7 @@
 pub mod accounts;
 pub mod chat;
 pub mod circles;
+pub mod client_ip;
 pub mod comments;
 pub mod extract;
 pub mod friendships;
@@ -71,6 +72,10 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             extract::authenticate,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            client_ip::resolve,
         ))
         .layer(middleware::from_fn(run_to_completion))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -156,7 +156,10 @@ async fn create(
         .map_err(|msg| ApiError::field("files", msg))?;
     // Back-pressure: a tweet accepted now would reach its followers late.
     if let Some(secs) = state.backlog.refuse() {
-        return Err(ApiError::Busy(secs));
+        return Err(ApiError::Busy(
+            secs,
+            "The fan-out of new tweets is behind; try again shortly.",
+        ));
     }
     if let Some(circle) = circle {
         circles::check_can_post(&state.db, circle, auth.user_id).await?;

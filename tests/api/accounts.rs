@@ -339,3 +339,56 @@ async fn with_the_token_cache_off_nothing_is_held_in_memory(db: PgPool) {
     assert!(app.state.tokens.is_empty());
     assert_eq!(app.state.tokens.stats.hits.load(Ordering::Relaxed), 0);
 }
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_login_flood_hashes_on_the_cores_and_the_rest_get_503_with_retry_after(db: PgPool) {
+    let app = TestApp::new(db).await;
+    app.signup("erin").await;
+    let pool = &chirp::accounts::HASHING;
+    let logins = (0..300).map(|i| {
+        let app = &app;
+        async move {
+            let req = Request::post("/api/accounts/login/")
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    json!({"username": "erin", "password": format!("wrong-{i}")}).to_string(),
+                ))
+                .unwrap();
+            let res = app.app.clone().oneshot(req).await.unwrap();
+            let retry = res.headers().get("retry-after").cloned();
+            (res.status(), retry)
+        }
+    });
+    let answers = futures_util::future::join_all(logins).await;
+    let mut refused = 0;
+    for (status, retry) in &answers {
+        match *status {
+            StatusCode::BAD_REQUEST => {}
+            StatusCode::SERVICE_UNAVAILABLE => {
+                refused += 1;
+                assert_eq!(retry.as_ref().map(|v| v.to_str().unwrap()), Some("1"));
+            }
+            other => panic!("a login answered {other}"),
+        }
+    }
+    assert!(refused > 0, "300 logins at once exceed the queue");
+    assert!(
+        answers.len() - refused >= pool.running * chirp::accounts::HashPool::QUEUE_PER_CORE,
+        "the queue's worth were answered"
+    );
+    let peak = pool.peak.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        peak <= pool.running,
+        "{peak} hashes ran at once on {} cores",
+        pool.running
+    );
+    // The right password still logs in once the flood is over.
+    let res = app
+        .post(
+            "/api/accounts/login/",
+            None,
+            json!({"username": "erin", "password": "correct horse"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK);
+}
