@@ -274,6 +274,13 @@ pub struct Config {
           value_parser = crate::http::limits::RateLimits::parse)]
     pub rate_limits: crate::http::limits::RateLimits,
 
+    /// Milliseconds a connection may take to send a request's head, counted from when it
+    /// starts waiting for one (so also how long a keep-alive connection may sit idle); past it
+    /// the connection is closed (slowloris clients hold nothing for long).
+    #[arg(long, global = true, env = "CHIRP_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub header_read_timeout_ms: u64,
+
     /// Proxies (load balancers) whose `Forwarded`/`X-Forwarded-For` headers name the client,
     /// comma-separated addresses or CIDR networks (`10.0.0.0/8,::1`); none by default (the TCP
     /// peer is the client). Rate limits count per client, so behind a proxy set this.

@@ -3,8 +3,6 @@
 use std::net::SocketAddr;
 
 use anyhow::Context;
-use axum::ServiceExt;
-use axum::extract::Request;
 use clap::Parser;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -83,12 +81,14 @@ impl Application {
         }
         tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
         let shutdown_chat = state.shutdown.clone();
+        let limits = http::serve::Limits {
+            header_read_timeout: std::time::Duration::from_millis(
+                state.config.header_read_timeout_ms,
+            ),
+        };
         let app = http::app(state);
-        // The peer address is the subject of anonymous callers' rate limits.
-        let service =
-            ServiceExt::<Request>::into_make_service_with_connect_info::<std::net::SocketAddr>(app);
         let (signaled, mut on_signal) = watch::channel(false);
-        let serve = axum::serve(self.listener, service).with_graceful_shutdown(async move {
+        let serve = http::serve::serve(self.listener, app, limits, async move {
             shutdown.await;
             tracing::info!("shutting down: finishing requests and jobs");
             let _ = stop.send(true);

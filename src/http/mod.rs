@@ -14,6 +14,7 @@ pub mod lists;
 pub mod media;
 pub mod newsfeeds;
 pub mod notifications;
+pub mod serve;
 pub mod streams;
 pub mod tweets;
 pub mod users;

@@ -5,12 +5,13 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderMap, HeaderValue};
+use axum::http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,6 +21,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::cache::Cache;
 use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{Auth, Fields, QueryMap};
+use crate::http::serve::ConnectionHandle;
 use crate::state::AppState;
 use crate::streams::{self, Cursor, Ended, Event, Filter, Predicates, Registration};
 use crate::time;
@@ -81,7 +83,12 @@ fn format(params: &HashMap<String, String>) -> ApiResult<Format> {
     }
 }
 
-async fn sample(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<Response> {
+async fn sample(
+    State(state): State<AppState>,
+    auth: Auth,
+    conn: ConnectionHandle,
+    query: QueryMap,
+) -> ApiResult<Response> {
     let format = format(&query.0)?;
     let percent = match query.0.get("percent").map(|p| p.trim()) {
         None | Some("") => 1,
@@ -94,6 +101,7 @@ async fn sample(State(state): State<AppState>, auth: Auth, query: QueryMap) -> A
     open(
         &state,
         &auth,
+        conn,
         Some(Filter::sample(auth.user_id, percent)),
         format,
         None,
@@ -104,16 +112,26 @@ async fn sample(State(state): State<AppState>, auth: Auth, query: QueryMap) -> A
 async fn filter_get(
     State(state): State<AppState>,
     auth: Auth,
+    conn: ConnectionHandle,
     query: QueryMap,
 ) -> ApiResult<Response> {
     let format = format(&query.0)?;
     let filter = predicates(&query.0)?;
-    open(&state, &auth, Some(Filter::Match(filter)), format, None).await
+    open(
+        &state,
+        &auth,
+        conn,
+        Some(Filter::Match(filter)),
+        format,
+        None,
+    )
+    .await
 }
 
 async fn filter_post(
     State(state): State<AppState>,
     auth: Auth,
+    conn: ConnectionHandle,
     query: QueryMap,
     fields: Fields,
 ) -> ApiResult<Response> {
@@ -136,7 +154,15 @@ async fn filter_post(
     }
     let format = format(&params)?;
     let filter = predicates(&params)?;
-    open(&state, &auth, Some(Filter::Match(filter)), format, None).await
+    open(
+        &state,
+        &auth,
+        conn,
+        Some(Filter::Match(filter)),
+        format,
+        None,
+    )
+    .await
 }
 
 /// `track`, `follow` and `locations`, validated; at least one is required.
@@ -232,6 +258,7 @@ fn predicates(params: &HashMap<String, String>) -> ApiResult<Predicates> {
 async fn user(
     State(state): State<AppState>,
     auth: Auth,
+    conn: ConnectionHandle,
     query: QueryMap,
     headers: HeaderMap,
 ) -> ApiResult<Response> {
@@ -270,7 +297,7 @@ async fn user(
             ));
         }
     }
-    open(&state, &auth, None, format, Some(resume)).await
+    open(&state, &auth, conn, None, format, Some(resume)).await
 }
 
 /// Opens a stream for `auth`: `filter` for `statuses/*`, or `None` with `user` =
@@ -278,6 +305,7 @@ async fn user(
 async fn open(
     state: &AppState,
     auth: &Auth,
+    connection: ConnectionHandle,
     filter: Option<Filter>,
     format: Format,
     user: Option<Option<Cursor>>,
@@ -359,6 +387,7 @@ async fn open(
         pending: VecDeque::new(),
         deleted: VecDeque::new(),
         lease,
+        connection,
         done: false,
     };
     session.pending.push_back(Bytes::from_static(match format {
@@ -390,6 +419,7 @@ async fn open(
         [
             (CONTENT_TYPE, HeaderValue::from_static(content_type)),
             (CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            (CONNECTION, HeaderValue::from_static("close")),
             (
                 HeaderName::from_static("x-accel-buffering"),
                 HeaderValue::from_static("no"),
@@ -448,6 +478,8 @@ struct Session {
     /// The newest deleted tweet ids (at most [`DELETES_KEPT`]).
     deleted: VecDeque<i64>,
     lease: Lease,
+    /// Closed a heartbeat period after the session ends ([`Session::drop`]).
+    connection: ConnectionHandle,
     done: bool,
 }
 
@@ -482,7 +514,10 @@ impl Session {
                     "SHUTDOWN",
                     "The server is shutting down; reconnect shortly.",
                 ),
-                () = stalled => self.end(Ended::FallingBehind),
+                () = stalled => {
+                    self.state.streams.stats.fell_behind.fetch_add(1, Ordering::Relaxed);
+                    self.end(Ended::FallingBehind);
+                }
             }
             // The client is not reading: only the last word is kept for it.
             if let Some(last) = self.pending.pop_back() {
@@ -668,7 +703,11 @@ impl Session {
 }
 
 impl Drop for Session {
+    /// The response says `Connection: close`, so a client that reads to the end closes the
+    /// connection; one that stopped reading has a heartbeat period to take the last word, then
+    /// its connection is closed under it (else hyper would keep it open, trying to write).
     fn drop(&mut self) {
+        self.connection.close_after(self.every);
         tracing::debug!(user_id = self.user_id, "stream closed");
     }
 }

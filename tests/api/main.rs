@@ -8,6 +8,7 @@ mod check;
 mod circles;
 mod cold;
 mod comments;
+mod connections;
 mod fanout;
 mod friendships;
 mod helpers;
