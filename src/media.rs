@@ -27,6 +27,10 @@ const IMAGES: [(&str, &str); 4] = [
     ("image/gif", "gif"),
     ("image/webp", "webp"),
 ];
+/// Largest width and height accepted, pixels (as Twitter's media upload).
+pub const MAX_SIDE: u32 = 8192;
+/// What a file that is not an accepted image is told.
+const NOT_AN_IMAGE: &str = "Upload a valid image: JPEG, PNG, GIF or WebP.";
 /// The path every media URL starts with.
 pub const ROUTE: &str = "/media/";
 
@@ -89,7 +93,10 @@ impl Media {
     }
 
     /// Checks uploads of field `field` before anything is stored: at most `max` files, each an
-    /// image (by content) of at most [`MAX_FILE_BYTES`]. Returns their bytes and extensions.
+    /// image of at most [`MAX_FILE_BYTES`] and [`MAX_SIDE`] pixels a side whose header decodes
+    /// (`imagesize`) and whose container parses to its end (`img-parts`; a GIF must start with
+    /// its signature and end with its trailer). Returns each file's bytes **without its
+    /// metadata** ([`strip_metadata`]) and its extension.
     ///
     /// # Errors
     /// The message for a 400 naming `field`.
@@ -108,13 +115,24 @@ impl Media {
                 let bytes = u.bytes.clone().ok_or_else(|| {
                     format!("A file may be at most {} MiB.", MAX_FILE_BYTES >> 20)
                 })?;
-                let kind = infer::get(&bytes).map(|k| k.mime_type());
-                let ext = IMAGES
-                    .iter()
-                    .find(|(mime, _)| Some(*mime) == kind)
-                    .map(|(_, ext)| *ext)
-                    .ok_or("Upload a valid image: JPEG, PNG, GIF or WebP.")?;
-                Ok((bytes, ext))
+                let ext = match imagesize::image_type(&bytes) {
+                    Ok(imagesize::ImageType::Jpeg) => "jpg",
+                    Ok(imagesize::ImageType::Png) => "png",
+                    Ok(imagesize::ImageType::Gif) => "gif",
+                    Ok(imagesize::ImageType::Webp) => "webp",
+                    _ => return Err(NOT_AN_IMAGE.to_owned()),
+                };
+                let size = imagesize::blob_size(&bytes).map_err(|_| NOT_AN_IMAGE.to_owned())?;
+                if size.width == 0 || size.height == 0 {
+                    return Err(NOT_AN_IMAGE.to_owned());
+                }
+                if size.width > MAX_SIDE as usize || size.height > MAX_SIDE as usize {
+                    return Err(format!(
+                        "An image may be at most {MAX_SIDE} pixels wide and high."
+                    ));
+                }
+                let clean = strip_metadata(bytes, ext).ok_or_else(|| NOT_AN_IMAGE.to_owned())?;
+                Ok((clean, ext))
             })
             .collect()
     }
@@ -177,12 +195,13 @@ impl Media {
             .filter(|k| !k.is_empty() && !k.split('/').any(|s| s == ".." || s.is_empty()))
     }
 
-    /// The bytes and MIME type of the file at `key` (the path after `/media/`); `None` if there
-    /// is no such file.
+    /// The file at `key` (the path after `/media/`) as a stream of chunks, with its size in
+    /// bytes and its MIME type; `None` if there is no such file. The file is never held whole
+    /// in memory.
     ///
     /// # Errors
     /// The store failed.
-    pub async fn get(&self, key: &str) -> anyhow::Result<Option<(Bytes, &'static str)>> {
+    pub async fn open(&self, key: &str) -> anyhow::Result<Option<StoredFile>> {
         if key.is_empty() || key.split('/').any(|s| s == ".." || s.is_empty()) {
             return Ok(None);
         }
@@ -191,9 +210,59 @@ impl Media {
             .find(|(_, ext)| key.ends_with(&format!(".{ext}")))
             .map_or("application/octet-stream", |(mime, _)| *mime);
         match self.store.get(&Path::from(key)).await {
-            Ok(found) => Ok(Some((found.bytes().await?, mime))),
+            Ok(found) => Ok(Some(StoredFile {
+                size: found.meta.size,
+                mime,
+                chunks: found.into_stream(),
+            })),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(e).context("reading a media file"),
         }
+    }
+}
+
+/// A stored file being read ([`Media::open`]).
+pub struct StoredFile {
+    /// Bytes.
+    pub size: u64,
+    pub mime: &'static str,
+    pub chunks: futures_util::stream::BoxStream<'static, object_store::Result<Bytes>>,
+}
+
+/// `bytes` of an image of type `ext` without its metadata: EXIF (with the GPS position and
+/// the camera), XMP, IPTC and comments; for PNG also text chunks and the modification time.
+/// The pixels and the colour profile are kept byte for byte (no re-encoding). EXIF's
+/// orientation goes too, so a photo a phone stored sideways with an orientation tag shows
+/// sideways. GIF carries no EXIF and is kept as is. `None` if the container does not parse.
+pub fn strip_metadata(bytes: Bytes, ext: &str) -> Option<Bytes> {
+    use img_parts::ImageEXIF;
+    match ext {
+        "jpg" => {
+            use img_parts::jpeg::{Jpeg, markers};
+            let mut jpeg = Jpeg::from_bytes(bytes).ok()?;
+            jpeg.segments_mut()
+                .retain(|s| !matches!(s.marker(), markers::APP1 | markers::APP13 | markers::COM));
+            Some(jpeg.encoder().bytes())
+        }
+        "png" => {
+            use img_parts::png::Png;
+            let mut png = Png::from_bytes(bytes).ok()?;
+            png.chunks_mut()
+                .retain(|c| !matches!(&c.kind(), b"eXIf" | b"tEXt" | b"zTXt" | b"iTXt" | b"tIME"));
+            Some(png.encoder().bytes())
+        }
+        "webp" => {
+            use img_parts::webp::{CHUNK_XMP, WebP};
+            let mut webp = WebP::from_bytes(bytes).ok()?;
+            webp.remove_chunks_by_id(CHUNK_XMP);
+            webp.set_exif(None);
+            Some(webp.encoder().bytes())
+        }
+        "gif" => {
+            let framed = (bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a"))
+                && bytes.last() == Some(&0x3B);
+            framed.then_some(bytes)
+        }
+        _ => None,
     }
 }

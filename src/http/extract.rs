@@ -115,7 +115,22 @@ async fn multipart<S: Send + Sync>(req: Request, state: &S) -> Result<Fields, Ap
                 .content_type()
                 .is_some_and(|t| !t.starts_with("text/"));
         if !is_file {
-            let text = field.text().await.map_err(|_| malformed())?;
+            // A text field is held to the JSON body limit, read chunk by chunk (the route's
+            // body limit is the uploads' one).
+            let mut text = Vec::new();
+            while let Some(chunk) = field.chunk().await.map_err(|_| malformed())? {
+                if text.len() + chunk.len() > super::MAX_BODY_BYTES {
+                    return Err(ApiError::field(
+                        &name,
+                        format!(
+                            "A text field may be at most {} KiB.",
+                            super::MAX_BODY_BYTES >> 10
+                        ),
+                    ));
+                }
+                text.extend_from_slice(&chunk);
+            }
+            let text = String::from_utf8(text).map_err(|_| malformed())?;
             fields.0.insert(name, Value::String(text));
             continue;
         }

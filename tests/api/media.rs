@@ -89,24 +89,29 @@ async fn fetch(app: &TestApp, url: &str) -> (StatusCode, String, Vec<u8>) {
     )
 }
 
-fn png(seed: u8) -> Vec<u8> {
-    let mut b = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
-    b.extend_from_slice(&[seed; 32]);
-    b
+/// Real images (4×3 JPEG and 5×4 PNG with EXIF, a GPS position and a comment; 3×2 GIF; 6×5
+/// WebP with EXIF), made with Pillow. Their metadata holds the marker [`MARKER`].
+fn png() -> Vec<u8> {
+    include_bytes!("../fixtures/photo.png").to_vec()
 }
 
 fn jpeg() -> Vec<u8> {
-    let mut b = vec![
-        0xFF, 0xD8, 0xFF, 0xE0, 0x00, 0x10, b'J', b'F', b'I', b'F', 0,
-    ];
-    b.extend_from_slice(&[7; 32]);
-    b
+    include_bytes!("../fixtures/photo.jpg").to_vec()
 }
 
 fn gif() -> Vec<u8> {
-    let mut b = b"GIF89a".to_vec();
-    b.extend_from_slice(&[1; 32]);
-    b
+    include_bytes!("../fixtures/photo.gif").to_vec()
+}
+
+fn webp() -> Vec<u8> {
+    include_bytes!("../fixtures/photo.webp").to_vec()
+}
+
+/// In the fixtures' EXIF (camera make) and comments.
+const MARKER: &[u8] = b"chirp-test-";
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Files in the test's media directory.
@@ -152,7 +157,7 @@ async fn a_multipart_signup_and_a_tweet_with_three_photos_served_back(db: PgPool
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["errors"]["content"].is_array(), "{body}");
 
-    let photos = [png(1), jpeg(), gif()];
+    let photos = [png(), jpeg(), gif()];
     let (status, tweet) = send(
         &app,
         Method::POST,
@@ -181,7 +186,12 @@ async fn a_multipart_signup_and_a_tweet_with_three_photos_served_back(db: PgPool
         assert!(url.starts_with("/media/photos/"), "{url}");
         let (status, got_mime, got) = fetch(&app, url).await;
         assert_eq!((status, got_mime.as_str()), (StatusCode::OK, mime));
-        assert_eq!(&got, bytes);
+        // The same picture, without its metadata.
+        assert_eq!(
+            imagesize::blob_size(&got).unwrap(),
+            imagesize::blob_size(bytes).unwrap()
+        );
+        assert!(!contains(&got, MARKER), "{url} kept its metadata");
     }
     // Photo URLs are part of the (cached) tweet object in listings and the detail.
     let tid = tweet["id"].as_i64().unwrap();
@@ -216,17 +226,17 @@ async fn a_non_image_a_tenth_file_or_an_oversize_file_is_a_400_and_stores_nothin
         b"just some text, not a picture".to_vec(),
     );
     let mut ten: Vec<Part<'_>> = (0..10)
-        .map(|i| Part::File("files", "p.png", png(i)))
+        .map(|_| Part::File("files", "p.png", png()))
         .collect();
     ten.push(Part::Text("content", "ten"));
-    let mut big = png(9);
+    let mut big = png();
     big.resize(chirp::media::MAX_FILE_BYTES + 1, 0);
     let cases: Vec<Vec<Part<'_>>> = vec![
         vec![Part::Text("content", "text as png"), renamed],
         ten,
         vec![
             Part::Text("content", "big"),
-            Part::File("files", "ok.png", png(1)),
+            Part::File("files", "ok.png", png()),
             Part::File("files", "big.png", big),
         ],
     ];
@@ -254,7 +264,7 @@ async fn an_uploaded_avatar_replaces_the_previous_one(db: PgPool) {
         Some(&token),
         &[
             Part::Text("nickname", "Face"),
-            Part::File("avatar", "me.png", png(3)),
+            Part::File("avatar", "me.png", png()),
         ],
     )
     .await;
@@ -293,4 +303,102 @@ async fn an_uploaded_avatar_replaces_the_previous_one(db: PgPool) {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(body["errors"]["avatar"].is_array(), "{body}");
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn hostile_uploads_are_refused_and_stored_photos_lose_their_metadata(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (id, token) = app.quick_user("uploader").await;
+    let mut html_png = b"\x89PNG\r\n\x1a\n".to_vec();
+    html_png.extend_from_slice(b"<html><script>alert(1)</script></html>");
+    let mut truncated = jpeg();
+    truncated.truncate(truncated.len() / 2);
+    // The PNG fixture's header, claiming 100,000 pixels a side.
+    let mut huge = png();
+    huge[16..20].copy_from_slice(&100_000u32.to_be_bytes());
+    huge[20..24].copy_from_slice(&100_000u32.to_be_bytes());
+    let bad: [(&str, Vec<u8>); 4] = [
+        ("GIF? no beside a good PNG", b"GIF? no".to_vec()),
+        ("PNG magic and HTML", html_png),
+        ("half a JPEG", truncated),
+        ("100,000 pixels a side", huge),
+    ];
+    for (what, bytes) in bad {
+        let (status, body) = send(
+            &app,
+            Method::POST,
+            "/api/tweets/",
+            Some(&token),
+            &[
+                Part::Text("content", "hostile"),
+                Part::File("files", "good.png", png()),
+                Part::File("files", "x.gif", bytes),
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {body}");
+        assert!(body["errors"]["files"].is_array(), "{what}: {body}");
+    }
+    // A text field is held to the JSON body limit, also on upload routes.
+    let long = "n".repeat(chirp::http::MAX_BODY_BYTES + 1);
+    let (status, body) = send(
+        &app,
+        Method::PATCH,
+        &format!("/api/users/{id}/"),
+        Some(&token),
+        &[
+            Part::Text("nickname", &long),
+            Part::File("avatar", "me.png", png()),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["errors"]["nickname"].is_array(), "{body}");
+    let tweets: i64 = sqlx::query_scalar("select count(*) from tweets")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!((tweets, stored_files(&app)), (0, 0), "nothing stored");
+
+    // Good photos are stored without EXIF (camera, GPS), XMP or comments, and served so that
+    // no browser runs them as anything else.
+    let originals = [("a.jpg", jpeg()), ("b.png", png()), ("c.webp", webp())];
+    for (_, bytes) in &originals {
+        assert!(contains(bytes, MARKER), "the fixture has metadata to lose");
+    }
+    let parts: Vec<Part<'_>> = std::iter::once(Part::Text("content", "clean"))
+        .chain(
+            originals
+                .iter()
+                .map(|(name, bytes)| Part::File("files", name, bytes.clone())),
+        )
+        .collect();
+    let (status, tweet) = send(&app, Method::POST, "/api/tweets/", Some(&token), &parts).await;
+    assert_eq!(status, StatusCode::CREATED, "{tweet}");
+    for (url, (name, original)) in tweet["photo_urls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&originals)
+    {
+        let url = url.as_str().unwrap();
+        let req = Request::get(url).body(Body::empty()).unwrap();
+        let res = app.app.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        let header = |n: &str| res.headers().get(n).map(|v| v.to_str().unwrap().to_owned());
+        assert_eq!(header("x-content-type-options").as_deref(), Some("nosniff"));
+        assert!(
+            header("content-disposition").is_some_and(|d| d.starts_with("inline; filename=")),
+            "{name}"
+        );
+        let length = header("content-length");
+        let served = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(length, Some(served.len().to_string()), "{name}");
+        assert!(!contains(&served, MARKER), "{name} kept its metadata");
+        assert_eq!(
+            imagesize::blob_size(&served).unwrap(),
+            imagesize::blob_size(original).unwrap(),
+            "{name}: the same picture"
+        );
+    }
 }
