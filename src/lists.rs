@@ -406,24 +406,50 @@ pub async fn feed_page(
 }
 
 /// Rows of list `id`'s timeline older than `gt` that arrived after it (a backfill or late
-/// fan-out), as [`crate::newsfeeds::late_arrivals`].
+/// fan-out), newest first, at most `limit`. Two index ranges whose cost follows what they
+/// return, not the list's length: the rows created in the second before `gt` (the primary
+/// key), and the rows that arrived more than a second after their tweet (the partial index
+/// `list_feeds_late_idx`, whose predicate `late` repeats; materialized, so that the planner
+/// can not trade it for a backward walk of the primary key that stops at the limit, which
+/// reads half the list when there are fewer late rows than the limit). The page is joined to
+/// its tweets and authors after the limit.
 pub async fn late_arrivals(
     db: &PgPool,
     id: i64,
     gt: Timestamp,
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
-    sqlx::query_as(concat!(
-        list_feed_rows!(),
-        "where f.list_id = $1 and f.arrived_at > $2 and f.created_at < $2
-         order by f.created_at desc limit $3"
-    ))
-    .bind(id)
-    .bind(gt)
-    .bind(limit as i64)
-    .fetch_all(db)
-    .await
+    sqlx::query_as(LATE_ARRIVALS)
+        .bind(id)
+        .bind(gt)
+        .bind(limit as i64)
+        .fetch_all(db)
+        .await
 }
+
+/// The statement of [`late_arrivals`] (`$1` list, `$2` gt, `$3` limit), public so a test can
+/// look at its plan.
+pub const LATE_ARRIVALS: &str = concat!(
+    "with late as materialized (
+         select tweet_id, created_at from list_feeds
+         where list_id = $1 and arrived_at > $2
+           and arrived_at - created_at > interval '1 second'
+           and created_at < $2 - interval '1 second'
+     ), newest as (
+         select tweet_id, created_at from (
+             select tweet_id, created_at from list_feeds
+             where list_id = $1 and created_at >= $2 - interval '1 second' and created_at < $2
+               and arrived_at > $2
+             union all
+             select tweet_id, created_at from late
+         ) rows
+         order by created_at desc limit $3
+     )
+     select f.tweet_id as entry_id, f.created_at,",
+    crate::feed_row_columns!(),
+    "from newest f join tweets t on t.id = f.tweet_id join users u on u.id = t.user_id
+     order by f.created_at desc"
+);
 
 /// Deletes every list timeline row of a tweet (in the delete's transaction); returns the lists.
 pub async fn delete_for_tweet(tx: &mut PgConnection, tweet_id: i64) -> sqlx::Result<Vec<i64>> {

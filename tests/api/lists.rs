@@ -7,6 +7,8 @@ use chirp::timeline::Timeline;
 use serde_json::json;
 use sqlx::PgPool;
 
+use rand::Rng;
+
 use crate::helpers::{TestApp, page_all, tweet_ids};
 
 /// The list's tweets as Postgres says, newest first.
@@ -339,4 +341,112 @@ async fn timelines_of_unknown_or_deleted_owners_are_a_404_and_cache_nothing(db: 
     ] {
         assert_eq!(app.cached_members(timeline).await, None, "{timeline:?}");
     }
+}
+
+/// Review 2026-11-26, finding 11: a refresh of a list timeline from the middle of a long list
+/// scanned half of it for late rows. Now it reads what it returns: the rows created in the
+/// second before the cursor and the late ones, whatever the list's length; and it returns what
+/// the plain filter does.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_refresh_of_a_long_list_reads_its_late_rows_not_the_list(db: PgPool) {
+    let (seed, mut rng) = crate::helpers::seeded_rng("CHIRP_TEST_SEED", "late list rows");
+    let app = TestApp::new(db).await;
+    let (owner, _) = app.quick_user("owner").await;
+    let (author, _) = app.quick_user("author").await;
+    let list: i64 = sqlx::query_scalar(
+        "insert into lists (owner_id, name, created_at) values ($1, 'long', now()) returning id",
+    )
+    .bind(owner)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    // 40,000 tweets a second apart, each in the list on time (within 0–900 ms), except every
+    // 997th, which arrived long after (a backfill); the last hour's rows are a second late or
+    // less now and then.
+    sqlx::query(
+        "insert into tweets (user_id, content, created_at)
+         select $1, 'tweet ' || i, timestamptz '2026-01-01' + i * interval '1 second'
+         from generate_series(1, 40000) i",
+    )
+    .bind(author)
+    .execute(app.db())
+    .await
+    .unwrap();
+    sqlx::query(
+        "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
+         select $1, t.id, t.created_at,
+                case when t.id % 997 = 0 then timestamptz '2026-02-01'
+                     else t.created_at + (t.id % 10) * interval '100 milliseconds' end
+         from tweets t where t.user_id = $2",
+    )
+    .bind(list)
+    .bind(author)
+    .execute(app.db())
+    .await
+    .unwrap();
+    sqlx::query("analyze list_feeds")
+        .execute(app.db())
+        .await
+        .unwrap();
+
+    let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    for _ in 0..20 {
+        let gt = start + chrono::TimeDelta::milliseconds(rng.random_range(1_000..40_000_000));
+        let limit = rng.random_range(1..=100usize);
+        let got: Vec<i64> = chirp::lists::late_arrivals(app.db(), list, gt, limit)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.entry_id)
+            .collect();
+        let want: Vec<i64> = sqlx::query_scalar(
+            "select tweet_id from list_feeds where list_id = $1 and arrived_at > $2
+               and created_at < $2 order by created_at desc limit $3",
+        )
+        .bind(list)
+        .bind(gt)
+        .bind(limit as i64)
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        assert_eq!(got, want, "seed {seed}: gt {gt}, limit {limit}");
+    }
+
+    // From the middle of the list, the plan reads what it returns: hardly a row is read only
+    // to be filtered out (a scan of half of the list removes about 20,000).
+    let median = start + chrono::TimeDelta::seconds(20_000);
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "explain (analyze, format json) {}",
+        chirp::lists::LATE_ARRIVALS
+    )))
+    .bind(list)
+    .bind(median)
+    .bind(100i64)
+    .fetch_one(app.db())
+    .await
+    .unwrap();
+    fn removed(node: &serde_json::Value) -> i64 {
+        let own = ["Rows Removed by Filter", "Rows Removed by Index Recheck"]
+            .iter()
+            .map(|k| node[*k].as_i64().unwrap_or(0))
+            .sum::<i64>();
+        let loops = node["Actual Loops"].as_i64().unwrap_or(1).max(1);
+        own * loops
+            + node["Plans"]
+                .as_array()
+                .map_or(0, |children| children.iter().map(removed).sum())
+    }
+    let top = &plan[0]["Plan"];
+    assert_eq!(
+        top["Actual Rows"].as_i64(),
+        Some(20),
+        "the 20 backfilled rows before the median, none within its last second"
+    );
+    let removed = removed(top);
+    assert!(
+        removed < 100,
+        "{removed} rows read and filtered out: {plan}"
+    );
 }
