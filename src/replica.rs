@@ -8,10 +8,13 @@
 //!   with the primary's WAL position of the previous tick; a replica that has not replayed
 //!   what the primary had written half a second to a second ago (paused, cut off, overloaded)
 //!   is not used until it has;
-//! - the caller has **not written** through this process in the last [`READ_YOUR_WRITES`]
-//!   (a user reads their own writes). Behind a load balancer, route each user to one process
-//!   (HAProxy `balance hdr(Authorization)`, as `scripts/cluster` does), or leave the replica
-//!   unset.
+//! - the caller has **not written** in the last [`READ_YOUR_WRITES`], through any process
+//!   (a user reads their own writes, also from a second device, after a re-login, or when the
+//!   load balancer sends them elsewhere): each write marks its user in this process's memory
+//!   and in Redis (`{p}:{u42}:wrote`, [`crate::cache::writers`]), and a read checks both. If
+//!   Redis does not answer, the read stays on the primary; with the cache off
+//!   (`CHIRP_CACHE=off`) only this process's memory is asked, so route each user to one
+//!   process then (HAProxy `balance hdr(Authorization)`).
 //!
 //! Together: a write acknowledged more than [`READ_YOUR_WRITES`] ago was in the primary's WAL
 //! before the position a fresh replica has replayed, so the replica shows it.
@@ -25,6 +28,7 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 
+use crate::cache::Cache;
 use crate::config::Config;
 
 /// How long a user's reads stay on the primary after they wrote.
@@ -39,6 +43,8 @@ const WRITERS: usize = 100_000;
 #[derive(Default)]
 pub struct Replica {
     pool: Option<PgPool>,
+    /// Where every process marks its writers (`None`, or a disabled cache: memory only).
+    cache: Option<Cache>,
     fresh: AtomicBool,
     writers: Mutex<HashMap<i64, Instant>>,
     /// Reads sent to the replica, and reads kept on the primary although a replica is set.
@@ -53,7 +59,7 @@ impl Replica {
     ///
     /// # Errors
     /// A malformed URL.
-    pub fn new(config: &Config) -> anyhow::Result<Self> {
+    pub fn new(config: &Config, cache: &Cache) -> anyhow::Result<Self> {
         let pool = match &config.database_replica_url {
             Some(url) => Some(
                 PgPoolOptions::new()
@@ -66,6 +72,7 @@ impl Replica {
         };
         Ok(Replica {
             pool,
+            cache: cache.enabled().then(|| cache.clone()),
             ..Replica::default()
         })
     }
@@ -81,16 +88,22 @@ impl Replica {
     }
 
     /// The pool for a never-cached read by `caller`: the replica if it is fresh and the caller
-    /// did not write recently, else `primary`.
-    pub fn for_read<'a>(&'a self, primary: &'a PgPool, caller: Option<i64>) -> &'a PgPool {
+    /// did not write recently (in this process's memory, then in Redis: one round trip, and
+    /// the primary if Redis does not answer), else `primary`.
+    pub async fn for_read<'a>(&'a self, primary: &'a PgPool, caller: Option<i64>) -> &'a PgPool {
         let Some(pool) = &self.pool else {
             return primary;
         };
-        let wrote_recently = caller.is_some_and(|user| {
+        let mut wrote_recently = caller.is_some_and(|user| {
             self.lock()
                 .get(&user)
                 .is_some_and(|at| at.elapsed() < READ_YOUR_WRITES)
         });
+        if let (Some(user), Some(cache), false, true) =
+            (caller, &self.cache, wrote_recently, self.fresh())
+        {
+            wrote_recently = cache.wrote_recently(user).await.unwrap_or(true);
+        }
         if self.fresh() && !wrote_recently {
             self.reads.fetch_add(1, Ordering::Relaxed);
             pool
@@ -116,7 +129,7 @@ impl Replica {
         F: Fn(PgPool) -> Fut,
         Fut: Future<Output = crate::error::ApiResult<T>>,
     {
-        let pool = self.for_read(primary, caller);
+        let pool = self.for_read(primary, caller).await;
         if std::ptr::eq(pool, primary) {
             return read(primary.clone()).await;
         }
@@ -137,16 +150,27 @@ impl Replica {
         self.fresh.store(fresh, Ordering::Release);
     }
 
-    /// Records that `user` wrote (called after every authenticated non-GET request).
-    pub fn wrote(&self, user: i64) {
+    /// Records that `user` wrote (called before and after every authenticated non-GET
+    /// request), here and, for the other processes, in Redis. Costs nothing without a replica.
+    pub async fn wrote(&self, user: i64) {
         if self.pool.is_none() {
             return;
         }
-        let mut writers = self.lock();
-        if writers.len() >= WRITERS {
-            writers.retain(|_, at| at.elapsed() < READ_YOUR_WRITES);
+        {
+            let mut writers = self.lock();
+            if writers.len() >= WRITERS {
+                writers.retain(|_, at| at.elapsed() < READ_YOUR_WRITES);
+            }
+            writers.insert(user, Instant::now());
         }
-        writers.insert(user, Instant::now());
+        if let Some(cache) = &self.cache
+            && cache.mark_writer(user, READ_YOUR_WRITES).await.is_err()
+        {
+            tracing::debug!(
+                user,
+                "could not mark a writer in Redis; other processes keep reading the replica"
+            );
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Instant>> {

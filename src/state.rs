@@ -109,6 +109,7 @@ impl AppState {
             idle: std::time::Duration::from_secs(config.chat_idle_secs),
         };
         let config_replica = config.clone();
+        let cache_replica = cache.clone();
         let pull = crate::hybrid::PullPolicy::from_config(&config);
         Ok(AppState(Arc::new(Shared {
             chat,
@@ -124,7 +125,10 @@ impl AppState {
             streams,
             subscriber,
             tokens,
-            replica: Arc::new(crate::replica::Replica::new(&config_replica)?),
+            replica: Arc::new(crate::replica::Replica::new(
+                &config_replica,
+                &cache_replica,
+            )?),
             backlog: Arc::new(crate::jobs::Backlog::new(config_replica.fanout_max_wait_ms)),
             pull,
             pull_authors: Arc::new(crate::hybrid::PullAuthors::new(&pull)),

@@ -314,6 +314,11 @@ impl Keys {
         self.list(ListKey::new(Owner::User(user_id), LIKED))
     }
 
+    /// `{p}:{u<id>}:wrote`: the user wrote recently ([`super::writers`]).
+    pub fn wrote(&self, user_id: i64) -> String {
+        self.tagged("u", user_id, "wrote")
+    }
+
     /// The cache epoch (see [`super::epoch`]).
     pub fn epoch(&self) -> String {
         format!("{}:epoch", self.prefix)

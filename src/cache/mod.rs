@@ -31,6 +31,7 @@ pub mod scripts;
 pub mod streams;
 pub mod tokens;
 pub mod update;
+pub mod writers;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};

@@ -354,41 +354,44 @@ fn bearer(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 ///
 /// Failed authentications count against the client IP's `failed` rate limit
 /// ([`limits::failed`]); over it, a token this process does not hold in memory is a 429
-/// before any lookup ([`limits::refuse_lookup`]), so guessing tokens costs neither Redis nor
-/// Postgres.
+/// before any lookup, then counted before its lookup ([`limits::before_lookup`]), so guessing
+/// tokens costs Postgres at most the limit's worth of lookups.
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let client = ClientIp::of(&req);
     let token = match bearer(req.headers()) {
-        Err(e) => return limits::failed(&state, client, e).await,
+        Err(e) => return limits::failed(&state, client, false, e).await,
         Ok(None) => return next.run(req).await,
         Ok(Some(token)) => token,
     };
     let hash = match accounts::token_hash(&token) {
         Ok(hash) => hash,
-        Err(e) => return limits::failed(&state, client, e).await,
+        Err(e) => return limits::failed(&state, client, false, e).await,
     };
-    let held = state.tokens.get(&hash);
-    if held.is_none()
-        && let Some(refused) = limits::refuse_lookup(&state, client)
-    {
-        return refused;
-    }
-    let user_id = match held {
+    let user_id = match state.tokens.get(&hash) {
         Some(id) => id,
-        None => match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash).await {
-            Ok(id) => id,
-            Err(e @ ApiError::InvalidToken) => return limits::failed(&state, client, e).await,
-            Err(e) => return e.into_response(),
-        },
+        None => {
+            let charged = match limits::before_lookup(&state, client).await {
+                limits::Gate::Refused(res) => return res,
+                limits::Gate::Charged => true,
+                limits::Gate::Open => false,
+            };
+            match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash).await {
+                Ok(id) => id,
+                Err(e @ ApiError::InvalidToken) => {
+                    return limits::failed(&state, client, charged, e).await;
+                }
+                Err(e) => return e.into_response(),
+            }
+        }
     };
     req.extensions_mut().insert(Auth { user_id, token });
     if !req.method().is_safe() {
         // A write: this user's never-cached reads stay on the primary for a while (see
         // `crate::replica`), counted from its start and its end (a client that goes away
         // mid-request still wrote).
-        state.replica.wrote(user_id);
+        state.replica.wrote(user_id).await;
         let res = next.run(req).await;
-        state.replica.wrote(user_id);
+        state.replica.wrote(user_id).await;
         return res;
     }
     next.run(req).await

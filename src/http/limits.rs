@@ -197,33 +197,73 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
     res
 }
 
-/// Before a token lookup that may reach Redis and Postgres: a 429 while this process last saw
-/// the client's failed-authentication limit exhausted ([`failed`]), else `None`. Tokens held
-/// in the process's memory are answered before this is asked, so a client that shares an
-/// address with a token guesser keeps working.
-pub fn refuse_lookup(state: &AppState, client: Option<ClientIp>) -> Option<Response> {
-    let rates = state.config.rate_limits.rates(Class::Failed)?;
+/// What [`before_lookup`] decided for a token lookup.
+pub enum Gate {
+    /// Look the token up; count a failure afterwards.
+    Open,
+    /// Look the token up; its failure was counted already.
+    Charged,
+    /// Do not look it up: this 429 is the answer.
+    Refused(Response),
+}
+
+/// Before a token lookup that may reach Redis and Postgres (tokens held in the process's
+/// memory are answered before this is asked, so a client that shares an address with a token
+/// guesser keeps working): a 429 while this process last saw the client's `failed` limit
+/// exhausted, without a round trip; for a client over it in the last minute, the lookup is
+/// counted *before* it runs (one round trip), so a guesser's lookups stay within the limit
+/// however many it sends at once; anyone else looks up freely and is counted on failure
+/// ([`failed`]).
+pub async fn before_lookup(state: &AppState, client: Option<ClientIp>) -> Gate {
+    let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
+        return Gate::Open;
+    };
     let subject = ClientIp::subject_of(client);
-    let retry_after = state.refused.remaining(&subject)?;
-    let decision = Decision {
-        allowed: false,
-        rate: 0,
-        remaining: 0,
-        reset_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
-        retry_after_us: u64::try_from(retry_after.as_micros()).unwrap_or(u64::MAX),
+    let decision = match state.refused.state(&subject) {
+        Refusal::None => return Gate::Open,
+        Refusal::Until(left) => {
+            let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
+            Decision {
+                allowed: false,
+                rate: 0,
+                remaining: 0,
+                reset_us: us,
+                retry_after_us: us,
+            }
+        }
+        Refusal::Suspect => {
+            let decision = decide(state, &subject, Class::Failed, rates).await;
+            if decision.allowed {
+                return Gate::Charged;
+            }
+            state.refused.refuse(
+                &subject,
+                std::time::Duration::from_micros(decision.retry_after_us),
+            );
+            decision
+        }
     };
     let mut res = too_many(&decision);
     set_headers(&mut res, rates, &decision);
-    Some(res)
+    Gate::Refused(res)
 }
 
 /// After a failed authentication (`error`, a 401): counts it against the client's `failed`
-/// limit and answers `error`, or a 429 once over the limit, after which [`refuse_lookup`]
-/// refuses the client's unknown tokens until the limit allows one again.
-pub async fn failed(state: &AppState, client: Option<ClientIp>, error: ApiError) -> Response {
+/// limit (unless `charged`: [`before_lookup`] did) and answers `error`, or a 429 once over the limit,
+/// after which [`before_lookup`] refuses the client's unknown tokens until the limit allows
+/// one again, and counts them before their lookup for a minute.
+pub async fn failed(
+    state: &AppState,
+    client: Option<ClientIp>,
+    charged: bool,
+    error: ApiError,
+) -> Response {
     let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
         return error.into_response();
     };
+    if charged {
+        return error.into_response();
+    }
     let subject = ClientIp::subject_of(client);
     let decision = decide(state, &subject, Class::Failed, rates).await;
     if decision.allowed {
@@ -264,37 +304,55 @@ fn too_many(decision: &Decision) -> Response {
     res
 }
 
-/// Clients this process refuses token lookups for, until when: set when a failed
-/// authentication went over the `failed` limit, so a token guesser costs one Redis round trip
-/// per refusal period and process, not one lookup per guess. Holds at most
+/// Clients over their `failed` limit, as this process saw them: refused until the limit lets
+/// one more through, then suspect for [`Refused::SUSPECT`] (their lookups are counted before
+/// they run). A token guesser so costs one Redis round trip per refusal period and process
+/// while refused, and at most its limit in lookups afterwards. Holds at most
 /// [`Refused::CAPACITY`] clients (the expired ones are dropped first; past that, all).
 #[derive(Debug, Default)]
 pub struct Refused {
-    until: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Client → (refused until, suspect until).
+    until: std::sync::Mutex<
+        std::collections::HashMap<String, (std::time::Instant, std::time::Instant)>,
+    >,
+}
+
+/// How [`Refused`] sees a client now.
+enum Refusal {
+    None,
+    Until(std::time::Duration),
+    Suspect,
 }
 
 impl Refused {
     /// Most clients remembered.
     pub const CAPACITY: usize = 100_000;
+    /// How long a client that went over its limit stays suspect.
+    pub const SUSPECT: std::time::Duration = std::time::Duration::from_secs(60);
 
-    fn remaining(&self, subject: &str) -> Option<std::time::Duration> {
+    fn state(&self, subject: &str) -> Refusal {
         let until = self.until.lock().unwrap_or_else(|p| p.into_inner());
-        let left = until
-            .get(subject)?
-            .checked_duration_since(std::time::Instant::now())?;
-        (!left.is_zero()).then_some(left)
+        let Some((refused, suspect)) = until.get(subject) else {
+            return Refusal::None;
+        };
+        let now = std::time::Instant::now();
+        match refused.checked_duration_since(now) {
+            Some(left) if !left.is_zero() => Refusal::Until(left),
+            _ if *suspect > now => Refusal::Suspect,
+            _ => Refusal::None,
+        }
     }
 
     fn refuse(&self, subject: &str, period: std::time::Duration) {
         let mut until = self.until.lock().unwrap_or_else(|p| p.into_inner());
         let now = std::time::Instant::now();
         if until.len() >= Self::CAPACITY {
-            until.retain(|_, t| *t > now);
+            until.retain(|_, (_, suspect)| *suspect > now);
             if until.len() >= Self::CAPACITY {
                 until.clear();
             }
         }
-        until.insert(subject.to_owned(), now + period);
+        until.insert(subject.to_owned(), (now + period, now + Self::SUSPECT));
     }
 }
 

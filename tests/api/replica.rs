@@ -117,3 +117,38 @@ async fn a_replica_read_that_fails_is_answered_by_the_primary(db: PgPool) {
         "marked stale until the monitor finds it fresh"
     );
 }
+
+/// Review 2026-11-26, finding 14: read-your-writes was kept per process, so a user whose next
+/// read reached another process (a second device, a re-login, a rehash behind the load
+/// balancer) read a replica that had not replayed the write. The mark is shared now.
+#[sqlx::test]
+async fn a_writer_reads_its_write_on_the_primary_through_another_process_too(db: PgPool) {
+    let (url, replica) = lagging_replica(&db).await;
+    let first = TestApp::with(db.clone(), |c| c.database_replica_url = Some(url.clone())).await;
+    let prefix = first.prefix.clone();
+    let second = TestApp::with(db, |c| {
+        c.database_replica_url = Some(url);
+        c.redis_prefix = prefix;
+    })
+    .await;
+    let (alice, _) = first.signup("alice").await;
+    let (_, tb) = first.signup("bob").await;
+    first.state.replica.set_fresh(true);
+    second.state.replica.set_fresh(true);
+    first.follow(&tb, alice).await; // bob wrote, through the first process
+    let followers = format!("/api/friendships/{alice}/followers/");
+    let res = second.get(&followers, Some(&tb)).await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(
+        res.body["results"][0]["user"]["username"], "bob",
+        "bob reads his own follow through the other process"
+    );
+    // Someone who wrote nothing reads the replica there (which lacks alice: 404).
+    let (_, tc) = second.signup("carol").await;
+    assert_eq!(
+        second.get(&followers, Some(&tc)).await.status,
+        StatusCode::NOT_FOUND,
+        "served by the replica"
+    );
+    replica.drop_now().await;
+}
