@@ -78,15 +78,23 @@ impl HashPool {
         hash: impl FnOnce() -> T + Send + 'static,
     ) -> ApiResult<T> {
         use std::sync::atomic::Ordering;
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.queue {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
+        /// Leaves the queue when dropped (also if the caller is dropped while waiting).
+        struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
+        let ahead = self.waiting.fetch_add(1, Ordering::AcqRel);
+        let waiting = Waiting(&self.waiting);
+        if ahead >= self.queue {
             return Err(ApiError::Busy(
                 1,
                 "Too many logins at once; try again shortly.",
             ));
         }
         let permit = self.permits.acquire().await;
-        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        drop(waiting);
         let _permit = permit.map_err(|e| anyhow::anyhow!("hashing pool closed: {e}"))?;
         let (active, peak) = (self.active.clone(), self.peak.clone());
         Ok(tokio::task::spawn_blocking(move || {
@@ -317,8 +325,25 @@ pub async fn authenticate(
     Ok(id)
 }
 
+/// The user of a token (by SHA-256) if this process's memory or the Redis token cache holds
+/// it (one round trip), without asking Postgres: how a client over its failed-authentication
+/// limit is still let in with a valid token.
+pub async fn cached_token(cache: &Cache, tokens: &TokenCache, hash: &[u8]) -> Option<i64> {
+    if let Some(id) = tokens.get(hash) {
+        return Some(id);
+    }
+    let lookup = tokens.begin();
+    match cache.get_token(hash).await {
+        Ok(CachedToken::User(id)) => {
+            tokens.insert(lookup, hash, id);
+            Some(id)
+        }
+        _ => None,
+    }
+}
+
 /// Seconds Redis remembers a token that Postgres did not know.
-pub const UNKNOWN_TOKEN_SECS: u64 = 600;
+pub const UNKNOWN_TOKEN_SECS: u64 = 60;
 
 /// Validates sign-up input; returns `(username lowercase, email, password)`.
 pub fn validate_signup(

@@ -288,6 +288,13 @@ pub struct Config {
           value_parser = crate::http::client_ip::TrustedProxies::parse)]
     pub trusted_proxies: crate::http::client_ip::TrustedProxies,
 
+    /// The header the trusted proxies write the client's address in: `x-forwarded-for`
+    /// (HAProxy, nginx, AWS ALB) or `forwarded` (RFC 7239). Only this one is read: a proxy
+    /// passes the other through as the client sent it.
+    #[arg(long, global = true, env = "CHIRP_FORWARDED_HEADER", value_enum,
+          default_value_t = crate::http::client_ip::ForwardedHeader::XForwardedFor)]
+    pub forwarded_header: crate::http::client_ip::ForwardedHeader,
+
     /// Where photos and avatars are stored: a local directory, or `s3://bucket[/prefix]` for an
     /// S3-compatible store (configured by the usual `AWS_*` variables).
     #[arg(

@@ -94,8 +94,9 @@ impl Media {
 
     /// Checks uploads of field `field` before anything is stored: at most `max` files, each an
     /// image of at most [`MAX_FILE_BYTES`] and [`MAX_SIDE`] pixels a side whose header decodes
-    /// (`imagesize`) and whose container parses to its end (`img-parts`; a GIF must start with
-    /// its signature and end with its trailer). Returns each file's bytes **without its
+    /// (`imagesize`) and whose container parses (`img-parts`: a JPEG's segments up to its
+    /// image data, a PNG's and a WebP's chunks; a GIF must start with its signature and end
+    /// with its trailer). The pixel data itself is not decoded. Returns each file's bytes **without its
     /// metadata** ([`strip_metadata`]) and its extension.
     ///
     /// # Errors
@@ -235,7 +236,6 @@ pub struct StoredFile {
 /// orientation goes too, so a photo a phone stored sideways with an orientation tag shows
 /// sideways. GIF carries no EXIF and is kept as is. `None` if the container does not parse.
 pub fn strip_metadata(bytes: Bytes, ext: &str) -> Option<Bytes> {
-    use img_parts::ImageEXIF;
     match ext {
         "jpg" => {
             use img_parts::jpeg::{Jpeg, markers};
@@ -252,10 +252,23 @@ pub fn strip_metadata(bytes: Bytes, ext: &str) -> Option<Bytes> {
             Some(png.encoder().bytes())
         }
         "webp" => {
-            use img_parts::webp::{CHUNK_XMP, WebP};
+            // By hand: img-parts' `set_exif` rebuilds the extended header from the ICC profile
+            // and EXIF alone, and drops it from an image with alpha or animation but neither.
+            use img_parts::riff::{RiffChunk, RiffContent};
+            use img_parts::webp::{CHUNK_EXIF, CHUNK_VP8X, CHUNK_XMP, WebP};
+            /// VP8X flags: EXIF and XMP present.
+            const EXIF_AND_XMP: u8 = 0x08 | 0x04;
             let mut webp = WebP::from_bytes(bytes).ok()?;
+            webp.remove_chunks_by_id(CHUNK_EXIF);
             webp.remove_chunks_by_id(CHUNK_XMP);
-            webp.set_exif(None);
+            for chunk in webp.chunks_mut() {
+                if chunk.id() != CHUNK_VP8X {
+                    continue;
+                }
+                let mut header = chunk.content().data()?.to_vec();
+                *header.first_mut()? &= !EXIF_AND_XMP;
+                *chunk = RiffChunk::new(CHUNK_VP8X, RiffContent::Data(Bytes::from(header)));
+            }
             Some(webp.encoder().bytes())
         }
         "gif" => {

@@ -31,6 +31,11 @@ async fn signup(
         accounts::validate_signup(username, email, password, &mut errors)
             .ok_or(ApiError::Validation(errors))?;
     let (user, token) = accounts::signup(&state.db, &username, &email, password).await?;
+    // Known to Redis from the start (also to a client over its failed-authentication limit).
+    state
+        .cache
+        .put_token(&accounts::hash_token(&token), user.id)
+        .await;
     Ok((
         StatusCode::CREATED,
         Json(json!({"success": true, "user": user, "token": token})),
@@ -45,6 +50,10 @@ async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Json<
         return Err(ApiError::Validation(errors));
     };
     let (user, token) = accounts::login(&state.db, username.trim(), password).await?;
+    state
+        .cache
+        .put_token(&accounts::hash_token(&token), user.id)
+        .await;
     Ok(Json(json!({"success": true, "user": user, "token": token})))
 }
 

@@ -1,9 +1,12 @@
 //! The client's IP address, the subject of anonymous rate limits and of the failed-authentication
 //! limit: the TCP peer's, or, when the peer is a configured trusted proxy
-//! (`CHIRP_TRUSTED_PROXIES`), the address that proxy forwarded (`Forwarded: for=`, RFC 7239,
-//! else `X-Forwarded-For`), read from the right and skipping further trusted proxies, as
-//! nginx's `real_ip_recursive` and Express's `trust proxy` do. A client that is not behind a
-//! trusted proxy can not choose its address by sending these headers.
+//! (`CHIRP_TRUSTED_PROXIES`), the address that proxy forwarded in the one header it writes
+//! (`CHIRP_FORWARDED_HEADER`: `X-Forwarded-For` by default, or RFC 7239's `Forwarded: for=`),
+//! read from the right and skipping further trusted proxies, as nginx's `real_ip_recursive`
+//! and Express's `trust proxy` do. Only that header is read: proxies append to the one they
+//! write and pass the other through as the client sent it. A client that is not behind a
+//! trusted proxy can not choose its address by sending these headers. IPv4 peers of a
+//! dual-stack listener (`::ffff:a.b.c.d`) count as IPv4.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -44,6 +47,16 @@ impl TrustedProxies {
     }
 }
 
+/// The header a trusted proxy writes the client's address in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, …` (HAProxy `option forwardfor`, nginx, AWS ALB).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
 /// The client's address, as resolved by [`resolve`] (a request extension).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientIp(pub IpAddr);
@@ -82,31 +95,42 @@ pub async fn resolve(State(state): State<AppState>, mut req: Request, next: Next
         .get::<ConnectInfo<SocketAddr>>()
         .map(|c| c.0.ip());
     if let Some(peer) = peer {
-        let ip = client_ip(peer, req.headers(), &state.config.trusted_proxies);
+        let ip = client_ip(
+            peer,
+            req.headers(),
+            &state.config.trusted_proxies,
+            state.config.forwarded_header,
+        );
         req.extensions_mut().insert(ClientIp(ip));
     }
     next.run(req).await
 }
 
-/// The client's address behind `peer`: the rightmost forwarded address that is not a trusted
-/// proxy (the leftmost if all are), or `peer` itself if it is not trusted or forwarded nothing
-/// readable.
-pub fn client_ip(peer: IpAddr, headers: &HeaderMap, trusted: &TrustedProxies) -> IpAddr {
+/// The client's address behind `peer`: the rightmost address in `header` that is not a
+/// trusted proxy (the leftmost if all are), or `peer` itself if it is not trusted or forwarded
+/// nothing readable.
+pub fn client_ip(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &TrustedProxies,
+    header: ForwardedHeader,
+) -> IpAddr {
+    let peer = peer.to_canonical();
     if !trusted.trusts(peer) {
         return peer;
     }
-    let mut chain = forwarded(headers);
-    if chain.is_empty() {
-        chain = x_forwarded_for(headers);
-    }
+    let chain = match header {
+        ForwardedHeader::XForwardedFor => x_forwarded_for(headers),
+        ForwardedHeader::Forwarded => forwarded(headers),
+    };
     let mut client = peer;
     for hop in chain.into_iter().rev() {
         let Some(ip) = hop else {
             // Unreadable (`unknown`, an obfuscated name): stop at the last hop known.
             break;
         };
-        client = ip;
-        if !trusted.trusts(ip) {
+        client = ip.to_canonical();
+        if !trusted.trusts(client) {
             break;
         }
     }
@@ -173,20 +197,40 @@ mod tests {
     #[test]
     fn forwarding_headers_count_only_from_trusted_proxies() {
         let trusted = TrustedProxies::parse("10.0.0.0/8, 192.168.1.1").unwrap();
-        let xff = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4")]);
+        let xff = ForwardedHeader::XForwardedFor;
+        let chain = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4")]);
         // An untrusted peer can not choose its address.
-        assert_eq!(client_ip(ip("5.5.5.5"), &xff, &trusted), ip("5.5.5.5"));
+        assert_eq!(
+            client_ip(ip("5.5.5.5"), &chain, &trusted, xff),
+            ip("5.5.5.5")
+        );
         // A trusted one forwarded the rightmost address; the client made up the rest.
-        assert_eq!(client_ip(ip("10.1.2.3"), &xff, &trusted), ip("1.2.3.4"));
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &chain, &trusted, xff),
+            ip("1.2.3.4")
+        );
+        // Also when it reaches a dual-stack listener as an IPv4-mapped address.
+        assert_eq!(
+            client_ip(ip("::ffff:10.1.2.3"), &chain, &trusted, xff),
+            ip("1.2.3.4")
+        );
         // Two trusted hops in a row are skipped.
         let two = headers(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 192.168.1.1")]);
-        assert_eq!(client_ip(ip("10.1.2.3"), &two, &trusted), ip("1.2.3.4"));
-        // Several header lines form one list; `Forwarded` wins over `X-Forwarded-For`.
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &two, &trusted, xff),
+            ip("1.2.3.4")
+        );
+        // Several header lines form one list.
         let lines = headers(&[
             ("x-forwarded-for", "6.6.6.6"),
             ("x-forwarded-for", "1.2.3.4"),
         ]);
-        assert_eq!(client_ip(ip("10.1.2.3"), &lines, &trusted), ip("1.2.3.4"));
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &lines, &trusted, xff),
+            ip("1.2.3.4")
+        );
+        // Only the configured header counts: a client's own `Forwarded` passed through a proxy
+        // that appends to `X-Forwarded-For` changes nothing, and the other way round.
         let both = headers(&[
             (
                 "forwarded",
@@ -195,17 +239,26 @@ mod tests {
             ("x-forwarded-for", "1.2.3.4"),
         ]);
         assert_eq!(
-            client_ip(ip("10.1.2.3"), &both, &trusted),
+            client_ip(ip("10.1.2.3"), &both, &trusted, xff),
+            ip("1.2.3.4")
+        );
+        assert_eq!(
+            client_ip(ip("10.1.2.3"), &both, &trusted, ForwardedHeader::Forwarded),
             ip("2001:db8::1")
         );
         // Nothing forwarded, or nothing readable: the peer.
         assert_eq!(
-            client_ip(ip("10.1.2.3"), &HeaderMap::new(), &trusted),
+            client_ip(ip("10.1.2.3"), &HeaderMap::new(), &trusted, xff),
             ip("10.1.2.3")
         );
         let unknown = headers(&[("forwarded", "for=unknown")]);
         assert_eq!(
-            client_ip(ip("10.1.2.3"), &unknown, &trusted),
+            client_ip(
+                ip("10.1.2.3"),
+                &unknown,
+                &trusted,
+                ForwardedHeader::Forwarded
+            ),
             ip("10.1.2.3")
         );
         assert!(TrustedProxies::parse("10.0.0.0/33").is_err());

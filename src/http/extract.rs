@@ -353,9 +353,10 @@ fn bearer(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 /// handlers' [`Auth`] and [`MaybeAuth`] read the result from the request's extensions.
 ///
 /// Failed authentications count against the client IP's `failed` rate limit
-/// ([`limits::failed`]); over it, a token this process does not hold in memory is a 429
-/// before any lookup, then counted before its lookup ([`limits::before_lookup`]), so guessing
-/// tokens costs Postgres at most the limit's worth of lookups.
+/// ([`limits::failed`]); over it, a token that neither this process's memory nor Redis holds
+/// is a 429 before any Postgres lookup, then counted before its lookup
+/// ([`limits::standing`]), so guessing tokens costs Postgres at most the limit's worth of
+/// lookups (and one Redis round trip per guess while refused or suspect).
 pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let client = ClientIp::of(&req);
     let token = match bearer(req.headers()) {
@@ -370,17 +371,34 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     let user_id = match state.tokens.get(&hash) {
         Some(id) => id,
         None => {
-            let charged = match limits::before_lookup(&state, client).await {
-                limits::Gate::Refused(res) => return res,
-                limits::Gate::Charged => true,
-                limits::Gate::Open => false,
+            let standing = limits::standing(&state, client);
+            // A client over its limit still gets the tokens Redis knows (one round trip),
+            // uncounted: users who share an address with a token guesser keep working.
+            let known = match standing {
+                limits::Standing::Clear => None,
+                _ => accounts::cached_token(&state.cache, &state.tokens, &hash).await,
             };
-            match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash).await {
-                Ok(id) => id,
-                Err(e @ ApiError::InvalidToken) => {
-                    return limits::failed(&state, client, charged, e).await;
+            match known {
+                Some(id) => id,
+                None => {
+                    let charged = match standing {
+                        limits::Standing::Clear => false,
+                        limits::Standing::Refused(res) => return res,
+                        limits::Standing::Suspect => match limits::charge(&state, client).await {
+                            Ok(()) => true,
+                            Err(res) => return res,
+                        },
+                    };
+                    match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash)
+                        .await
+                    {
+                        Ok(id) => id,
+                        Err(e @ ApiError::InvalidToken) => {
+                            return limits::failed(&state, client, charged, e).await;
+                        }
+                        Err(e) => return e.into_response(),
+                    }
                 }
-                Err(e) => return e.into_response(),
             }
         }
     };

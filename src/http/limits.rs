@@ -197,61 +197,71 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
     res
 }
 
-/// What [`before_lookup`] decided for a token lookup.
-pub enum Gate {
-    /// Look the token up; count a failure afterwards.
-    Open,
-    /// Look the token up; its failure was counted already.
-    Charged,
-    /// Do not look it up: this 429 is the answer.
+/// Where a client stands with its `failed` limit before a token lookup ([`standing`]).
+pub enum Standing {
+    /// Look the token up; count a failure afterwards ([`failed`]).
+    Clear,
+    /// Over the limit just now: this 429 is the answer, unless Redis knows the token.
     Refused(Response),
+    /// Over the limit in the last minute: count the lookup before it runs ([`charge`]),
+    /// unless Redis knows the token.
+    Suspect,
 }
 
-/// Before a token lookup that may reach Redis and Postgres (tokens held in the process's
-/// memory are answered before this is asked, so a client that shares an address with a token
-/// guesser keeps working): a 429 while this process last saw the client's `failed` limit
-/// exhausted, without a round trip; for a client over it in the last minute, the lookup is
-/// counted *before* it runs (one round trip), so a guesser's lookups stay within the limit
-/// however many it sends at once; anyone else looks up freely and is counted on failure
-/// ([`failed`]).
-pub async fn before_lookup(state: &AppState, client: Option<ClientIp>) -> Gate {
+/// Where the client stands before a token lookup that may reach Postgres, without a round
+/// trip (tokens held in the process's memory are answered before this is asked). A client
+/// that is not [`Standing::Clear`] still gets the tokens Redis knows (valid users sharing an
+/// address with a token guesser: `http::extract::authenticate`).
+pub fn standing(state: &AppState, client: Option<ClientIp>) -> Standing {
     let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
-        return Gate::Open;
+        return Standing::Clear;
     };
-    let subject = ClientIp::subject_of(client);
-    let decision = match state.refused.state(&subject) {
-        Refusal::None => return Gate::Open,
+    match state.refused.state(&ClientIp::subject_of(client)) {
+        Refusal::None => Standing::Clear,
+        Refusal::Suspect => Standing::Suspect,
         Refusal::Until(left) => {
             let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
-            Decision {
+            let decision = Decision {
                 allowed: false,
                 rate: 0,
                 remaining: 0,
                 reset_us: us,
                 retry_after_us: us,
-            }
+            };
+            let mut res = too_many(&decision);
+            set_headers(&mut res, rates, &decision);
+            Standing::Refused(res)
         }
-        Refusal::Suspect => {
-            let decision = decide(state, &subject, Class::Failed, rates).await;
-            if decision.allowed {
-                return Gate::Charged;
-            }
-            state.refused.refuse(
-                &subject,
-                std::time::Duration::from_micros(decision.retry_after_us),
-            );
-            decision
-        }
+    }
+}
+
+/// Counts a suspect client's lookup before it runs (one round trip), so a guesser's lookups
+/// stay within its limit however many it sends at once.
+///
+/// # Errors
+/// The 429 to answer when the lookup would go over the limit.
+pub async fn charge(state: &AppState, client: Option<ClientIp>) -> Result<(), Response> {
+    let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
+        return Ok(());
     };
+    let subject = ClientIp::subject_of(client);
+    let decision = decide(state, &subject, Class::Failed, rates).await;
+    if decision.allowed {
+        return Ok(());
+    }
+    state.refused.refuse(
+        &subject,
+        std::time::Duration::from_micros(decision.retry_after_us),
+    );
     let mut res = too_many(&decision);
     set_headers(&mut res, rates, &decision);
-    Gate::Refused(res)
+    Err(res)
 }
 
 /// After a failed authentication (`error`, a 401): counts it against the client's `failed`
-/// limit (unless `charged`: [`before_lookup`] did) and answers `error`, or a 429 once over the limit,
-/// after which [`before_lookup`] refuses the client's unknown tokens until the limit allows
-/// one again, and counts them before their lookup for a minute.
+/// limit (unless `charged`: [`charge`] did) and answers `error`, or a 429 once over the
+/// limit, after which the client's unknown tokens are refused until the limit allows one
+/// again, and counted before their lookup for a minute ([`standing`]).
 pub async fn failed(
     state: &AppState,
     client: Option<ClientIp>,

@@ -89,7 +89,7 @@ async fn slow_half_sent_and_idle_connections_are_closed(db: PgPool) {
         loop {
             match trickle_read.read(&mut buf).await {
                 Ok(0) | Err(_) => return,
-                Ok(_) => {} // hyper's 408
+                Ok(_) => {}
             }
         }
     })

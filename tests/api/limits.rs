@@ -201,6 +201,15 @@ async fn bad_tokens_are_limited_per_client_and_refused_before_any_lookup(db: PgP
     )
     .await;
     assert_eq!(status, StatusCode::OK, "another client looks the token up");
+    // A user who just signed up (the token is in Redis, not yet in this process's memory)
+    // gets in from the guesser's address too.
+    let (_, newcomer) = app.signup("newcomer").await;
+    let (status, _) = status_of(
+        &app,
+        from_peer("/api/newsfeeds/", "10.9.9.9", Some(&newcomer), &[]),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "a token Redis knows");
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]

@@ -107,6 +107,16 @@ fn webp() -> Vec<u8> {
     include_bytes!("../fixtures/photo.webp").to_vec()
 }
 
+/// A 6×5 lossy WebP with an alpha channel, and a 4×4 animated one of three frames, each with
+/// EXIF (extended `VP8X` files whose header must survive the EXIF's removal).
+fn webp_alpha() -> Vec<u8> {
+    include_bytes!("../fixtures/photo-alpha.webp").to_vec()
+}
+
+fn webp_animated() -> Vec<u8> {
+    include_bytes!("../fixtures/photo-animated.webp").to_vec()
+}
+
 /// In the fixtures' EXIF (camera make) and comments.
 const MARKER: &[u8] = b"chirp-test-";
 
@@ -362,7 +372,13 @@ async fn hostile_uploads_are_refused_and_stored_photos_lose_their_metadata(db: P
 
     // Good photos are stored without EXIF (camera, GPS), XMP or comments, and served so that
     // no browser runs them as anything else.
-    let originals = [("a.jpg", jpeg()), ("b.png", png()), ("c.webp", webp())];
+    let originals = [
+        ("a.jpg", jpeg()),
+        ("b.png", png()),
+        ("c.webp", webp()),
+        ("d.webp", webp_alpha()),
+        ("e.webp", webp_animated()),
+    ];
     for (_, bytes) in &originals {
         assert!(contains(bytes, MARKER), "the fixture has metadata to lose");
     }
@@ -395,6 +411,21 @@ async fn hostile_uploads_are_refused_and_stored_photos_lose_their_metadata(db: P
         let served = res.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(length, Some(served.len().to_string()), "{name}");
         assert!(!contains(&served, MARKER), "{name} kept its metadata");
+        for chunk in [b"VP8X", b"ALPH", b"ANIM", b"ANMF"] {
+            assert_eq!(
+                contains(&served, chunk),
+                contains(original, chunk),
+                "{name}: {} kept as it was",
+                String::from_utf8_lossy(chunk)
+            );
+        }
+        if let Some(at) = served.windows(4).position(|w| w == b"VP8X") {
+            assert_eq!(
+                served[at + 8] & 0x0C,
+                0,
+                "{name}: VP8X still flags EXIF or XMP"
+            );
+        }
         assert_eq!(
             imagesize::blob_size(&served).unwrap(),
             imagesize::blob_size(original).unwrap(),
