@@ -127,7 +127,8 @@ pub struct ProfileEdit {
 
 /// Applies a profile edit and bumps the user's version, then writes the new user object through
 /// to the cache with that version (a reader holding the old version can not put it back). The
-/// answer is built from the committed row, so it always shows the edit.
+/// answer is built from the committed row, so it always shows the edit; with it comes the
+/// avatar URL the edit replaced (read from the locked row, never from a cache).
 ///
 /// # Errors
 /// Postgres failed.
@@ -137,14 +138,20 @@ pub async fn update_profile(
     cache: &Cache,
     id: i64,
     edit: ProfileEdit,
-) -> anyhow::Result<Option<Profile>> {
+) -> anyhow::Result<Option<(Profile, Option<String>)>> {
     let mut tx = db.begin().await?;
-    let updated: Option<UserRecord> = sqlx::query_as(
-        "update users set
+    // The previous avatar comes from the row the update replaces (locked), not from a cache
+    // that may lag: the caller deletes that file.
+    let updated: Option<Edited> = sqlx::query_as(
+        "with old as (select avatar_url from users where id = $1 for update)
+         update users set
             nickname = case when $2 then $3 else nickname end,
-            avatar_url = case when $4 then $5 else avatar_url end,
+            avatar_url = case when $4 then $5 else users.avatar_url end,
             version = version + 1
-         where id = $1 returning id, username, nickname, avatar_url, version, created_at",
+         from old
+         where id = $1
+         returning id, username, nickname, users.avatar_url, version, created_at,
+                   old.avatar_url as previous_avatar_url",
     )
     .bind(id)
     .bind(edit.nickname.is_some())
@@ -154,7 +161,11 @@ pub async fn update_profile(
     .fetch_optional(&mut *tx)
     .await
     .context("updating the profile")?;
-    let Some(user) = updated else {
+    let Some(Edited {
+        user,
+        previous_avatar_url,
+    }) = updated
+    else {
         return Ok(None);
     };
     let staged = cache
@@ -169,7 +180,15 @@ pub async fn update_profile(
             .map(|r| r.counts)
             .unwrap_or_default(),
     };
-    Ok(Some(Profile::new(user, counts)))
+    Ok(Some((Profile::new(user, counts), previous_avatar_url)))
+}
+
+/// A profile edit's row and the avatar URL it replaced.
+#[derive(sqlx::FromRow)]
+struct Edited {
+    #[sqlx(flatten)]
+    user: UserRecord,
+    previous_avatar_url: Option<String>,
 }
 
 /// Users by id, from the user object cache where possible and from Postgres (one query) for

@@ -97,10 +97,6 @@ async fn update(
         return Err(ApiError::Validation(errors));
     }
     // An uploaded avatar replaces `avatar_url`; the file is stored before the row names it.
-    let old = users::load_many(&state.db, &state.cache, &[id])
-        .await?
-        .remove(&id)
-        .and_then(|u| u.avatar_url);
     // Each user's avatars live under their own directory: only those are ever deleted here.
     let dir = format!("avatars/{id}");
     let stored = state.media.put_all(&dir, avatar).await?;
@@ -109,7 +105,7 @@ async fn update(
     }
     let new = edit.avatar_url.clone();
     match users::update_profile(&state.db, &state.cache, id, edit).await {
-        Ok(Some(profile)) => {
+        Ok(Some((profile, old))) => {
             if let (Some(new), Some(old)) = (new, old)
                 && new.as_ref() != Some(&old)
                 && state.media.is_in(&old, &dir)

@@ -433,3 +433,55 @@ async fn hostile_uploads_are_refused_and_stored_photos_lose_their_metadata(db: P
         );
     }
 }
+
+/// Review 2026-11-26, finding 15: the previous avatar to delete was read through the cache, so
+/// a stale cached profile deleted an older file and left the real previous one behind. It
+/// comes from the row the update replaces now.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_replaced_avatar_is_the_one_postgres_held_whatever_the_cache_says(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (id, token) = app.quick_user("face").await;
+    let uri = format!("/api/users/{id}/");
+    let (status, first) = send(
+        &app,
+        Method::PATCH,
+        &uri,
+        Some(&token),
+        &[Part::File("avatar", "a.png", png())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    // Behind the cache's back (a missed invalidation): Postgres names another file now.
+    let stored = app
+        .state
+        .media
+        .put_all(
+            &format!("avatars/{id}"),
+            vec![(axum::body::Bytes::from(png()), "png")],
+        )
+        .await
+        .unwrap();
+    let behind = stored[0].clone();
+    sqlx::query("update users set avatar_url = $2 where id = $1")
+        .bind(id)
+        .bind(&behind)
+        .execute(app.db())
+        .await
+        .unwrap();
+    let (status, second) = send(
+        &app,
+        Method::PATCH,
+        &uri,
+        Some(&token),
+        &[Part::File("avatar", "c.jpg", jpeg())],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(
+        fetch(&app, &behind).await.0,
+        StatusCode::NOT_FOUND,
+        "the avatar Postgres held was replaced and deleted"
+    );
+    let new = second["avatar_url"].as_str().unwrap();
+    assert_eq!(fetch(&app, new).await.0, StatusCode::OK);
+}
