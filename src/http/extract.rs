@@ -370,37 +370,10 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     };
     let user_id = match state.tokens.get(&hash) {
         Some(id) => id,
-        None => {
-            let standing = limits::standing(&state, client);
-            // A client over its limit still gets the tokens Redis knows (one round trip),
-            // uncounted: users who share an address with a token guesser keep working.
-            let known = match standing {
-                limits::Standing::Clear => None,
-                _ => accounts::cached_token(&state.cache, &state.tokens, &hash).await,
-            };
-            match known {
-                Some(id) => id,
-                None => {
-                    let charged = match standing {
-                        limits::Standing::Clear => false,
-                        limits::Standing::Refused(res) => return res,
-                        limits::Standing::Suspect => match limits::charge(&state, client).await {
-                            Ok(()) => true,
-                            Err(res) => return res,
-                        },
-                    };
-                    match accounts::authenticate(&state.db, &state.cache, &state.tokens, &hash)
-                        .await
-                    {
-                        Ok(id) => id,
-                        Err(e @ ApiError::InvalidToken) => {
-                            return limits::failed(&state, client, charged, e).await;
-                        }
-                        Err(e) => return e.into_response(),
-                    }
-                }
-            }
-        }
+        None => match look_up(&state, client, &hash).await {
+            Ok(id) => id,
+            Err(res) => return res,
+        },
     };
     req.extensions_mut().insert(Auth { user_id, token });
     if !req.method().is_safe() {
@@ -413,6 +386,31 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         return res;
     }
     next.run(req).await
+}
+
+/// The user of a token this process does not hold in memory, or the answer to give instead
+/// (401, or 429 over the client's `failed` limit; see [`authenticate`]).
+async fn look_up(state: &AppState, client: Option<ClientIp>, hash: &[u8]) -> Result<i64, Response> {
+    let charged = match limits::standing(state, client) {
+        limits::Standing::Clear => false,
+        standing => {
+            // Over its limit, the client still gets the tokens Redis knows (one round trip,
+            // uncounted): users who share an address with a token guesser keep working.
+            if let Some(id) = accounts::cached_token(&state.cache, &state.tokens, hash).await {
+                return Ok(id);
+            }
+            if let limits::Standing::Refused(res) = standing {
+                return Err(res);
+            }
+            limits::charge(state, client).await?;
+            true
+        }
+    };
+    match accounts::authenticate(&state.db, &state.cache, &state.tokens, hash).await {
+        Ok(id) => Ok(id),
+        Err(e @ ApiError::InvalidToken) => Err(limits::failed(state, client, charged, e).await),
+        Err(e) => Err(e.into_response()),
+    }
 }
 
 /// The authenticated caller (by id) and the token used (see [`authenticate`]). Rejection: 401.

@@ -235,11 +235,13 @@ pub fn standing(state: &AppState, client: Option<ClientIp>) -> Standing {
     }
 }
 
-/// Counts a suspect client's lookup before it runs (one round trip), so a guesser's lookups
-/// stay within its limit however many it sends at once.
+/// Counts a failed authentication against the client's `failed` limit (one round trip): after
+/// the lookup ([`failed`]), or before it for a suspect client, so a guesser's lookups stay
+/// within its limit however many it sends at once. Going over refuses the client's unknown
+/// tokens until the limit allows one again ([`standing`]).
 ///
 /// # Errors
-/// The 429 to answer when the lookup would go over the limit.
+/// The 429 to answer when this one is over the limit.
 pub async fn charge(state: &AppState, client: Option<ClientIp>) -> Result<(), Response> {
     let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
         return Ok(());
@@ -268,24 +270,13 @@ pub async fn failed(
     charged: bool,
     error: ApiError,
 ) -> Response {
-    let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
-        return error.into_response();
-    };
     if charged {
         return error.into_response();
     }
-    let subject = ClientIp::subject_of(client);
-    let decision = decide(state, &subject, Class::Failed, rates).await;
-    if decision.allowed {
-        return error.into_response();
+    match charge(state, client).await {
+        Ok(()) => error.into_response(),
+        Err(too_many) => too_many,
     }
-    state.refused.refuse(
-        &subject,
-        std::time::Duration::from_micros(decision.retry_after_us),
-    );
-    let mut res = too_many(&decision);
-    set_headers(&mut res, rates, &decision);
-    res
 }
 
 /// Counts one request of `subject` in Redis, or in this process while Redis is down.
