@@ -1,8 +1,13 @@
-//! Command line and environment configuration (see the table in README.md and docs/API.md).
+//! Command line and environment configuration (see the table in README.md and docs/API.md),
+//! with the types of its values (rate-limit classes and rates, trusted proxies), so that the
+//! configuration depends on no feature: `http::limits` and `http::client_ip` use them.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use ipnet::IpNet;
+
+use crate::cache::limits::Rate;
 
 /// `chirp`: a Twitter-like API with cache-aside newsfeeds over Postgres and Redis.
 #[derive(Debug, Parser)]
@@ -271,8 +276,8 @@ pub struct Config {
     /// Rate limits: `on` (the defaults of docs/API.md), `off`, or rules like
     /// `auth=3/s;tweet=1/s,5/m;write=10/s;read=50/s` (classes not named keep their defaults).
     #[arg(long, global = true, env = "CHIRP_RATE_LIMITS", default_value = "on",
-          value_parser = crate::http::limits::RateLimits::parse)]
-    pub rate_limits: crate::http::limits::RateLimits,
+          value_parser = RateLimits::parse)]
+    pub rate_limits: RateLimits,
 
     /// Milliseconds a connection may take to send a request's head, counted from when it
     /// starts waiting for one (so also how long a keep-alive connection may sit idle); past it
@@ -285,15 +290,15 @@ pub struct Config {
     /// comma-separated addresses or CIDR networks (`10.0.0.0/8,::1`); none by default (the TCP
     /// peer is the client). Rate limits count per client, so behind a proxy set this.
     #[arg(long, global = true, env = "CHIRP_TRUSTED_PROXIES", default_value = "",
-          value_parser = crate::http::client_ip::TrustedProxies::parse)]
-    pub trusted_proxies: crate::http::client_ip::TrustedProxies,
+          value_parser = TrustedProxies::parse)]
+    pub trusted_proxies: TrustedProxies,
 
     /// The header the trusted proxies write the client's address in: `x-forwarded-for`
     /// (HAProxy, nginx, AWS ALB) or `forwarded` (RFC 7239). Only this one is read: a proxy
     /// passes the other through as the client sent it.
     #[arg(long, global = true, env = "CHIRP_FORWARDED_HEADER", value_enum,
-          default_value_t = crate::http::client_ip::ForwardedHeader::XForwardedFor)]
-    pub forwarded_header: crate::http::client_ip::ForwardedHeader,
+          default_value_t = ForwardedHeader::XForwardedFor)]
+    pub forwarded_header: ForwardedHeader,
 
     /// Where photos and avatars are stored: a local directory, or `s3://bucket[/prefix]` for an
     /// S3-compatible store (configured by the usual `AWS_*` variables).
@@ -370,5 +375,207 @@ impl Config {
             Ok(cli) => cli.config,
             Err(e) => unreachable!("defaults must parse: {e}"),
         }
+    }
+}
+
+/// What a request counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Signup and login, per client IP.
+    Auth,
+    /// Posting a tweet.
+    Tweet,
+    /// Every other write (likes, comments, follows, ...).
+    Write,
+    /// Reads.
+    Read,
+    /// Failed authentications (a malformed, unknown or revoked bearer token), per client IP;
+    /// over it, a token neither the process's memory nor Redis holds is refused before any
+    /// Postgres lookup (`http::limits::standing`).
+    Failed,
+}
+
+impl Class {
+    const ALL: [Class; 5] = [
+        Class::Auth,
+        Class::Tweet,
+        Class::Write,
+        Class::Read,
+        Class::Failed,
+    ];
+
+    /// The class's name in `CHIRP_RATE_LIMITS` and in the limiter's Redis keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Class::Auth => "auth",
+            Class::Tweet => "tweet",
+            Class::Write => "write",
+            Class::Read => "read",
+            Class::Failed => "failed",
+        }
+    }
+}
+
+/// The configured limits (`CHIRP_RATE_LIMITS`): per class, the rates a request must fit in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimits {
+    rules: Vec<(Class, Vec<Rate>)>,
+}
+
+impl RateLimits {
+    /// The defaults of docs/API.md: auth 3/s, tweet 1/s and 5/min, write 10/s, read 50/s,
+    /// failed authentications 10/s and 100/min.
+    pub fn defaults() -> Self {
+        let per = |count, secs: u64| Rate {
+            count,
+            period_us: secs * 1_000_000,
+        };
+        RateLimits {
+            rules: vec![
+                (Class::Auth, vec![per(3, 1)]),
+                (Class::Tweet, vec![per(1, 1), per(5, 60)]),
+                (Class::Write, vec![per(10, 1)]),
+                (Class::Read, vec![per(50, 1)]),
+                (Class::Failed, vec![per(10, 1), per(100, 60)]),
+            ],
+        }
+    }
+
+    /// No limits.
+    pub fn off() -> Self {
+        RateLimits { rules: Vec::new() }
+    }
+
+    /// Parses `on`, `off`, or `class=N/unit[,N/unit];...` (unit `s`, `m` or `h`; classes
+    /// `auth`, `tweet`, `write`, `read`, `failed`; a class not named keeps its default, `class=off`
+    /// lifts it).
+    ///
+    /// # Errors
+    /// A message naming what did not parse.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        match raw.trim() {
+            "on" | "" => return Ok(Self::defaults()),
+            "off" => return Ok(Self::off()),
+            _ => {}
+        }
+        let mut limits = Self::defaults();
+        for rule in raw.split(';').map(str::trim).filter(|r| !r.is_empty()) {
+            let (name, rates) = rule
+                .split_once('=')
+                .ok_or_else(|| format!("{rule:?}: expected class=N/unit"))?;
+            let class = Class::ALL
+                .into_iter()
+                .find(|c| c.name() == name.trim())
+                .ok_or_else(|| format!("{name:?}: expected auth, tweet, write, read or failed"))?;
+            let rates = if rates.trim() == "off" {
+                Vec::new()
+            } else {
+                rates
+                    .split(',')
+                    .map(|r| parse_rate(r.trim()))
+                    .collect::<Result<Vec<_>, _>>()?
+            };
+            limits.rules.retain(|(c, _)| *c != class);
+            if !rates.is_empty() {
+                limits.rules.push((class, rates));
+            }
+        }
+        Ok(limits)
+    }
+
+    /// The rates of `class`, if it is limited.
+    pub fn rates(&self, class: Class) -> Option<&[Rate]> {
+        self.rules
+            .iter()
+            .find(|(c, _)| *c == class)
+            .map(|(_, r)| r.as_slice())
+    }
+
+    /// Whether any limit is on.
+    pub fn enabled(&self) -> bool {
+        !self.rules.is_empty()
+    }
+}
+
+fn parse_rate(raw: &str) -> Result<Rate, String> {
+    let (count, unit) = raw
+        .split_once('/')
+        .ok_or_else(|| format!("{raw:?}: expected N/s, N/m or N/h"))?;
+    let count: u32 = count
+        .trim()
+        .parse()
+        .ok()
+        .filter(|c| *c > 0)
+        .ok_or_else(|| format!("{raw:?}: expected a positive count"))?;
+    let secs = match unit.trim() {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return Err(format!("{raw:?}: the unit is s, m or h")),
+    };
+    Ok(Rate {
+        count,
+        period_us: secs * 1_000_000,
+    })
+}
+
+/// The proxies whose forwarding headers are believed: addresses or CIDR networks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<IpNet>);
+
+impl TrustedProxies {
+    /// Parses a comma-separated list of addresses (`10.0.0.5`, `::1`) and networks
+    /// (`10.0.0.0/8`, `fd00::/8`); empty trusts nobody.
+    ///
+    /// # Errors
+    /// A message naming the entry that is neither.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        raw.split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .map(|entry| {
+                entry
+                    .parse::<IpNet>()
+                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| format!("{entry:?}: expected an IP address or a CIDR network"))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(TrustedProxies)
+    }
+
+    /// Whether `ip` is one of the proxies.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
+        self.0.iter().any(|net| net.contains(&ip))
+    }
+}
+
+/// The header a trusted proxy writes the client's address in.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, …` (HAProxy `option forwardfor`, nginx, AWS ALB).
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
+    Forwarded,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_parse_from_the_configuration_syntax() {
+        assert_eq!(RateLimits::parse("on"), Ok(RateLimits::defaults()));
+        assert!(!RateLimits::parse("off").unwrap().enabled());
+        let custom = RateLimits::parse("tweet=2/s,10/m; read=off").unwrap();
+        assert_eq!(custom.rates(Class::Tweet).map(<[Rate]>::len), Some(2));
+        assert_eq!(custom.rates(Class::Read), None);
+        assert_eq!(
+            custom.rates(Class::Auth),
+            RateLimits::defaults().rates(Class::Auth)
+        );
+        assert!(RateLimits::parse("tweet=0/s").is_err());
+        assert!(RateLimits::parse("nope=1/s").is_err());
+        assert!(RateLimits::parse("read=5/d").is_err());
     }
 }

@@ -14,48 +14,9 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
-use ipnet::IpNet;
 
+pub use crate::config::{ForwardedHeader, TrustedProxies};
 use crate::state::AppState;
-
-/// The proxies whose forwarding headers are believed: addresses or CIDR networks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TrustedProxies(Vec<IpNet>);
-
-impl TrustedProxies {
-    /// Parses a comma-separated list of addresses (`10.0.0.5`, `::1`) and networks
-    /// (`10.0.0.0/8`, `fd00::/8`); empty trusts nobody.
-    ///
-    /// # Errors
-    /// A message naming the entry that is neither.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        raw.split(',')
-            .map(str::trim)
-            .filter(|e| !e.is_empty())
-            .map(|entry| {
-                entry
-                    .parse::<IpNet>()
-                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| format!("{entry:?}: expected an IP address or a CIDR network"))
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(TrustedProxies)
-    }
-
-    fn trusts(&self, ip: IpAddr) -> bool {
-        self.0.iter().any(|net| net.contains(&ip))
-    }
-}
-
-/// The header a trusted proxy writes the client's address in.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, …` (HAProxy `option forwardfor`, nginx, AWS ALB).
-    #[default]
-    XForwardedFor,
-    /// `Forwarded: for=client, for=proxy1` (RFC 7239).
-    Forwarded,
-}
 
 /// The client's address, as resolved by [`resolve`] (a request extension).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,170 +13,32 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::cache::limits::{Decision, Rate};
+pub use crate::config::{Class, RateLimits};
 use crate::error::ApiError;
 use crate::http::client_ip::ClientIp;
 use crate::http::extract::Auth;
 use crate::state::AppState;
 
-/// What a request counts against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// Signup and login, per client IP.
-    Auth,
-    /// Posting a tweet.
-    Tweet,
-    /// Every other write (likes, comments, follows, ...).
-    Write,
-    /// Reads.
-    Read,
-    /// Failed authentications (a malformed, unknown or revoked bearer token), per client IP;
-    /// counted after the lookup, and while over it a token this process does not hold in
-    /// memory is refused before any lookup.
-    Failed,
-}
-
-impl Class {
-    const ALL: [Class; 5] = [
-        Class::Auth,
-        Class::Tweet,
-        Class::Write,
-        Class::Read,
-        Class::Failed,
-    ];
-
-    fn name(self) -> &'static str {
-        match self {
-            Class::Auth => "auth",
-            Class::Tweet => "tweet",
-            Class::Write => "write",
-            Class::Read => "read",
-            Class::Failed => "failed",
+/// The class of a request; `None` for routes that are never limited (health checks).
+fn class_of(method: &Method, path: &str) -> Option<Class> {
+    let path = path.trim_end_matches('/');
+    if path == "/livez" || path == "/healthz" {
+        return None;
+    }
+    Some(match *method {
+        Method::GET | Method::HEAD | Method::OPTIONS => Class::Read,
+        Method::POST if path == "/api/accounts/signup" || path == "/api/accounts/login" => {
+            Class::Auth
         }
-    }
-
-    /// The class of a request; `None` for routes that are never limited (health checks).
-    fn of(method: &Method, path: &str) -> Option<Class> {
-        let path = path.trim_end_matches('/');
-        if path == "/livez" || path == "/healthz" {
-            return None;
-        }
-        Some(match *method {
-            Method::GET | Method::HEAD | Method::OPTIONS => Class::Read,
-            Method::POST if path == "/api/accounts/signup" || path == "/api/accounts/login" => {
-                Class::Auth
-            }
-            Method::POST if path == "/api/tweets" => Class::Tweet,
-            _ => Class::Write,
-        })
-    }
-}
-
-/// The configured limits (`CHIRP_RATE_LIMITS`): per class, the rates a request must fit in.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateLimits {
-    rules: Vec<(Class, Vec<Rate>)>,
-}
-
-impl RateLimits {
-    /// The defaults of docs/API.md: auth 3/s, tweet 1/s and 5/min, write 10/s, read 50/s,
-    /// failed authentications 10/s and 100/min.
-    pub fn defaults() -> Self {
-        let per = |count, secs: u64| Rate {
-            count,
-            period_us: secs * 1_000_000,
-        };
-        RateLimits {
-            rules: vec![
-                (Class::Auth, vec![per(3, 1)]),
-                (Class::Tweet, vec![per(1, 1), per(5, 60)]),
-                (Class::Write, vec![per(10, 1)]),
-                (Class::Read, vec![per(50, 1)]),
-                (Class::Failed, vec![per(10, 1), per(100, 60)]),
-            ],
-        }
-    }
-
-    /// No limits.
-    pub fn off() -> Self {
-        RateLimits { rules: Vec::new() }
-    }
-
-    /// Parses `on`, `off`, or `class=N/unit[,N/unit];...` (unit `s`, `m` or `h`; classes
-    /// `auth`, `tweet`, `write`, `read`, `failed`; a class not named keeps its default, `class=off`
-    /// lifts it).
-    ///
-    /// # Errors
-    /// A message naming what did not parse.
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        match raw.trim() {
-            "on" | "" => return Ok(Self::defaults()),
-            "off" => return Ok(Self::off()),
-            _ => {}
-        }
-        let mut limits = Self::defaults();
-        for rule in raw.split(';').map(str::trim).filter(|r| !r.is_empty()) {
-            let (name, rates) = rule
-                .split_once('=')
-                .ok_or_else(|| format!("{rule:?}: expected class=N/unit"))?;
-            let class = Class::ALL
-                .into_iter()
-                .find(|c| c.name() == name.trim())
-                .ok_or_else(|| format!("{name:?}: expected auth, tweet, write, read or failed"))?;
-            let rates = if rates.trim() == "off" {
-                Vec::new()
-            } else {
-                rates
-                    .split(',')
-                    .map(|r| parse_rate(r.trim()))
-                    .collect::<Result<Vec<_>, _>>()?
-            };
-            limits.rules.retain(|(c, _)| *c != class);
-            if !rates.is_empty() {
-                limits.rules.push((class, rates));
-            }
-        }
-        Ok(limits)
-    }
-
-    fn rates(&self, class: Class) -> Option<&[Rate]> {
-        self.rules
-            .iter()
-            .find(|(c, _)| *c == class)
-            .map(|(_, r)| r.as_slice())
-    }
-
-    /// Whether any limit is on.
-    pub fn enabled(&self) -> bool {
-        !self.rules.is_empty()
-    }
-}
-
-fn parse_rate(raw: &str) -> Result<Rate, String> {
-    let (count, unit) = raw
-        .split_once('/')
-        .ok_or_else(|| format!("{raw:?}: expected N/s, N/m or N/h"))?;
-    let count: u32 = count
-        .trim()
-        .parse()
-        .ok()
-        .filter(|c| *c > 0)
-        .ok_or_else(|| format!("{raw:?}: expected a positive count"))?;
-    let secs = match unit.trim() {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        _ => return Err(format!("{raw:?}: the unit is s, m or h")),
-    };
-    Ok(Rate {
-        count,
-        period_us: secs * 1_000_000,
+        Method::POST if path == "/api/tweets" => Class::Tweet,
+        _ => Class::Write,
     })
 }
 
 /// Middleware (after authentication): counts the request and answers 429 over a limit.
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let limits = &state.config.rate_limits;
-    let Some(class) = Class::of(req.method(), req.uri().path()) else {
+    let Some(class) = class_of(req.method(), req.uri().path()) else {
         return next.run(req).await;
     };
     let Some(rates) = limits.rates(class) else {
@@ -383,36 +245,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn limits_parse_from_the_configuration_syntax() {
-        assert_eq!(RateLimits::parse("on"), Ok(RateLimits::defaults()));
-        assert!(!RateLimits::parse("off").unwrap().enabled());
-        let custom = RateLimits::parse("tweet=2/s,10/m; read=off").unwrap();
-        assert_eq!(custom.rates(Class::Tweet).map(<[Rate]>::len), Some(2));
-        assert_eq!(custom.rates(Class::Read), None);
-        assert_eq!(
-            custom.rates(Class::Auth),
-            RateLimits::defaults().rates(Class::Auth)
-        );
-        assert!(RateLimits::parse("tweet=0/s").is_err());
-        assert!(RateLimits::parse("nope=1/s").is_err());
-        assert!(RateLimits::parse("read=5/d").is_err());
-    }
-
-    #[test]
     fn requests_fall_in_classes() {
-        assert_eq!(Class::of(&Method::POST, "/api/tweets/"), Some(Class::Tweet));
+        assert_eq!(class_of(&Method::POST, "/api/tweets/"), Some(Class::Tweet));
         assert_eq!(
-            Class::of(&Method::POST, "/api/accounts/login"),
+            class_of(&Method::POST, "/api/accounts/login"),
             Some(Class::Auth)
         );
         assert_eq!(
-            Class::of(&Method::DELETE, "/api/tweets/1/"),
+            class_of(&Method::DELETE, "/api/tweets/1/"),
             Some(Class::Write)
         );
-        assert_eq!(
-            Class::of(&Method::GET, "/api/newsfeeds/"),
-            Some(Class::Read)
-        );
-        assert_eq!(Class::of(&Method::GET, "/livez"), None);
+        assert_eq!(class_of(&Method::GET, "/api/newsfeeds/"), Some(Class::Read));
+        assert_eq!(class_of(&Method::GET, "/livez"), None);
     }
 }
