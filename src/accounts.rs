@@ -16,6 +16,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::cache::near::Lookup;
 use crate::cache::objects::CachedToken;
 use crate::cache::tokens::TokenCache;
 use crate::cache::{Cache, Update};
@@ -279,10 +280,7 @@ pub fn token_hash(token: &str) -> ApiResult<Vec<u8>> {
 
 /// The id of the user whose token has the SHA-256 `hash` ([`token_hash`]): from this
 /// process's memory ([`TokenCache`]), else from the Redis token cache (one round trip), else
-/// from Postgres (then cached in both). A token Postgres does not know is remembered as
-/// unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory, so asking again
-/// costs no Postgres query (a token can not become valid later: it is random and issued,
-/// stored, before any client has it).
+/// from Postgres (then cached in both): [`cached_token`], then [`load_token`].
 ///
 /// # Errors
 /// `InvalidToken` for an unknown or revoked token.
@@ -292,24 +290,63 @@ pub async fn authenticate(
     tokens: &TokenCache,
     hash: &[u8],
 ) -> ApiResult<i64> {
+    match cached_token(cache, tokens, hash).await {
+        Known::User(id) => Ok(id),
+        Known::Invalid => Err(ApiError::InvalidToken),
+        Known::Neither(lookup) => load_token(db, cache, tokens, hash, lookup).await,
+    }
+}
+
+/// What the caches know of a token ([`cached_token`]).
+pub enum Known {
+    /// Its user.
+    User(i64),
+    /// Revoked, or found unknown within the last minute.
+    Invalid,
+    /// Nothing: ask Postgres ([`load_token`]) with this lookup, begun before Redis was asked.
+    Neither(Lookup),
+}
+
+/// What this process's memory, then the Redis token cache (one round trip), know of the token
+/// with SHA-256 `hash`, without asking Postgres (a client over its failed-authentication
+/// limit gets this far: `http::extract::authenticate`). A user found in Redis is remembered
+/// in memory, a revocation as unknown.
+pub async fn cached_token(cache: &Cache, tokens: &TokenCache, hash: &[u8]) -> Known {
     if let Some(id) = tokens.get(hash) {
-        return Ok(id);
+        return Known::User(id);
     }
     if tokens.is_unknown(hash) {
-        return Err(ApiError::InvalidToken);
+        return Known::Invalid;
     }
     let lookup = tokens.begin();
     match cache.get_token(hash).await {
         Ok(CachedToken::User(id)) => {
             tokens.insert(lookup, hash, id);
-            return Ok(id);
+            Known::User(id)
         }
         Ok(CachedToken::Revoked) => {
             tokens.remember_unknown(hash);
-            return Err(ApiError::InvalidToken);
+            Known::Invalid
         }
-        Ok(CachedToken::Miss) | Err(_) => {}
+        Ok(CachedToken::Miss) | Err(_) => Known::Neither(lookup),
     }
+}
+
+/// The user of the token with SHA-256 `hash` from Postgres, cached in Redis and (unless a
+/// revocation was heard since `lookup` began) in memory. A token Postgres does not know is
+/// remembered as unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory,
+/// so asking again costs no Postgres query (a token can not become valid later: it is random
+/// and issued, stored, before any client has it).
+///
+/// # Errors
+/// `InvalidToken` for an unknown token; Postgres errors.
+pub async fn load_token(
+    db: &PgPool,
+    cache: &Cache,
+    tokens: &TokenCache,
+    hash: &[u8],
+    lookup: Lookup,
+) -> ApiResult<i64> {
     let user: Option<i64> =
         sqlx::query_scalar("select user_id from auth_tokens where token_hash = $1")
             .bind(hash)
@@ -323,23 +360,6 @@ pub async fn authenticate(
     cache.put_token(hash, id).await;
     tokens.insert(lookup, hash, id);
     Ok(id)
-}
-
-/// The user of a token (by SHA-256) if this process's memory or the Redis token cache holds
-/// it (one round trip), without asking Postgres: how a client over its failed-authentication
-/// limit is still let in with a valid token.
-pub async fn cached_token(cache: &Cache, tokens: &TokenCache, hash: &[u8]) -> Option<i64> {
-    if let Some(id) = tokens.get(hash) {
-        return Some(id);
-    }
-    let lookup = tokens.begin();
-    match cache.get_token(hash).await {
-        Ok(CachedToken::User(id)) => {
-            tokens.insert(lookup, hash, id);
-            Some(id)
-        }
-        _ => None,
-    }
 }
 
 /// Seconds Redis remembers a token that Postgres did not know.

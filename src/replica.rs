@@ -150,19 +150,28 @@ impl Replica {
         self.fresh.store(fresh, Ordering::Release);
     }
 
-    /// Records that `user` wrote (called before and after every authenticated non-GET
-    /// request), here and, for the other processes, in Redis. Costs nothing without a replica.
+    /// Records that `user` is writing (called before every authenticated non-GET request),
+    /// in this process's memory: its reads here stay on the primary meanwhile. Costs nothing
+    /// without a replica.
+    pub fn writing(&self, user: i64) {
+        if self.pool.is_none() {
+            return;
+        }
+        let mut writers = self.lock();
+        if writers.len() >= WRITERS {
+            writers.retain(|_, at| at.elapsed() < READ_YOUR_WRITES);
+        }
+        writers.insert(user, Instant::now());
+    }
+
+    /// Records that `user` wrote (called once the request's handler returned), here and, for
+    /// the other processes, in Redis (one round trip): every read that follows the answer
+    /// stays on the primary for [`READ_YOUR_WRITES`]. Costs nothing without a replica.
     pub async fn wrote(&self, user: i64) {
         if self.pool.is_none() {
             return;
         }
-        {
-            let mut writers = self.lock();
-            if writers.len() >= WRITERS {
-                writers.retain(|_, at| at.elapsed() < READ_YOUR_WRITES);
-            }
-            writers.insert(user, Instant::now());
-        }
+        self.writing(user);
         if let Some(cache) = &self.cache
             && cache.mark_writer(user, READ_YOUR_WRITES).await.is_err()
         {

@@ -615,33 +615,29 @@ impl Cache {
 
     /// Caches a token loaded from Postgres (`SET NX`: a revocation written meanwhile wins).
     pub async fn put_token(&self, hash: &[u8], user_id: i64) {
-        let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
-            return;
-        };
-        let mut pipe = redis::pipe();
-        pipe.cmd("SET")
-            .arg(keys.token(hash))
-            .arg(user_id)
-            .arg("NX")
-            .arg("EX")
-            .arg(ttl)
-            .ignore();
-        let _ = self.run::<()>(&pipe).await;
+        if let Some(ttl) = self.ttl() {
+            self.set_token_nx(hash, &user_id.to_string(), ttl).await;
+        }
     }
 
     /// Remembers for `secs` that Postgres does not know the token with SHA-256 `hash` (its
     /// tombstone, `SET NX`: a cached user id is kept), so the next lookup stops here.
     pub async fn put_unknown_token(&self, hash: &[u8], secs: u64) {
+        self.set_token_nx(hash, TOMBSTONE, secs.max(1)).await;
+    }
+
+    /// `SET {token key} value NX EX secs`, best effort.
+    async fn set_token_nx(&self, hash: &[u8], value: &str, secs: u64) {
         let Some(keys) = self.keys() else {
             return;
         };
         let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(keys.token(hash))
-            .arg(TOMBSTONE)
+            .arg(value)
             .arg("NX")
             .arg("EX")
-            .arg(secs.max(1))
+            .arg(secs)
             .ignore();
         let _ = self.run::<()>(&pipe).await;
     }

@@ -378,9 +378,10 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
     req.extensions_mut().insert(Auth { user_id, token });
     if !req.method().is_safe() {
         // A write: this user's never-cached reads stay on the primary for a while (see
-        // `crate::replica`), counted from its start and its end (a client that goes away
-        // mid-request still wrote).
-        state.replica.wrote(user_id).await;
+        // `crate::replica`): here from its start, on every process from its answer (this
+        // middleware runs inside `run_to_completion`, so a client that goes away mid-request
+        // is marked too).
+        state.replica.writing(user_id);
         let res = next.run(req).await;
         state.replica.wrote(user_id).await;
         return res;
@@ -389,24 +390,31 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
 }
 
 /// The user of a token this process does not hold in memory, or the answer to give instead
-/// (401, or 429 over the client's `failed` limit; see [`authenticate`]).
+/// (401, or 429 over the client's `failed` limit; see [`authenticate`]). Redis is asked
+/// first whatever the client's standing, so a client over its limit still gets the tokens
+/// Redis knows (users who share an address with a token guesser keep working); only
+/// Postgres is gated.
 async fn look_up(state: &AppState, client: Option<ClientIp>, hash: &[u8]) -> Result<i64, Response> {
-    let charged = match limits::standing(state, client) {
+    let standing = limits::standing(state, client);
+    let lookup = match accounts::cached_token(&state.cache, &state.tokens, hash).await {
+        accounts::Known::User(id) => return Ok(id),
+        accounts::Known::Invalid => {
+            return Err(match standing {
+                limits::Standing::Refused(res) => res,
+                _ => limits::failed(state, client, false, ApiError::InvalidToken).await,
+            });
+        }
+        accounts::Known::Neither(lookup) => lookup,
+    };
+    let charged = match standing {
         limits::Standing::Clear => false,
-        standing => {
-            // Over its limit, the client still gets the tokens Redis knows (one round trip,
-            // uncounted): users who share an address with a token guesser keep working.
-            if let Some(id) = accounts::cached_token(&state.cache, &state.tokens, hash).await {
-                return Ok(id);
-            }
-            if let limits::Standing::Refused(res) = standing {
-                return Err(res);
-            }
+        limits::Standing::Refused(res) => return Err(res),
+        limits::Standing::Suspect => {
             limits::charge(state, client).await?;
             true
         }
     };
-    match accounts::authenticate(&state.db, &state.cache, &state.tokens, hash).await {
+    match accounts::load_token(&state.db, &state.cache, &state.tokens, hash, lookup).await {
         Ok(id) => Ok(id),
         Err(e @ ApiError::InvalidToken) => Err(limits::failed(state, client, charged, e).await),
         Err(e) => Err(e.into_response()),

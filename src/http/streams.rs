@@ -115,17 +115,7 @@ async fn filter_get(
     conn: ConnectionHandle,
     query: QueryMap,
 ) -> ApiResult<Response> {
-    let format = format(&query.0)?;
-    let filter = predicates(&query.0)?;
-    open(
-        &state,
-        &auth,
-        conn,
-        Some(Filter::Match(filter)),
-        format,
-        None,
-    )
-    .await
+    open_filter(&state, &auth, conn, &query.0).await
 }
 
 async fn filter_post(
@@ -152,17 +142,19 @@ async fn filter_post(
         };
         params.insert(name, text);
     }
-    let format = format(&params)?;
-    let filter = predicates(&params)?;
-    open(
-        &state,
-        &auth,
-        conn,
-        Some(Filter::Match(filter)),
-        format,
-        None,
-    )
-    .await
+    open_filter(&state, &auth, conn, &params).await
+}
+
+/// Opens `statuses/filter` with `params` (from the query, and for POST the body).
+async fn open_filter(
+    state: &AppState,
+    auth: &Auth,
+    conn: ConnectionHandle,
+    params: &HashMap<String, String>,
+) -> ApiResult<Response> {
+    let format = format(params)?;
+    let filter = predicates(params)?;
+    open(state, auth, conn, Some(Filter::Match(filter)), format, None).await
 }
 
 /// `track`, `follow` and `locations`, validated; at least one is required.
