@@ -36,8 +36,8 @@ pub struct Pair {
     /// time, if any (a newsfeed takes its head lock: [`crate::newsfeeds::stamp`]): the
     /// predecessor that guards the backfill's cache merge.
     pub head: Option<&'static str>,
-    /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets,
-    /// `$4` = the arrival time).
+    /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets; the
+    /// arrival time is Postgres's `clock_timestamp()`).
     pub copy: &'static str,
     /// The unmerge's `delete … returning` [`ListEntry`] columns.
     pub remove: &'static str,
@@ -97,7 +97,6 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
             .bind(pair.owner)
             .bind(pair.source)
             .bind(worker.backfill_limit as i64)
-            .bind(chrono::Utc::now())
             .fetch_all(&mut *tx)
             .await
             .context("inserting the backfill")?;

@@ -503,14 +503,13 @@ pub async fn fanout(
         let guards = worker.cache.removal_generations(&keys).await.ok();
         let inserted: Vec<i64> = sqlx::query_scalar(
             "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
-             select l, $2, $3, $4 from unnest($1::bigint[]) as l
+             select l, $2, $3, clock_timestamp() from unnest($1::bigint[]) as l
              on conflict (list_id, created_at) do update set tweet_id = excluded.tweet_id
              returning list_id",
         )
         .bind(&lists)
         .bind(tweet_id)
         .bind(created_at)
-        .bind(chrono::Utc::now())
         .fetch_all(&mut *tx)
         .await
         .context("inserting a batch of list timeline rows")?;
@@ -554,7 +553,7 @@ fn membership(list: i64, member: i64) -> Pair {
         exists: "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
         head: None,
         copy: "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
-               select $1, t.id, t.created_at, $4 from tweets t
+               select $1, t.id, t.created_at, clock_timestamp() from tweets t
                where t.user_id = $2 order by t.created_at desc limit $3
                on conflict (list_id, created_at) do update set tweet_id = excluded.tweet_id
                returning tweet_id as id, tweet_id, $2::bigint as author_id, created_at",

@@ -386,6 +386,22 @@ pub async fn last_id_through(db: &PgPool, user_id: i64, at: Timestamp) -> sqlx::
     Ok(id.unwrap_or(0))
 }
 
+/// The id and entry time of the newest row of user `user_id`'s newsfeed (`(0, None)` if it
+/// has none): where a new stream starts ([`crate::streams::Cursor::after`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn newest_row(db: &PgPool, user_id: i64) -> sqlx::Result<(i64, Option<Timestamp>)> {
+    let row: Option<(i64, Timestamp)> = sqlx::query_as(
+        "select id, created_at from newsfeeds where user_id = $1
+         order by created_at desc limit 1",
+    )
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map_or((0, None), |(id, at)| (id, Some(at))))
+}
+
 /// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any
 /// order; rows of deleted tweets are absent): the Postgres side of a stream's catch-up while
 /// Redis does not answer.
@@ -414,7 +430,7 @@ pub async fn insert_own(
         .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
     let id = sqlx::query_scalar(
         "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-         values ($1, $2, $3, $3) returning id",
+         values ($1, $2, $3, clock_timestamp()) returning id",
     )
     .bind(author)
     .bind(tweet_id)
@@ -542,7 +558,6 @@ pub async fn fanout(
         let prev_of: HashMap<i64, Option<Timestamp>> =
             stamped.iter().map(|(r, _, prev)| (*r, *prev)).collect();
         let readers: Vec<i64> = stamped.into_iter().map(|(r, _, _)| r).collect();
-        let arrived_at = chrono::Utc::now();
         // A follower whose newsfeed has the tweet already (a follow's backfill that ran first,
         // an unfollow and follow that moved a friendship between parts) gets no second row:
         // under the head locks, this statement's snapshot sees every row of the tweet in their
@@ -555,7 +570,8 @@ pub async fn fanout(
                  where tweet_id = $2 and user_id = any($1)),
              ins as (
                  insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-                 select r, $2, at, $4 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
+                 select r, $2, at, clock_timestamp()
+                 from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
                  where r not in (select user_id from had)
                  returning user_id, id, created_at)
              select user_id, id, created_at, true from ins
@@ -565,7 +581,6 @@ pub async fn fanout(
         .bind(&readers)
         .bind(tweet_id)
         .bind(&times)
-        .bind(arrived_at)
         .fetch_all(&mut *tx);
         // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
@@ -578,10 +593,8 @@ pub async fn fanout(
             .context("putting back the heads of followers who had the tweet")?;
         // Rows that were there already are streamed too: a follow's backfill that copied the
         // tweet first does not stream it (a stream skips a row it delivered).
-        let arrivals: Vec<(i64, i64, Timestamp)> = rows
-            .iter()
-            .map(|(f, id, ..)| (*f, *id, arrived_at))
-            .collect();
+        let arrivals: Vec<(i64, i64, Timestamp)> =
+            rows.iter().map(|(f, id, at, _)| (*f, *id, *at)).collect();
         let row_of: HashMap<i64, (i64, Timestamp, bool)> = rows
             .into_iter()
             .map(|(f, id, at, new)| (f, (id, at, new)))
@@ -785,7 +798,7 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                                    (select head from feed_heads where user_id = $1)
                                        + t.r * interval '1 microsecond',
                                    (select at from pull_clock) + t.r * interval '1 microsecond'),
-                          $4
+                          clock_timestamp()
                    from t order by t.r
                    returning id, tweet_id, created_at),
                up as (
@@ -1063,7 +1076,6 @@ async fn fanout_batch_once(
         .iter()
         .map(|r| Timeline::Newsfeed(*r).key())
         .collect();
-    let arrived_at = chrono::Utc::now();
     // A reader whose newsfeed has a tweet already gets no second row (see [`fanout`]); under
     // the head locks this snapshot sees every such row.
     let insert = sqlx::query_as(
@@ -1074,7 +1086,7 @@ async fn fanout_batch_once(
              join pairs p on n.tweet_id = p.t and n.user_id = p.r),
          ins as (
              insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-             select p.r, p.t, p.at, $4 from pairs p
+             select p.r, p.t, p.at, clock_timestamp() from pairs p
              where not exists (select 1 from had where had.user_id = p.r and had.tweet_id = p.t)
              returning user_id, tweet_id, id, created_at)
          select user_id, tweet_id, id, created_at, true from ins
@@ -1084,7 +1096,6 @@ async fn fanout_batch_once(
     .bind(&pair_readers)
     .bind(&pair_tweets)
     .bind(&pair_times)
-    .bind(arrived_at)
     .fetch_all(&mut *tx);
     let (guards, rows) = tokio::join!(worker.cache.removal_generations(&keys), insert);
     let guards = guards.ok();
@@ -1125,10 +1136,7 @@ async fn fanout_batch_once(
             .entry(reader)
             .or_default()
             .push(ListEntry::stamped(id, tweet, author, tweet_at, at));
-        arrivals
-            .entry(tweet)
-            .or_default()
-            .push((reader, id, arrived_at));
+        arrivals.entry(tweet).or_default().push((reader, id, at));
     }
     let updates: Vec<Update> = readers
         .iter()

@@ -9,19 +9,21 @@
 //! bounded memory and never slows the others. When the subscription breaks (Redis down), every
 //! stream ends with an `unavailable` error event; clients reconnect and resume.
 //!
-//! **Resume (`streaming/user`).** A newsfeed row's `id` is its arrival order (an identity,
-//! assigned when the fan-out inserts it), so a fan-out that lands late (after newer tweets)
-//! comes later in that order than the rows already delivered. The resume token ([`Cursor`]) is a
-//! *base* id (every row up to it was delivered, or predates the stream), the ids delivered
-//! above it within the last [`SETTLE_US`] of arrival time, and the arrival time the catch-up
-//! starts from, and the newest arrival delivered. Rows of concurrent fan-outs can commit out of id order, but only within the
-//! time a batch takes to commit, far below [`SETTLE_US`]: the base only moves past rows that
-//! arrived [`SETTLE_US`] before the newest delivered one, and the recent ids keep the rows
-//! above it from being sent twice. A resuming stream subscribes first, then reads the missed
-//! rows from Postgres oldest first, and skips live events it has sent already: no gap, nothing
-//! twice at the seam.
+//! **Resume (`streaming/user`).** The writers of one newsfeed are serialized by its head row
+//! ([`crate::newsfeeds::stamp`]): each takes the lock, inserts its rows and commits before the
+//! next one can, so the rows of one newsfeed get their ids, their entry times and their commits
+//! in one order, Postgres's. Once a row is seen, every older row of that newsfeed has
+//! committed. A [`Cursor`] is a *base* row (every row up to it was delivered, or predates the
+//! stream) and the rows delivered above it (live delivery through pub/sub can bring them out of
+//! order). Nothing in it is a process's clock. A live stream *settles* its cursor from
+//! Postgres (a [`catch_up_page`] read of the rows after its base: a row it lacks there has
+//! committed, and is sent now) every heartbeat and whenever [`RECENT_MAX`] rows wait above the
+//! base, so its memory and its token stay bounded and a pub/sub message that never came is
+//! sent all the same. A resuming stream subscribes first, then reads the missed rows from
+//! Postgres in newsfeed order, and skips live events it has sent already: no gap, nothing twice
+//! at the seam, however many rows arrive and whatever the processes' clocks say.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,18 +45,9 @@ use crate::tweets::Tweet;
 /// The pub/sub topic of stream events.
 pub const TOPIC: &str = "streams";
 
-/// How long (µs of arrival time) a fan-out's rows may stay uncommitted and still be resumed
-/// exactly: 5 s, the bound chirp keeps for every cache after a crash.
-pub const SETTLE_US: i64 = 5_000_000;
-
-/// Most delivered ids a resume token lists above its base. For a feed receiving more than this
-/// within [`SETTLE_US`], the token's base moves sooner (a resume may then miss a row that
-/// commits later than that many arrivals after its own).
+/// Most delivered rows a `streaming/user` cursor holds above its base: reaching it settles the
+/// cursor from Postgres ([`Cursor::full`]), and a token lists at most this many ids.
 pub const RECENT_MAX: usize = 256;
-
-/// Most delivered ids a live stream remembers within [`SETTLE_US`] (its memory bound, 8,192
-/// × 16 bytes); live delivery never drops a late row below this.
-pub const RECENT_KEPT: usize = 8192;
 
 /// Most readers named in one delete message.
 const READERS_PER_MESSAGE: usize = 5000;
@@ -96,7 +89,7 @@ struct Wire {
     /// A new tweet (for `statuses/*`), not only an arrival in some newsfeeds.
     #[serde(default)]
     public: bool,
-    /// Arrivals: `(reader, newsfeed row id, arrived_at µs)`.
+    /// Arrivals: `(reader, newsfeed row id, entry time µs)`.
     #[serde(default)]
     rows: Vec<(i64, i64, i64)>,
     /// Deletes: the readers whose newsfeed had the tweet.
@@ -105,16 +98,20 @@ struct Wire {
 }
 
 /// Publishes a new tweet (after its commit): to `statuses/*` and, as the author's own
-/// newsfeed row `own_row` (arrived at the tweet's `created_at`), to the author's
-/// `streaming/user`. Best effort: a failure is logged (live clients then miss it; a resume
-/// finds it in Postgres).
-pub async fn publish_created(cache: &Cache, tweet: &Tweet, record: &TweetRecord, own_row: i64) {
-    let rows = [(record.user_id, own_row, time::to_micros(record.created_at))];
+/// newsfeed row `own_row` = `(id, entry time)`, to the author's `streaming/user`. Best effort:
+/// a failure is logged (live clients then miss it; a settle or a resume finds it in Postgres).
+pub async fn publish_created(
+    cache: &Cache,
+    tweet: &Tweet,
+    record: &TweetRecord,
+    own_row: (i64, Timestamp),
+) {
+    let rows = [(record.user_id, own_row.0, time::to_micros(own_row.1))];
     publish(cache, About::of(record), Some(tweet), true, &rows, &[]).await;
 }
 
 /// Publishes newsfeed arrivals of a tweet (a fan-out batch, after its commit): `rows` are
-/// `(reader, newsfeed row id, arrived_at)`.
+/// `(reader, newsfeed row id, entry time)`.
 pub async fn publish_arrivals(
     cache: &Cache,
     tweet: &Tweet,
@@ -260,7 +257,7 @@ impl Predicates {
 /// An event queued for one client. The JSON is shared by every client it goes to.
 #[derive(Debug, Clone)]
 pub enum Event {
-    /// `{"event": "tweet", "tweet": Tweet}`; `row` is `(newsfeed row id, arrived_at µs)` on
+    /// `{"event": "tweet", "tweet": Tweet}`; `row` is `(newsfeed row id, entry time µs)` on
     /// `streaming/user`.
     Tweet {
         tweet_id: i64,
@@ -605,137 +602,176 @@ impl Hub {
     }
 }
 
-/// A `streaming/user` client's position in its newsfeed's arrival order; its text form is the
-/// opaque resume token (`Last-Event-ID`). See the module docs.
+/// A `streaming/user` client's position in its newsfeed; its text form is the opaque resume
+/// token (`Last-Event-ID`). See the module docs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// Every row with an id up to this was delivered (or predates the stream).
+    /// Every row of the newsfeed up to this id was delivered (or predates the stream).
     base: i64,
-    /// Rows to resume have `arrived_at` after this (µs).
-    floor_us: i64,
-    /// The newest `arrived_at` delivered (µs).
-    newest_us: i64,
-    /// Ids delivered recently, with their `arrived_at` (µs), in delivery order.
-    recent: VecDeque<(i64, i64)>,
-    /// The ids of `recent`.
-    recent_ids: HashSet<i64>,
+    /// The entry time (`created_at`, µs) of the row `base`: a catch-up reads the rows after it.
+    base_at_us: i64,
+    /// Rows delivered above the base: id → entry time (µs).
+    delivered: BTreeMap<i64, i64>,
 }
 
-impl Cursor {
-    /// A stream that starts now: what arrives after `now` is new.
-    pub fn starting_at(now: Timestamp) -> Self {
-        let now = time::to_micros(now);
-        Cursor {
-            base: 0,
-            floor_us: now,
-            newest_us: now,
-            recent: VecDeque::new(),
-            recent_ids: HashSet::new(),
-        }
-    }
+/// What a `Last-Event-ID` holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Token {
+    /// A token of this version: [`Cursor::token`].
+    Current(Cursor),
+    /// A token made before the cursor followed Postgres's order (`{base}.{floor µs}.{span}.{id
+    /// − base}…`): rows up to `base`, rows that arrived (by a process's clock) before
+    /// `floor_us` and `skip` were delivered. Read once, at the resume ([`legacy_catch_up`]).
+    Legacy {
+        base: i64,
+        floor_us: i64,
+        skip: Vec<i64>,
+    },
+}
 
-    /// A stream that starts with every entry of the newsfeed after the entry at `since` (a
-    /// newsfeed `created_at` the client holds: strictly after it, docs/API.md "Refresh and
-    /// resume are exact"). `base` is the newest row id at or before `since`
-    /// ([`crate::newsfeeds::last_id_through`]): a newsfeed's rows take ids in the order of their
-    /// times, so every later entry has a larger id, and the entry at `since` is not replayed
-    /// although it arrived after its own time. The floor lies [`SETTLE_US`] before `since`, so
-    /// a row stamped a little after its arrival time is not left out.
-    pub fn since(since: Timestamp, base: i64) -> Self {
-        let mut cursor = Self::starting_at(since);
-        cursor.base = base.max(0);
-        cursor.floor_us = cursor.floor_us.saturating_sub(SETTLE_US);
-        cursor
-    }
-
-    /// Parses a token made by [`Cursor::token`]; `None` if malformed.
+impl Token {
+    /// Parses a token made by [`Cursor::token`] (or by an earlier version); `None` if malformed.
     pub fn parse(token: &str) -> Option<Self> {
-        let mut parts = token.trim().split('.');
+        let token = token.trim();
+        if let Some(rest) = token.strip_prefix('n') {
+            return Cursor::parse(rest).map(Token::Current);
+        }
+        let mut parts = token.split('.');
         let base: i64 = parts.next()?.parse().ok()?;
         let floor_us: i64 = parts.next()?.parse().ok()?;
         let span: i64 = parts.next()?.parse().ok()?;
         if base < 0 || span < 0 {
             return None;
         }
-        let newest_us = floor_us.checked_add(span)?;
-        let mut recent = VecDeque::new();
-        for p in parts.filter(|p| !p.is_empty()) {
-            let delta: i64 = p.parse().ok()?;
-            if delta <= 0 || recent.len() >= RECENT_MAX {
-                return None;
-            }
-            // Their exact arrival is not in the token: the newest is the safe guess (they stay
-            // listed longest).
-            recent.push_back((base.checked_add(delta)?, newest_us));
-        }
-        let recent_ids = recent.iter().map(|(i, _)| *i).collect();
-        Some(Cursor {
+        let skip = deltas(base, parts)?;
+        Some(Token::Legacy {
             base,
             floor_us,
-            newest_us,
-            recent,
-            recent_ids,
+            skip,
         })
     }
 
-    /// The resume token: `{base}.{floor µs}.{newest − floor µs}.{id − base}.{id − base}…`,
-    /// listing at most the [`RECENT_MAX`] newest deliveries (older ones move its base).
-    pub fn token(&self) -> String {
-        let older = self.recent.len().saturating_sub(RECENT_MAX);
-        let (mut base, mut floor_us) = (self.base, self.floor_us);
-        for &(id, at) in self.recent.iter().take(older) {
-            if id > base {
-                base = id;
-                floor_us = floor_us.max(at - SETTLE_US);
-            }
+    /// The time it resumes from (µs): a stream reaches back at most 30 days. `None` when it
+    /// names none (a cursor of a newsfeed that was empty when its stream opened).
+    pub fn from_us(&self) -> Option<i64> {
+        match self {
+            Token::Current(c) => (c.base != 0 || c.base_at_us != 0).then_some(c.base_at_us),
+            Token::Legacy { floor_us, .. } => Some(*floor_us),
         }
-        let mut out = format!("{base}.{floor_us}.{}", self.newest_us - floor_us);
-        for &(id, _) in self.recent.iter().skip(older) {
-            if id > base {
-                let _ = write!(out, ".{}", id - base);
-            }
+    }
+}
+
+/// Ids written as `.{id − base}` after a token's head; `None` if one is not above the base or
+/// there are more than [`RECENT_MAX`].
+fn deltas<'a>(base: i64, parts: impl Iterator<Item = &'a str>) -> Option<Vec<i64>> {
+    let mut ids = Vec::new();
+    for p in parts.filter(|p| !p.is_empty()) {
+        let delta: i64 = p.parse().ok()?;
+        if delta <= 0 || ids.len() >= RECENT_MAX {
+            return None;
+        }
+        ids.push(base.checked_add(delta)?);
+    }
+    Some(ids)
+}
+
+impl Cursor {
+    /// A cursor after the row `base` whose entry time is `base_at` (µs): a new stream starts
+    /// after the newsfeed's newest row ([`crate::newsfeeds::newest_row`]; `(0, 0)` when it has
+    /// none), a `since=T` resume after the newest row at or before T (`base_at` = T).
+    pub fn after(base: i64, base_at_us: i64) -> Self {
+        Cursor {
+            base: base.max(0),
+            base_at_us,
+            delivered: BTreeMap::new(),
+        }
+    }
+
+    /// Parses what follows the token's `n`: `{base}.{base_at µs}.{id − base}…`.
+    fn parse(token: &str) -> Option<Self> {
+        let mut parts = token.split('.');
+        let base: i64 = parts.next()?.parse().ok()?;
+        let base_at_us: i64 = parts.next()?.parse().ok()?;
+        if base < 0 {
+            return None;
+        }
+        // Their entry times are not in the token ([`UNKNOWN`]): the resume's catch-up reads
+        // them again (and sends them not).
+        let delivered = deltas(base, parts)?
+            .into_iter()
+            .map(|id| (id, UNKNOWN))
+            .collect();
+        Some(Cursor {
+            base,
+            base_at_us,
+            delivered,
+        })
+    }
+
+    /// The resume token: `n{base}.{base_at µs}.{id − base}.{id − base}…` (at most
+    /// [`RECENT_MAX`] ids: a full cursor is settled before it takes another row).
+    pub fn token(&self) -> String {
+        let mut out = format!("n{}.{}", self.base, self.base_at_us);
+        for id in self.delivered.keys().take(RECENT_MAX) {
+            let _ = write!(out, ".{}", id - self.base);
         }
         out
     }
 
+    /// The base: every row up to this id was delivered (or predates the stream).
+    pub fn base(&self) -> i64 {
+        self.base
+    }
+
     /// Whether the row `id` was delivered already.
     pub fn seen(&self, id: i64) -> bool {
-        id <= self.base || self.recent_ids.contains(&id)
+        id <= self.base || self.delivered.contains_key(&id)
     }
 
-    /// Records the delivery of row `id` that arrived at `at_us`. Rows that arrived more than
-    /// [`SETTLE_US`] before the newest one (or past [`RECENT_KEPT`]) move the base.
+    /// Records the delivery of row `id` whose entry time is `at_us`.
     pub fn advance(&mut self, id: i64, at_us: i64) {
-        self.recent.push_back((id, at_us));
-        self.recent_ids.insert(id);
-        self.newest_us = self.newest_us.max(at_us);
-        let mut moved = false;
-        while let Some(&(i, at)) = self.recent.front() {
-            if at >= self.newest_us - SETTLE_US && self.recent.len() <= RECENT_KEPT {
-                break;
-            }
-            self.recent.pop_front();
-            self.recent_ids.remove(&i);
-            if i > self.base {
-                self.base = i;
-                self.floor_us = self.floor_us.max(at - SETTLE_US);
-                moved = true;
-            }
-        }
-        if moved {
-            let base = self.base;
-            self.recent.retain(|(i, _)| *i > base);
-            self.recent_ids.retain(|i| *i > base);
+        if id > self.base {
+            self.delivered.insert(id, at_us);
         }
     }
 
-    /// The floor, the base and the ids above it that were delivered (a resume skips them):
-    /// where a catch-up starts.
-    pub fn resume_point(&self) -> (i64, i64, Vec<i64>) {
-        let delivered = self.recent.iter().map(|(i, _)| *i).collect();
-        (self.floor_us, self.base, delivered)
+    /// Whether [`RECENT_MAX`] rows wait above the base: settle before taking another.
+    pub fn full(&self) -> bool {
+        self.delivered.len() >= RECENT_MAX
+    }
+
+    /// The entry time (µs) a catch-up reads after: the base's.
+    pub fn base_at_us(&self) -> i64 {
+        self.base_at_us
+    }
+
+    /// Every row of the newsfeed up to row `id` (entry time `at_us`) has been delivered or
+    /// was read by a catch-up in newsfeed order: it becomes the base.
+    pub fn settle(&mut self, id: i64, at_us: i64) {
+        if at_us < self.base_at_us {
+            return;
+        }
+        self.base = self.base.max(id);
+        self.base_at_us = at_us;
+        let base = self.base;
+        self.delivered.retain(|i, _| *i > base);
+    }
+
+    /// A catch-up read the newsfeed to its end: a row a token listed that it did not find
+    /// again was deleted (it had committed: it was delivered), so it is forgotten; rows
+    /// delivered live after the catch-up's read stay.
+    pub fn caught_up(&mut self) {
+        self.delivered.retain(|_, at| *at != UNKNOWN);
+    }
+
+    /// Whether rows wait above the base (a settle has work).
+    pub fn unsettled(&self) -> bool {
+        !self.delivered.is_empty()
     }
 }
+
+/// The entry time of a row a token listed (the token does not carry it).
+const UNKNOWN: i64 = i64::MIN;
 
 /// Rows of a catch-up page.
 #[derive(Debug, sqlx::FromRow)]
@@ -744,19 +780,17 @@ struct Arrival {
     tweet_id: i64,
     author_id: i64,
     created_at: Timestamp,
-    arrived_at: Timestamp,
 }
 
 /// Most rows one catch-up page reads.
 pub const CATCH_UP_PAGE: usize = 100;
 
-/// The next page of what user `user_id`'s stream missed: newsfeed rows that arrived after the
-/// cursor's floor, with an id above its `base` and not among `skip`, after `after` (the
-/// `(arrived_at µs, id)` of the previous page's last row), in arrival order, hydrated through
-/// the cache-aside read path (tweet and user objects from Redis, misses from Postgres). Each
-/// item comes with its `(newsfeed row id, arrived_at µs)`. Rows of tweets deleted meanwhile are
-/// left out. The second value is where the next page starts (`None`: this was the last page).
-/// Pages walk the `(user_id, arrived_at)` index.
+/// The next page of user `user_id`'s newsfeed rows after entry time `after_us`, in newsfeed
+/// order (see the module docs): a resume's or a settle's catch-up. Rows `seen` (delivered
+/// already) are not sent but count as read. Rows copied by `chirp import` (no `arrived_at`)
+/// are not streamed. Tweets are hydrated through the cache-aside read path (objects from
+/// Redis, misses from Postgres); rows of tweets deleted meanwhile are left out. Reads the
+/// primary key `(user_id, created_at)`.
 ///
 /// # Errors
 /// Postgres failed.
@@ -764,14 +798,58 @@ pub async fn catch_up_page(
     db: &PgPool,
     cache: &Cache,
     user_id: i64,
-    floor_us: i64,
-    base: i64,
+    after_us: i64,
+    seen: impl Fn(i64) -> bool,
+) -> sqlx::Result<CaughtUp> {
+    let rows: Vec<Arrival> = sqlx::query_as(
+        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
+         from newsfeeds n join tweets t on t.id = n.tweet_id
+         where n.user_id = $1 and n.created_at > $2 and n.arrived_at is not null
+         order by n.created_at limit $3",
+    )
+    .bind(user_id)
+    .bind(time::from_micros(after_us))
+    .bind(CATCH_UP_PAGE as i64)
+    .fetch_all(db)
+    .await?;
+    let last = rows.last().map(|r| (r.id, time::to_micros(r.created_at)));
+    let more = rows.len() == CATCH_UP_PAGE;
+    let unseen = rows.into_iter().filter(|r| !seen(r.id)).collect();
+    Ok(CaughtUp {
+        tweets: hydrate(db, cache, user_id, unseen).await?,
+        last,
+        more,
+    })
+}
+
+/// A page of [`catch_up_page`].
+#[derive(Debug)]
+pub struct CaughtUp {
+    /// The tweets to send, each with its `(newsfeed row id, entry µs)`.
+    pub tweets: Vec<(Tweet, i64, i64)>,
+    /// The last row read, `(id, entry µs)`; `None`: nothing was left to read.
+    pub last: Option<(i64, i64)>,
+    /// The page was full: more rows may follow.
+    pub more: bool,
+}
+
+/// The next page of the rows a token of the earlier version ([`Token::Legacy`]) missed: rows
+/// after `base` that arrived after `floor_us` and are not in `skip`, after `after` (the
+/// `(arrived_at µs, id)` of the previous page's last row), in arrival order. Read once, when
+/// such a stream resumes; the second value is where the next page starts (`None`: the last).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn legacy_catch_up(
+    db: &PgPool,
+    cache: &Cache,
+    user_id: i64,
+    (base, floor_us, skip): (i64, i64, &[i64]),
     after: Option<(i64, i64)>,
-    skip: &[i64],
 ) -> sqlx::Result<(Vec<(Tweet, i64, i64)>, Option<(i64, i64)>)> {
     let (after_at, after_id) = after.unwrap_or((floor_us, 0));
-    let rows: Vec<Arrival> = sqlx::query_as(
-        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at, n.arrived_at
+    let rows: Vec<(i64, i64, i64, Timestamp, Timestamp)> = sqlx::query_as(
+        "select n.id, n.tweet_id, t.user_id, n.created_at, n.arrived_at
          from newsfeeds n join tweets t on t.id = n.tweet_id
          where n.user_id = $1 and n.arrived_at > $2 and n.id > $3 and n.id <> all($4)
            and (n.arrived_at, n.id) > ($5, $6)
@@ -786,10 +864,32 @@ pub async fn catch_up_page(
     .bind(CATCH_UP_PAGE as i64)
     .fetch_all(db)
     .await?;
-    let Some(last) = rows.last().map(|r| (time::to_micros(r.arrived_at), r.id)) else {
-        return Ok((Vec::new(), None));
-    };
-    let more = rows.len() == CATCH_UP_PAGE;
+    let next = (rows.len() == CATCH_UP_PAGE)
+        .then(|| rows.last().map(|r| (time::to_micros(r.4), r.0)))
+        .flatten();
+    let rows = rows
+        .into_iter()
+        .map(|(id, tweet_id, author_id, created_at, _)| Arrival {
+            id,
+            tweet_id,
+            author_id,
+            created_at,
+        })
+        .collect();
+    Ok((hydrate(db, cache, user_id, rows).await?, next))
+}
+
+/// `rows` as tweets of `user_id`'s newsfeed (in their order), each with its `(row id, entry
+/// µs)`; deleted tweets are left out.
+async fn hydrate(
+    db: &PgPool,
+    cache: &Cache,
+    user_id: i64,
+    rows: Vec<Arrival>,
+) -> sqlx::Result<Vec<(Tweet, i64, i64)>> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
     let entries: Vec<ListEntry> = rows
         .iter()
         .map(|r| ListEntry {
@@ -800,30 +900,28 @@ pub async fn catch_up_page(
             shift: 0,
         })
         .collect();
+    let order: HashMap<i64, usize> = rows.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
     let items = match timeline::hydrate_entries(db, cache, &entries, Some(user_id)).await? {
         Some(items) => items,
         None => {
             let at: Vec<Timestamp> = rows.iter().map(|r| r.created_at).collect();
-            let order: HashMap<i64, usize> =
-                rows.iter().enumerate().map(|(i, r)| (r.id, i)).collect();
             let mut joined = newsfeeds::rows_at(db, user_id, &at).await?;
             joined.sort_by_key(|r| order.get(&r.entry_id).copied().unwrap_or(usize::MAX));
             timeline::with_likes(db, cache, joined, Some(user_id)).await?
         }
     };
-    let arrived: HashMap<i64, i64> = rows
+    let entry_at: HashMap<i64, i64> = rows
         .iter()
-        .map(|r| (r.id, time::to_micros(r.arrived_at)))
+        .map(|r| (r.id, time::to_micros(r.created_at)))
         .collect();
-    let out = items
+    Ok(items
         .into_iter()
         .filter_map(|item| {
-            let at = *arrived.get(&item.id)?;
+            let at = *entry_at.get(&item.id)?;
             let id = item.id;
             Some((Tweet::from_item(item)?, id, at))
         })
-        .collect();
-    Ok((out, more.then_some(last)))
+        .collect())
 }
 
 #[cfg(test)]
@@ -832,53 +930,72 @@ mod tests {
 
     #[test]
     fn a_token_round_trips_and_lists_only_ids_above_its_base() {
-        let mut c = Cursor::starting_at(time::from_micros(10_000_000));
-        c.advance(5, 10_000_001);
+        let mut c = Cursor::after(4, 10_000_000);
         c.advance(7, 10_000_002);
+        c.advance(5, 10_000_001);
+        c.advance(3, 9_000_000);
         let t = c.token();
-        assert_eq!(t, "0.10000000.2.5.7");
-        let back = Cursor::parse(&t).expect("parses");
-        assert!(back.seen(5) && back.seen(7) && !back.seen(6));
+        assert_eq!(t, "n4.10000000.1.3");
+        let Some(Token::Current(back)) = Token::parse(&t) else {
+            panic!("parses")
+        };
+        assert!(back.seen(3) && back.seen(5) && back.seen(7) && !back.seen(6));
         assert_eq!(back.token(), t);
-        assert!(Cursor::parse("x.1.0").is_none());
-        assert!(Cursor::parse("3.1").is_none());
-        assert!(Cursor::parse("3.1.0.0").is_none());
-    }
-
-    #[test]
-    fn the_base_moves_only_past_rows_older_than_the_settle_window() {
-        let mut c = Cursor::starting_at(time::from_micros(0));
-        c.advance(10, 1_000_000);
-        c.advance(12, 2_000_000);
-        assert_eq!(c.base, 0);
-        c.advance(20, 1_000_000 + SETTLE_US + 1);
-        // Row 10 left the window: the base moves to it; 12 and 20 stay listed, 11 and 15
-        // (never delivered) are still to come.
-        assert_eq!(c.base, 10);
-        assert!(c.seen(12) && c.seen(20) && !c.seen(11) && !c.seen(15));
-        assert_eq!(
-            c.token(),
-            format!("10.0.{}.2.10", 1_000_000 + SETTLE_US + 1)
-        );
-    }
-
-    #[test]
-    fn a_busy_feed_keeps_every_recent_id_live_but_a_token_lists_the_newest_256() {
-        let mut c = Cursor::starting_at(time::from_micros(0));
-        // 1,000 arrivals within one second, ids 2, 4, 6, …: 999 (odd) is still uncommitted.
-        for k in 1..=1000 {
-            c.advance(2 * k, 1_000 + k);
+        for bad in ["nx.1", "n3", "n3.1.0", "n3.1.-2", "x.1.0", "3.1", "3.1.0.0"] {
+            assert_eq!(Token::parse(bad), None, "{bad}");
         }
-        assert_eq!(c.base, 0, "nothing left the settle window");
-        assert!(!c.seen(999), "a late row is still delivered live");
-        let token = Cursor::parse(&c.token()).expect("token");
+    }
+
+    #[test]
+    fn a_settle_moves_the_base_and_keeps_what_came_after() {
+        let mut c = Cursor::after(0, 0);
+        c.advance(12, 2_000);
+        c.advance(10, 1_000);
+        c.advance(20, 3_000);
+        // A settle's page read rows up to 12: 11 (never delivered) was sent by it.
+        c.settle(12, 2_000);
+        assert!(c.seen(11) && c.seen(12) && c.seen(20) && !c.seen(21));
+        assert_eq!(c.token(), "n12.2000.8");
+        // An older row never moves it back.
+        c.settle(5, 500);
+        assert_eq!(c.token(), "n12.2000.8");
+    }
+
+    #[test]
+    fn a_full_cursor_asks_for_a_settle_and_a_token_stays_bounded() {
+        let mut c = Cursor::after(0, 0);
+        for k in 1..=RECENT_MAX as i64 {
+            c.advance(2 * k, k);
+        }
+        assert!(c.full());
+        assert!(Token::parse(&c.token()).is_some(), "its token still parses");
+        c.settle(2 * RECENT_MAX as i64, RECENT_MAX as i64);
+        assert!(!c.full() && !c.unsettled());
+    }
+
+    #[test]
+    fn a_resumed_token_forgets_listed_rows_its_catch_up_did_not_find() {
+        let Some(Token::Current(mut c)) = Token::parse("n10.1000.2.5") else {
+            panic!("parses")
+        };
+        // Live, after the catch-up's read: row 16.
+        c.advance(16, 1_600);
+        c.settle(12, 1_200); // the catch-up read up to row 12, then nothing more
+        c.caught_up();
+        assert!(!c.seen(15), "row 15 was deleted: forgotten");
+        assert!(c.seen(16), "a live delivery stays");
+    }
+
+    #[test]
+    fn an_earlier_token_is_read_as_one() {
         assert_eq!(
-            token.base,
-            2 * 744,
-            "the token's base covers all but the newest 256"
+            Token::parse("10.1000.5.2.10"),
+            Some(Token::Legacy {
+                base: 10,
+                floor_us: 1000,
+                skip: vec![12, 20],
+            })
         );
-        assert_eq!(token.recent.len(), RECENT_MAX);
-        assert!(token.seen(2000) && token.seen(1488) && !token.seen(1489));
     }
 
     #[test]

@@ -395,7 +395,7 @@ pub async fn create(
                 continue; // rolled back: post it again
             }
             tx.commit().await?;
-            return Ok((tweet, (staged, newsfeed_id)));
+            return Ok((tweet, (staged, (newsfeed_id, feed_at))));
         }
     })
     .await

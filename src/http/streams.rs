@@ -23,7 +23,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::extract::{Auth, Fields, QueryMap};
 use crate::http::serve::ConnectionHandle;
 use crate::state::AppState;
-use crate::streams::{self, Cursor, Ended, Event, Filter, Predicates, Registration};
+use crate::streams::{self, Cursor, Ended, Event, Filter, Predicates, Registration, Token};
 use crate::time;
 
 pub fn router() -> Router<AppState> {
@@ -258,7 +258,7 @@ async fn user(
     let resume =
         match headers.get("last-event-id") {
             Some(token) => {
-                Some(token.to_str().ok().and_then(Cursor::parse).ok_or_else(|| {
+                Some(token.to_str().ok().and_then(Token::parse).ok_or_else(|| {
                     ApiError::field("Last-Event-ID", "Not a token of this stream.")
                 })?)
             }
@@ -270,12 +270,12 @@ async fn user(
             let since = time::parse_cursor(since)
                 .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?;
             let base = crate::newsfeeds::last_id_through(&state.db, auth.user_id, since).await?;
-            Some(Cursor::since(since, base))
+            Some(Token::Current(Cursor::after(base, time::to_micros(since))))
         }
         (None, None) => None,
     };
-    if let Some(cursor) = &resume {
-        let floor = time::from_micros(cursor.resume_point().0);
+    if let Some(floor) = resume.as_ref().and_then(Token::from_us) {
+        let floor = time::from_micros(floor);
         let now = chrono::Utc::now();
         if floor < now - MAX_RESUME_AGE || floor > now + chrono::TimeDelta::minutes(1) {
             let field = if headers.contains_key("last-event-id") {
@@ -300,7 +300,7 @@ async fn open(
     connection: ConnectionHandle,
     filter: Option<Filter>,
     format: Format,
-    user: Option<Option<Cursor>>,
+    user: Option<Option<Token>>,
 ) -> ApiResult<Response> {
     let stop = state.shutdown.subscribe();
     let unavailable = || {
@@ -343,18 +343,27 @@ async fn open(
     let (registration, rx) =
         hub.register(auth.user_id, filter, state.config.stream_buffer as usize);
     let is_user = user.is_some();
+    // Read after the registration: a row that commits later is published to it.
     let (cursor, catch_up) = match user {
         None => (None, None),
-        Some(None) => (Some(Cursor::starting_at(chrono::Utc::now())), None),
-        Some(Some(cursor)) => {
-            let (floor_us, base, skip) = cursor.resume_point();
-            let catch_up = CatchUp {
-                floor_us,
-                base,
-                after: None,
-                skip,
+        Some(Some(Token::Current(cursor))) => (Some(cursor), Some(Catch::Newsfeed)),
+        Some(start) => {
+            let (base, at) = crate::newsfeeds::newest_row(&state.db, auth.user_id).await?;
+            let cursor = Cursor::after(base, at.map_or(0, time::to_micros));
+            let catch_up = match start {
+                Some(Token::Legacy {
+                    base,
+                    floor_us,
+                    skip,
+                }) => Some(Catch::Legacy {
+                    base,
+                    floor_us,
+                    skip,
+                    after: None,
+                }),
+                _ => None,
             };
-            (Some(cursor), Some(catch_up))
+            (Some(cursor), catch_up)
         }
     };
     // The subscription broke between the check above and the registration: `on_lost` did
@@ -443,13 +452,19 @@ impl Drop for Lease {
     }
 }
 
-/// Where a resuming `streaming/user` stream's catch-up stands.
-struct CatchUp {
-    floor_us: i64,
-    base: i64,
-    /// Where the next page starts: `(arrived_at µs, id)` of the last row read.
-    after: Option<(i64, i64)>,
-    skip: Vec<i64>,
+/// What a `streaming/user` stream reads from Postgres before its next live event.
+enum Catch {
+    /// The newsfeed after the cursor's base, to its end: a resume, or a settle
+    /// ([`crate::streams`] module docs).
+    Newsfeed,
+    /// What a token of the earlier version missed ([`streams::legacy_catch_up`]), after
+    /// `after` (`(arrived_at µs, id)` of the last row read).
+    Legacy {
+        base: i64,
+        floor_us: i64,
+        skip: Vec<i64>,
+        after: Option<(i64, i64)>,
+    },
 }
 
 /// One open stream: what it sends next.
@@ -465,7 +480,7 @@ struct Session {
     stop: watch::Receiver<bool>,
     /// `streaming/user` only.
     cursor: Option<Cursor>,
-    catch_up: Option<CatchUp>,
+    catch_up: Option<Catch>,
     pending: VecDeque<Bytes>,
     /// The newest deleted tweet ids (at most [`DELETES_KEPT`]).
     deleted: VecDeque<i64>,
@@ -539,6 +554,9 @@ impl Session {
                 );
                 continue;
             }
+            if self.cursor.as_ref().is_some_and(Cursor::full) {
+                self.catch_up.get_or_insert(Catch::Newsfeed);
+            }
             if self.catch_up.is_some() {
                 self.catch_up_page().await;
                 continue;
@@ -558,21 +576,40 @@ impl Session {
         }
     }
 
+    /// Reads and queues the next page of [`Session::catch_up`].
     async fn catch_up_page(&mut self) {
-        let Some(c) = &self.catch_up else { return };
-        let page = streams::catch_up_page(
-            &self.state.db,
-            &self.state.cache,
-            self.user_id,
-            c.floor_us,
-            c.base,
-            c.after,
-            &c.skip,
-        )
-        .await;
-        match page {
-            Ok((items, next)) => {
-                for (tweet, id, at) in items {
+        let (Some(catch), Some(cursor)) = (&mut self.catch_up, &self.cursor) else {
+            self.catch_up = None;
+            return;
+        };
+        let (db, cache, user_id) = (&self.state.db, &self.state.cache, self.user_id);
+        let read = match catch {
+            Catch::Newsfeed => {
+                streams::catch_up_page(db, cache, user_id, cursor.base_at_us(), |id| {
+                    cursor.seen(id)
+                })
+                .await
+                .map(|page| (page.tweets, page.last, page.more))
+            }
+            Catch::Legacy {
+                base,
+                floor_us,
+                skip,
+                after,
+            } => {
+                let page =
+                    streams::legacy_catch_up(db, cache, user_id, (*base, *floor_us, skip), *after)
+                        .await;
+                page.map(|(tweets, next)| {
+                    *after = next;
+                    (tweets, None, next.is_some())
+                })
+            }
+        };
+        let legacy = matches!(catch, Catch::Legacy { .. });
+        match read {
+            Ok((tweets, last, more)) => {
+                for (tweet, id, at) in tweets {
                     let tweet_id = tweet.id;
                     let Ok(json) = serde_json::to_string(&serde_json::json!({
                         "event": "tweet",
@@ -580,11 +617,19 @@ impl Session {
                     })) else {
                         continue;
                     };
-                    self.tweet(tweet_id, &json, Some((id, at)));
+                    // An earlier token's rows lie at or below the new cursor's base.
+                    self.tweet(tweet_id, &json, Some((id, at)), legacy);
                 }
-                match (next, &mut self.catch_up) {
-                    (Some(last), Some(c)) => c.after = Some(last),
-                    _ => self.catch_up = None,
+                if let Some(cursor) = &mut self.cursor {
+                    if let Some((id, at)) = last {
+                        cursor.settle(id, at);
+                    }
+                    if !more && !legacy {
+                        cursor.caught_up();
+                    }
+                }
+                if !more {
+                    self.catch_up = None;
                 }
             }
             Err(e) => {
@@ -603,7 +648,7 @@ impl Session {
                 tweet_id,
                 data,
                 row,
-            } => self.tweet(tweet_id, &data, row),
+            } => self.tweet(tweet_id, &data, row, false),
             Event::Delete { tweet_id, data } => {
                 if self.deleted.len() == DELETES_KEPT {
                     self.deleted.pop_front();
@@ -614,16 +659,16 @@ impl Session {
         }
     }
 
-    /// A tweet event. On `streaming/user` it carries `row` = (newsfeed row id, arrived_at µs),
-    /// is skipped if delivered already, and its `id:` is the resume token; elsewhere `id:` is
-    /// the tweet id.
-    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>) {
+    /// A tweet event. On `streaming/user` it carries `row` = (newsfeed row id, entry time µs),
+    /// is skipped if delivered already (but a `replay` of a row at or below the cursor's base),
+    /// and its `id:` is the resume token; elsewhere `id:` is the tweet id.
+    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>, replay: bool) {
         if self.deleted.contains(&tweet_id) {
             return; // its delete came first
         }
         let id = match (&mut self.cursor, row) {
             (Some(cursor), Some((id, at))) => {
-                if cursor.seen(id) {
+                if cursor.seen(id) && !(replay && id <= cursor.base()) {
                     return;
                 }
                 cursor.advance(id, at);
@@ -671,7 +716,12 @@ impl Session {
         self.done = true;
     }
 
+    /// A heartbeat renews the stream's lease, and settles a `streaming/user` cursor that has
+    /// rows above its base (see the [`crate::streams`] module docs).
     async fn heartbeat(&mut self) {
+        if self.cursor.as_ref().is_some_and(Cursor::unsettled) {
+            self.catch_up.get_or_insert(Catch::Newsfeed);
+        }
         let renewed = self
             .state
             .cache

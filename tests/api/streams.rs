@@ -824,3 +824,158 @@ async fn the_demo_page_is_served_and_reads_the_user_stream(db: PgPool) {
     let html = String::from_utf8_lossy(&bytes);
     assert!(html.contains("/api/streaming/user/") && html.contains("Last-Event-ID"));
 }
+
+/// A row of `reader`'s newsfeed whose publish never came (a fan-out that committed while its
+/// publish failed): inserted after every row the newsfeed holds, as `stamp` would, and no
+/// message. Returns the tweet id.
+async fn row_without_publish(app: &TestApp, reader: i64, token: &str) -> i64 {
+    let tweet = post(app, token, json!({"content": "its publish was lost"})).await;
+    sqlx::query(
+        "with h as (
+             insert into feed_heads (user_id, head) values ($1, clock_timestamp())
+             on conflict (user_id) do update
+                 set head = greatest(feed_heads.head, excluded.head)
+             returning head)
+         insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         select $1, $2, head, clock_timestamp() from h",
+    )
+    .bind(reader)
+    .bind(tweet)
+    .execute(app.db())
+    .await
+    .expect("a row without its publish");
+    tweet
+}
+
+/// Issue 37: a live `streaming/user` settles its cursor from Postgres every heartbeat, so a
+/// row whose pub/sub message never came is delivered all the same (before, a live stream
+/// never sent it: only a reconnect found it).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_row_whose_publish_never_came_reaches_the_live_stream_by_the_next_heartbeat(db: PgPool) {
+    let app = TestApp::with(db, |c| c.stream_heartbeat_secs = 1).await;
+    let (alice_id, alice) = app.signup("alice").await;
+    let (_, carol) = app.signup("carol").await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let one = post(&app, &alice, json!({"content": "one"})).await;
+    assert_eq!(tweet_ids(&s.tweets_until(one).await), vec![one]);
+    let lost = row_without_publish(&app, alice_id, &carol).await;
+    let two = post(&app, &alice, json!({"content": "two"})).await;
+    let mut got = s.tweets_until(two).await;
+    if !tweet_ids(&got).contains(&lost) {
+        got.extend(s.tweets_until(lost).await);
+    }
+    let mut ids = tweet_ids(&got);
+    ids.sort_unstable();
+    assert_eq!(ids, vec![lost, two], "each once");
+    assert!(
+        s.next(Duration::from_millis(2500)).await.is_none(),
+        "nothing twice at the next heartbeats"
+    );
+}
+
+/// Issue 37: a resume follows Postgres's order of the newsfeed, not the arrival times that the
+/// processes stamped: a row stamped by a process whose clock runs 10 s slow (the arrival time
+/// the fan-out wrote before) is found. Before, the resume read rows that arrived after its
+/// floor by that clock, and skipped it.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_resume_finds_a_row_whatever_arrival_time_its_process_stamped(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (bob_id, bob) = app.signup("bob").await;
+    let (alice_id, alice) = app.signup("alice").await;
+    app.follow(&alice, bob_id).await;
+    app.drain().await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let first = post(&app, &bob, json!({"content": "first"})).await;
+    app.drain().await;
+    let token = s.tweets_until(first).await[0].id.clone().expect("token");
+    drop(s);
+    let away = post(&app, &bob, json!({"content": "while away"})).await;
+    app.drain().await;
+    sqlx::query(
+        "update newsfeeds set arrived_at = arrived_at - interval '10 seconds'
+         where user_id = $1 and tweet_id = $2",
+    )
+    .bind(alice_id)
+    .bind(away)
+    .execute(app.db())
+    .await
+    .expect("a slow clock's stamp");
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, Some(&token)).await;
+    let live = post(&app, &bob, json!({"content": "live"})).await;
+    app.drain().await;
+    assert_eq!(tweet_ids(&s.tweets_until(live).await), vec![away, live]);
+}
+
+/// Issue 37: however many rows arrive, a live stream holds at most `RECENT_MAX` delivered ids
+/// above its base (a full cursor settles from Postgres, which also sends a row whose publish
+/// never came), and a token made after 300 arrivals resumes with nothing lost or twice.
+/// Before, a token listed the newest 256 ids and moved its base past the rest: a row below
+/// them that had not been delivered was skipped for good.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_busy_stream_stays_bounded_and_its_token_loses_nothing(db: PgPool) {
+    // No heartbeat within the test: only a full cursor settles.
+    let app = TestApp::with(db, |c| c.stream_heartbeat_secs = 600).await;
+    let (alice_id, alice) = app.signup("alice").await;
+    let (_, carol) = app.signup("carol").await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let lost = row_without_publish(&app, alice_id, &carol).await;
+    let mut posted = Vec::new();
+    for i in 0..300 {
+        posted.push(post(&app, &alice, json!({"content": format!("busy {i}")})).await);
+    }
+    let last = *posted.last().expect("posted");
+    let got = s.tweets_until(last).await;
+    let mut ids = tweet_ids(&got);
+    assert!(
+        ids.contains(&lost),
+        "the full cursor's settle sent the lost row"
+    );
+    let token = got.last().and_then(|e| e.id.clone()).expect("token");
+    assert!(
+        token.split('.').count() <= 2 + 256,
+        "a token lists at most 256 ids: {} parts",
+        token.split('.').count()
+    );
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 301, "each once");
+    drop(s);
+    let after = post(&app, &alice, json!({"content": "after"})).await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, Some(&token)).await;
+    assert_eq!(tweet_ids(&s.tweets_until(after).await), vec![after]);
+    assert!(
+        s.next(Duration::from_millis(300)).await.is_none(),
+        "nothing twice"
+    );
+}
+
+/// A token made before the cursor followed Postgres's order (`{base}.{floor µs}.{span}.{ids}`,
+/// held by a client across an upgrade) still resumes: the rows that arrived after its floor,
+/// then live, each once.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_token_of_the_earlier_version_still_resumes(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, alice) = app.signup("alice").await;
+    let before = post(&app, &alice, json!({"content": "before the token"})).await;
+    let floor: i64 =
+        sqlx::query_scalar("select (extract(epoch from clock_timestamp()) * 1000000)::bigint")
+            .fetch_one(app.db())
+            .await
+            .expect("now");
+    let missed = post(&app, &alice, json!({"content": "missed"})).await;
+    let mut s = Stream::open(
+        &app,
+        "/api/streaming/user/",
+        &alice,
+        Some(&format!("0.{floor}.0")),
+    )
+    .await;
+    let live = post(&app, &alice, json!({"content": "live"})).await;
+    let got = tweet_ids(&s.tweets_until(live).await);
+    assert_eq!(got, vec![missed, live]);
+    assert!(!got.contains(&before));
+    assert!(
+        s.next(Duration::from_millis(300)).await.is_none(),
+        "nothing twice"
+    );
+}
