@@ -7,10 +7,21 @@
 //! at once, over redis-rs's multiplexed connections). A cross-slot `MGET` (hydration) becomes
 //! one `GET` per key in those pipelines; other multi-key and keyless commands go on their own
 //! (redis-rs routes and splits those: `UNLINK` per slot, `PING` to every master). The replies
-//! are put back in the pipeline's order. Commands a master answers with `MOVED` or
-//! `ASK` (the topology changed) are sent again per slot through redis-rs's routing, and the
-//! map is read again. Every key of one owner shares a hash tag (see [`super::keys`]), so each
-//! Lua script stays in one slot.
+//! are put back in the pipeline's order. Every key of one owner shares a hash tag (see
+//! [`super::keys`]), so each Lua script stays in one slot.
+//!
+//! **Nothing is sent twice behind chirp's back** (review of 2026-11-26, finding 8). redis-rs
+//! runs with `retries(0)`: its own retry re-sends a whole pipeline after a redirect or a
+//! broken connection, running again the commands that had run. chirp decides instead, per
+//! failed pipeline ([`next_after`]): a master that answered `MOVED` for the one slot it was
+//! sent, or a node with no connection, ran none of it, so it goes again; after any other
+//! failure whose outcome is unknown (a broken connection, `ASK`, `TRYAGAIN`, `MOVED` in a
+//! pipeline of several slots), it goes again only if every command in it is
+//! [`resendable`] (reads, and writes whose second run leaves what the first left), else the
+//! call fails and its caller's fallback runs (a write's outbox row, a read from Postgres). A
+//! per-master pipeline goes again split per slot and the map is read again; a per-slot
+//! pipeline goes again once, to the node a redirect named (after `ASKING` for an `ASK`). No
+//! timeout re-sends: each call's budget is chirp's own ([`super::Cache::new`]).
 //!
 //! A durable session (the post-commit step, the outbox relay) ends each master's pipeline with
 //! `WAIT {replicas} {timeout}`: Redis replication is asynchronous, and a failover would
@@ -26,8 +37,8 @@
 //! is always fenced.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -228,8 +239,144 @@ impl Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => Box::pin(command(c, cmd)),
         }
+    }
+}
+
+/// Sends one command on a cluster; a failure goes again once where [`next_after`] allows.
+async fn command(conn: &ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
+    let mut c = conn.clone();
+    let e = match c.req_packed_command(cmd).await {
+        Ok(value) => return Ok(value),
+        Err(e) => e,
+    };
+    match next_after(&e, resendable(cmd), true) {
+        Next::Fail => Err(e),
+        Next::Route => c.req_packed_command(cmd).await,
+        Next::To { host, port, ask } => {
+            let mut pipe = redis::pipe();
+            if ask {
+                pipe.cmd("ASKING");
+            }
+            pipe.add_command(cmd.clone());
+            let count = usize::from(ask) + 1;
+            let route = SingleNodeRoutingInfo::ByAddress { host, port };
+            let mut values = c.route_pipeline(pipe, 0, count, route).await?;
+            values.pop().ok_or_else(|| {
+                RedisError::from((ErrorKind::Client, "a redirected command got no reply"))
+            })
+        }
+    }
+}
+
+/// Sends an atomic pipeline (MULTI/EXEC, its keys in one slot) on a cluster. A transaction
+/// that a master refused with `MOVED` (it ran none of it: `EXECABORT`) goes again once, to the
+/// node the redirect names.
+async fn atomic(
+    conn: &ClusterConnection,
+    pipeline: &Pipeline,
+    offset: usize,
+    count: usize,
+) -> RedisResult<Vec<Value>> {
+    let mut c = conn.clone();
+    let e = match c.req_packed_commands(pipeline, offset, count).await {
+        Ok(values) => return Ok(values),
+        Err(e) => e,
+    };
+    let target = e.clone().into_server_errors().and_then(|errors| {
+        if !errors
+            .iter()
+            .all(|(_, s)| s.kind() == Some(ServerErrorKind::Moved))
+        {
+            return None;
+        }
+        let mut detail = errors.first()?.1.details()?.split_ascii_whitespace();
+        let _slot = detail.next()?;
+        let (host, port) = detail.next()?.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    });
+    let Some((host, port)) = target else {
+        return Err(e);
+    };
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    c.route_pipeline(pipeline.clone(), offset, count, route)
+        .await
+}
+
+/// What a pipeline (or command) that failed on a cluster may do (see the module docs).
+#[derive(Debug, PartialEq, Eq)]
+enum Next {
+    /// Fail the call.
+    Fail,
+    /// Go again, routed by slot.
+    Route,
+    /// Go again to the node a redirect named (after `ASKING` for an `ASK`).
+    To { host: String, port: u16, ask: bool },
+}
+
+/// What a send that failed with `e` may do next: `resendable` says whether every command of it
+/// is [`resendable`], `one_slot` whether its keys are all in one slot (see the module docs).
+fn next_after(e: &RedisError, resendable: bool, one_slot: bool) -> Next {
+    let kind = e.kind();
+    let moved = kind == ErrorKind::Server(ServerErrorKind::Moved);
+    let ask = kind == ErrorKind::Server(ServerErrorKind::Ask);
+    let ran_none = (moved && one_slot) || kind == ErrorKind::ClusterConnectionNotFound;
+    let unknown = e.is_io_error()
+        || e.is_connection_dropped()
+        || matches!(
+            kind,
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::ClusterDown
+            )
+        );
+    if !(ran_none || (unknown && resendable)) {
+        return Next::Fail;
+    }
+    let target = e.redirect_node().and_then(|(addr, _)| {
+        let (host, port) = addr.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse().ok()?))
+    });
+    match target {
+        Some((host, port)) => Next::To { host, port, ask },
+        None => Next::Route,
+    }
+}
+
+/// The hashes of [`super::scripts::once_only`].
+static ONCE_ONLY: LazyLock<Vec<String>> = LazyLock::new(|| {
+    super::scripts::once_only()
+        .iter()
+        .map(|s| s.get_hash().to_owned())
+        .collect()
+});
+
+/// Whether `cmd` may be sent again when its first send's outcome is unknown: a read, or a
+/// write whose second run leaves what the first left (`SET`, `DEL`, `EXPIRE`, a trim, and
+/// every script but [`super::scripts::once_only`]). `PUBLISH` and anything unknown are not.
+fn resendable(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().map(|a| match a {
+        Arg::Simple(bytes) => bytes,
+        _ => &[][..],
+    });
+    let Some(name) = args.next() else {
+        return false;
+    };
+    match name.to_ascii_uppercase().as_slice() {
+        b"EVALSHA" => args.next().is_some_and(|sha| {
+            !ONCE_ONLY
+                .iter()
+                .any(|h| h.as_bytes().eq_ignore_ascii_case(sha))
+        }),
+        b"GET" | b"MGET" | b"EXISTS" | b"ZRANGE" | b"ZREVRANGE" | b"ZCARD" | b"ZSCORE"
+        | b"SMEMBERS" | b"SMISMEMBER" | b"SISMEMBER" | b"SRANDMEMBER" | b"SCARD" | b"HGET"
+        | b"HGETALL" | b"HMGET" | b"TTL" | b"PTTL" | b"TYPE" | b"SCAN" | b"INFO" | b"PING"
+        | b"TIME" | b"CLUSTER" | b"SET" | b"DEL" | b"UNLINK" | b"EXPIRE" | b"PEXPIRE" | b"SADD"
+        | b"SREM" | b"ZADD" | b"ZREM" | b"ZREMRANGEBYRANK" | b"HSET" | b"HDEL" | b"WAIT" => true,
+        _ => false,
     }
 }
 
@@ -246,10 +393,10 @@ impl ConnectionLike for Session {
     ) -> RedisFuture<'a, Vec<Value>> {
         Box::pin(async move {
             if offset != 0 {
-                // An atomic pipeline (MULTI/EXEC): chirp sends none; pass it through unsplit.
+                // An atomic pipeline (MULTI/EXEC, one owner's reads: one slot), unsplit.
                 return match &mut self.conn {
                     Conn::Single(c) => c.req_packed_commands(pipeline, offset, count).await,
-                    Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count).await,
+                    Conn::Cluster(c) => atomic(c, pipeline, offset, count).await,
                 };
             }
             self.pipeline(pipeline, count).await
@@ -524,6 +671,12 @@ async fn split_per_master(
             let mut conn = conn.clone();
             let mut sub = redis::pipe();
             let origins: Vec<Origin> = group.iter().map(|(_, o)| *o).collect();
+            let again_ok = group.iter().all(|(c, _)| resendable(c));
+            let one_slot = group
+                .iter()
+                .map(|(c, _)| placement(c))
+                .collect::<Option<std::collections::HashSet<Slot>>>()
+                .is_some_and(|slots| slots.len() == 1);
             for (cmd, _) in group {
                 sub.add_command(cmd);
             }
@@ -549,12 +702,9 @@ async fn split_per_master(
                             .collect::<Vec<_>>();
                         Ok::<_, RedisError>((values, short))
                     }
-                    // The master is gone (a failover?): these go again per slot.
-                    Err(e)
-                        if e.is_connection_dropped()
-                            || e.is_io_error()
-                            || e.kind() == ErrorKind::ClusterConnectionNotFound =>
-                    {
+                    // The topology changed, or the master is gone: these go again per slot
+                    // when that runs nothing twice (see the module docs).
+                    Err(e) if next_after(&e, again_ok, one_slot) != Next::Fail => {
                         Ok((origins.into_iter().map(|o| (o, None)).collect(), None))
                     }
                     Err(e) => Err(e),
@@ -562,10 +712,9 @@ async fn split_per_master(
             }
         });
     let single = alone.iter().map(|&i| {
-        let mut conn = conn.clone();
         let cmd = cmds[i];
         async move {
-            let value = conn.req_packed_command(cmd).await?;
+            let value = command(conn, cmd).await?;
             Ok::<_, RedisError>(vec![(Origin::Whole(i), Some(value))])
         }
     });
@@ -643,10 +792,36 @@ async fn split(
             sub.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
         }
         let count = indices.len() + usize::from(wait.is_some());
+        let again_ok = indices.iter().all(|&i| resendable(cmds[i]));
         async move {
             let route =
                 SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
-            let mut values = conn.route_pipeline(sub, 0, count, route).await?;
+            let mut values = match conn
+                .route_pipeline(sub.clone(), 0, count, route.clone())
+                .await
+            {
+                Ok(values) => values,
+                Err(e) => match next_after(&e, again_ok, true) {
+                    Next::Fail => return Err(e),
+                    Next::Route => conn.route_pipeline(sub, 0, count, route).await?,
+                    Next::To { host, port, ask } => {
+                        let mut redirected = redis::pipe();
+                        if ask {
+                            redirected.cmd("ASKING");
+                        }
+                        for c in sub.cmd_iter() {
+                            redirected.add_command(c.clone());
+                        }
+                        let to = SingleNodeRoutingInfo::ByAddress { host, port };
+                        let extra = usize::from(ask);
+                        let mut values = conn
+                            .route_pipeline(redirected, 0, count + extra, to)
+                            .await?;
+                        values.drain(..extra);
+                        values
+                    }
+                },
+            };
             if let Some(w) = wait {
                 check_acks(values.pop(), w)?;
             }
@@ -654,10 +829,9 @@ async fn split(
         }
     });
     let single = alone.iter().map(|&i| {
-        let mut conn = conn.clone();
         let cmd = cmds[i];
         async move {
-            let value = conn.req_packed_command(cmd).await?;
+            let value = command(conn, cmd).await?;
             Ok::<_, RedisError>(vec![(i, value)])
         }
     });
@@ -720,6 +894,65 @@ mod tests {
         let mut get = redis::cmd("GET");
         get.arg("a").arg("b");
         assert_eq!(mget_keys(&get), None);
+    }
+
+    #[test]
+    fn only_what_runs_nothing_twice_goes_again() {
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "moved",
+            "3999 127.0.0.1:7002".to_owned(),
+        ));
+        let to = Next::To {
+            host: "127.0.0.1".into(),
+            port: 7002,
+            ask: false,
+        };
+        assert_eq!(
+            next_after(&moved, false, true),
+            to,
+            "one slot: none of it ran"
+        );
+        assert_eq!(
+            next_after(&moved, false, false),
+            Next::Fail,
+            "several: some ran"
+        );
+        assert_eq!(next_after(&moved, true, false), to);
+        let ask = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "ask",
+            "3999 127.0.0.1:7002".to_owned(),
+        ));
+        assert_eq!(next_after(&ask, false, true), Next::Fail);
+        assert!(matches!(
+            next_after(&ask, true, true),
+            Next::To { ask: true, .. }
+        ));
+        let broken = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(next_after(&broken, false, true), Next::Fail);
+        assert_eq!(next_after(&broken, true, false), Next::Route);
+        let script = RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "noscript"));
+        assert_eq!(next_after(&script, true, true), Next::Fail);
+
+        let mut publish = redis::cmd("PUBLISH");
+        publish.arg("c").arg("m");
+        let mut gcra = redis::cmd("EVALSHA");
+        gcra.arg(super::super::scripts::GCRA.get_hash())
+            .arg(1)
+            .arg("k");
+        let mut fill = redis::cmd("EVALSHA");
+        fill.arg(super::super::scripts::FILL.get_hash())
+            .arg(1)
+            .arg("k");
+        let mut get = redis::cmd("GET");
+        get.arg("k");
+        assert!(!resendable(&publish) && !resendable(&gcra));
+        assert!(resendable(&fill) && resendable(&get));
+        assert!(
+            !resendable(&redis::cmd("INCR")),
+            "unknown to chirp: not resent"
+        );
     }
 
     #[test]

@@ -206,9 +206,8 @@ impl Cache {
             let client = ClusterClient::builder(config.redis_cluster.iter().map(String::as_str))
                 .connection_timeout(timeout)
                 .response_timeout(response)
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(200)
+                // chirp decides what goes again, and where (see `conn`'s module docs).
+                .retries(0)
                 .build()
                 .map_err(|e| anyhow::anyhow!("invalid CHIRP_REDIS_CLUSTER: {e}"))?;
             Backend::Cluster {

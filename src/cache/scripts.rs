@@ -444,6 +444,15 @@ pub fn all() -> [&'static Script; 17] {
     ]
 }
 
+/// The scripts whose second run is not their first one's result again: the rate limiter
+/// charges twice, a heartbeat and an eviction publish twice. A command of theirs whose outcome
+/// is unknown (its connection broke, or a cluster node answered its pipeline with a redirect)
+/// is never sent again ([`super::conn`]); every other script is safe to run twice (versioned
+/// writes, generation-guarded fills; a second generation bump costs a refused fill at most).
+pub fn once_only() -> [&'static Script; 3] {
+    [&GCRA, &HEARTBEAT, &PUBLISH_EVICTION]
+}
+
 /// Lua: `now`, Redis's clock in ms, for the scripts that score entries by expiry (stream
 /// leases, the lease registries).
 const NOW_MS: &str = r#"
