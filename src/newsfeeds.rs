@@ -1088,6 +1088,7 @@ async fn fanout_batch_once(
              insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
              select p.r, p.t, p.at, clock_timestamp() from pairs p
              where not exists (select 1 from had where had.user_id = p.r and had.tweet_id = p.t)
+             order by p.r, p.at
              returning user_id, tweet_id, id, created_at)
          select user_id, tweet_id, id, created_at, true from ins
          union all

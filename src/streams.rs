@@ -9,19 +9,20 @@
 //! bounded memory and never slows the others. When the subscription breaks (Redis down), every
 //! stream ends with an `unavailable` error event; clients reconnect and resume.
 //!
-//! **Resume (`streaming/user`).** The writers of one newsfeed are serialized by its head row
-//! ([`crate::newsfeeds::stamp`]): each takes the lock, inserts its rows and commits before the
-//! next one can, so the rows of one newsfeed get their ids, their entry times and their commits
-//! in one order, Postgres's. Once a row is seen, every older row of that newsfeed has
-//! committed. A [`Cursor`] is a *base* row (every row up to it was delivered, or predates the
-//! stream) and the rows delivered above it (live delivery through pub/sub can bring them out of
-//! order). Nothing in it is a process's clock. A live stream *settles* its cursor from
-//! Postgres (a [`catch_up_page`] read of the rows after its base: a row it lacks there has
-//! committed, and is sent now) every heartbeat and whenever [`RECENT_MAX`] rows wait above the
-//! base, so its memory and its token stay bounded and a pub/sub message that never came is
-//! sent all the same. A resuming stream subscribes first, then reads the missed rows from
-//! Postgres in newsfeed order, and skips live events it has sent already: no gap, nothing twice
-//! at the seam, however many rows arrive and whatever the processes' clocks say.
+//! **Resume (`streaming/user`).** The writers of one newsfeed take turns on its head row
+//! ([`crate::newsfeeds::stamp`]): each takes the lock, stamps its rows' entry times above
+//! every earlier one, inserts them and commits before the next one can. So the rows of one
+//! newsfeed commit in the order of their entry times, Postgres's order: once a row is visible,
+//! every row before it has committed. A [`Cursor`] is a *base* entry time (every row up to it
+//! was delivered, or predates the stream) and the rows delivered above it (pub/sub can bring
+//! them out of order). No process's clock is in it. A live stream *settles* its cursor from
+//! Postgres every heartbeat and whenever [`RECENT_MAX`] rows wait above its base: it reads the
+//! rows after its base ([`catch_up_page`]), sends any it lacks (a publish that never came, a
+//! follow's backfill) and moves its base to the last row read, so its memory and its token stay
+//! bounded however fast rows arrive. A resuming stream subscribes first, then reads the missed
+//! rows the same way, and skips live events it has sent already: no gap, nothing twice at the
+//! seam, whatever the processes' clocks say. (Tweets that large accounts' followers pull,
+//! [`crate::hybrid`], are not newsfeed rows and are not streamed.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -603,16 +604,25 @@ impl Hub {
 }
 
 /// A `streaming/user` client's position in its newsfeed; its text form is the opaque resume
-/// token (`Last-Event-ID`). See the module docs.
+/// token (`Last-Event-ID`). See the module docs. Rows are placed by their entry times, which
+/// their writers assign under the newsfeed's head lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
-    /// Every row of the newsfeed up to this id was delivered (or predates the stream).
+    /// A row at the base (its id anchors the token's ids).
     base: i64,
-    /// The entry time (`created_at`, µs) of the row `base`: a catch-up reads the rows after it.
+    /// Every row of the newsfeed with an entry time (`created_at`, µs) up to this was
+    /// delivered (or predates the stream): a catch-up reads the rows after it.
     base_at_us: i64,
-    /// Rows delivered above the base: id → entry time (µs).
+    /// The newest entry time delivered (µs), or the base's: how old a token is.
+    newest_us: i64,
+    /// Rows delivered above the base: id → entry time (µs; [`UNKNOWN`] for those a token
+    /// listed). At most [`RECENT_MAX`]: a full cursor settles before it takes another.
     delivered: BTreeMap<i64, i64>,
 }
+
+/// The entry time of a row a token listed (the token does not carry it): such a row stays
+/// listed until its resume's catch-up has read the whole newsfeed.
+const UNKNOWN: i64 = i64::MAX;
 
 /// What a `Last-Event-ID` holds.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -644,6 +654,9 @@ impl Token {
             return None;
         }
         let skip = deltas(base, parts)?;
+        if skip.iter().any(|id| *id <= base) {
+            return None;
+        }
         Some(Token::Legacy {
             base,
             floor_us,
@@ -651,23 +664,23 @@ impl Token {
         })
     }
 
-    /// The time it resumes from (µs): a stream reaches back at most 30 days. `None` when it
-    /// names none (a cursor of a newsfeed that was empty when its stream opened).
-    pub fn from_us(&self) -> Option<i64> {
+    /// When it was made, near enough (µs): the newest entry it had delivered (a legacy token:
+    /// its floor). A stream resumes from at most 30 days back.
+    pub fn made_us(&self) -> i64 {
         match self {
-            Token::Current(c) => (c.base != 0 || c.base_at_us != 0).then_some(c.base_at_us),
-            Token::Legacy { floor_us, .. } => Some(*floor_us),
+            Token::Current(c) => c.newest_us,
+            Token::Legacy { floor_us, .. } => *floor_us,
         }
     }
 }
 
-/// Ids written as `.{id − base}` after a token's head; `None` if one is not above the base or
-/// there are more than [`RECENT_MAX`].
+/// Ids written as `.{id − base}` (not 0) after a token's head; `None` if malformed or more
+/// than [`RECENT_MAX`].
 fn deltas<'a>(base: i64, parts: impl Iterator<Item = &'a str>) -> Option<Vec<i64>> {
     let mut ids = Vec::new();
     for p in parts.filter(|p| !p.is_empty()) {
         let delta: i64 = p.parse().ok()?;
-        if delta <= 0 || ids.len() >= RECENT_MAX {
+        if delta == 0 || ids.len() >= RECENT_MAX {
             return None;
         }
         ids.push(base.checked_add(delta)?);
@@ -683,20 +696,21 @@ impl Cursor {
         Cursor {
             base: base.max(0),
             base_at_us,
+            newest_us: base_at_us,
             delivered: BTreeMap::new(),
         }
     }
 
-    /// Parses what follows the token's `n`: `{base}.{base_at µs}.{id − base}…`.
+    /// Parses what follows the token's `n`: `{base}.{base_at µs}.{newest − base_at µs}.{id −
+    /// base}…`.
     fn parse(token: &str) -> Option<Self> {
         let mut parts = token.split('.');
         let base: i64 = parts.next()?.parse().ok()?;
         let base_at_us: i64 = parts.next()?.parse().ok()?;
-        if base < 0 {
+        let span: i64 = parts.next()?.parse().ok()?;
+        if base < 0 || span < 0 {
             return None;
         }
-        // Their entry times are not in the token ([`UNKNOWN`]): the resume's catch-up reads
-        // them again (and sends them not).
         let delivered = deltas(base, parts)?
             .into_iter()
             .map(|id| (id, UNKNOWN))
@@ -704,34 +718,36 @@ impl Cursor {
         Some(Cursor {
             base,
             base_at_us,
+            newest_us: base_at_us.checked_add(span)?,
             delivered,
         })
     }
 
-    /// The resume token: `n{base}.{base_at µs}.{id − base}.{id − base}…` (at most
-    /// [`RECENT_MAX`] ids: a full cursor is settled before it takes another row).
+    /// The resume token: `n{base}.{base_at µs}.{newest − base_at µs}.{id − base}…`, every
+    /// delivered row above the base listed (at most [`RECENT_MAX`]).
     pub fn token(&self) -> String {
-        let mut out = format!("n{}.{}", self.base, self.base_at_us);
-        for id in self.delivered.keys().take(RECENT_MAX) {
+        let mut out = format!(
+            "n{}.{}.{}",
+            self.base,
+            self.base_at_us,
+            self.newest_us.saturating_sub(self.base_at_us)
+        );
+        for id in self.delivered.keys() {
             let _ = write!(out, ".{}", id - self.base);
         }
         out
     }
 
-    /// The base: every row up to this id was delivered (or predates the stream).
-    pub fn base(&self) -> i64 {
-        self.base
+    /// Whether the row `id` with entry time `at_us` was delivered already.
+    pub fn seen(&self, id: i64, at_us: i64) -> bool {
+        at_us <= self.base_at_us || self.delivered.contains_key(&id)
     }
 
-    /// Whether the row `id` was delivered already.
-    pub fn seen(&self, id: i64) -> bool {
-        id <= self.base || self.delivered.contains_key(&id)
-    }
-
-    /// Records the delivery of row `id` whose entry time is `at_us`.
+    /// Records the live delivery of row `id` whose entry time is `at_us`.
     pub fn advance(&mut self, id: i64, at_us: i64) {
-        if id > self.base {
+        if at_us > self.base_at_us {
             self.delivered.insert(id, at_us);
+            self.newest_us = self.newest_us.max(at_us);
         }
     }
 
@@ -745,33 +761,25 @@ impl Cursor {
         self.base_at_us
     }
 
-    /// Every row of the newsfeed up to row `id` (entry time `at_us`) has been delivered or
-    /// was read by a catch-up in newsfeed order: it becomes the base.
+    /// Every row of the newsfeed up to row `id` (entry time `at_us`) has been delivered: a
+    /// catch-up read it, in newsfeed order, after all the rows before it. It becomes the base.
     pub fn settle(&mut self, id: i64, at_us: i64) {
-        if at_us < self.base_at_us {
+        if at_us <= self.base_at_us {
             return;
         }
-        self.base = self.base.max(id);
+        self.base = id;
         self.base_at_us = at_us;
-        let base = self.base;
-        self.delivered.retain(|i, _| *i > base);
+        self.newest_us = self.newest_us.max(at_us);
+        self.delivered.retain(|_, at| *at > at_us);
     }
 
-    /// A catch-up read the newsfeed to its end: a row a token listed that it did not find
-    /// again was deleted (it had committed: it was delivered), so it is forgotten; rows
-    /// delivered live after the catch-up's read stay.
+    /// A catch-up read the newsfeed to its end, and no live event came in between: every row
+    /// delivered before had committed, so one it did not find again was deleted. The cursor
+    /// forgets them all.
     pub fn caught_up(&mut self) {
-        self.delivered.retain(|_, at| *at != UNKNOWN);
-    }
-
-    /// Whether rows wait above the base (a settle has work).
-    pub fn unsettled(&self) -> bool {
-        !self.delivered.is_empty()
+        self.delivered.clear();
     }
 }
-
-/// The entry time of a row a token listed (the token does not carry it).
-const UNKNOWN: i64 = i64::MIN;
 
 /// Rows of a catch-up page.
 #[derive(Debug, sqlx::FromRow)]
@@ -786,8 +794,8 @@ struct Arrival {
 pub const CATCH_UP_PAGE: usize = 100;
 
 /// The next page of user `user_id`'s newsfeed rows after entry time `after_us`, in newsfeed
-/// order (see the module docs): a resume's or a settle's catch-up. Rows `seen` (delivered
-/// already) are not sent but count as read. Rows copied by `chirp import` (no `arrived_at`)
+/// order (see the module docs): a resume's or a settle's catch-up. Rows `seen(id, entry µs)`
+/// (delivered already) are not sent but count as read. Rows copied by `chirp import` (no `arrived_at`)
 /// are not streamed. Tweets are hydrated through the cache-aside read path (objects from
 /// Redis, misses from Postgres); rows of tweets deleted meanwhile are left out. Reads the
 /// primary key `(user_id, created_at)`.
@@ -799,7 +807,7 @@ pub async fn catch_up_page(
     cache: &Cache,
     user_id: i64,
     after_us: i64,
-    seen: impl Fn(i64) -> bool,
+    seen: impl Fn(i64, i64) -> bool,
 ) -> sqlx::Result<CaughtUp> {
     let rows: Vec<Arrival> = sqlx::query_as(
         "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
@@ -814,7 +822,10 @@ pub async fn catch_up_page(
     .await?;
     let last = rows.last().map(|r| (r.id, time::to_micros(r.created_at)));
     let more = rows.len() == CATCH_UP_PAGE;
-    let unseen = rows.into_iter().filter(|r| !seen(r.id)).collect();
+    let unseen = rows
+        .into_iter()
+        .filter(|r| !seen(r.id, time::to_micros(r.created_at)))
+        .collect();
     Ok(CaughtUp {
         tweets: hydrate(db, cache, user_id, unseen).await?,
         last,
@@ -929,19 +940,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_token_round_trips_and_lists_only_ids_above_its_base() {
+    fn a_token_round_trips_and_lists_the_rows_above_its_base() {
         let mut c = Cursor::after(4, 10_000_000);
         c.advance(7, 10_000_002);
         c.advance(5, 10_000_001);
-        c.advance(3, 9_000_000);
+        c.advance(3, 9_000_000); // at or below the base: seen
+        assert!(c.seen(3, 9_000_000));
         let t = c.token();
-        assert_eq!(t, "n4.10000000.1.3");
+        assert_eq!(t, "n4.10000000.2.1.3");
         let Some(Token::Current(back)) = Token::parse(&t) else {
             panic!("parses")
         };
-        assert!(back.seen(3) && back.seen(5) && back.seen(7) && !back.seen(6));
+        assert!(back.seen(5, 0) && back.seen(7, 0) && !back.seen(6, 10_000_003));
         assert_eq!(back.token(), t);
-        for bad in ["nx.1", "n3", "n3.1.0", "n3.1.-2", "x.1.0", "3.1", "3.1.0.0"] {
+        assert_eq!(back.newest_us, 10_000_002, "how old it is travels with it");
+        for bad in [
+            "nx.1.0", "n3.1", "n3.1.-1", "n3.1.0.0", "x.1.0", "3.1", "3.1.0.0",
+        ] {
             assert_eq!(Token::parse(bad), None, "{bad}");
         }
     }
@@ -954,15 +969,19 @@ mod tests {
         c.advance(20, 3_000);
         // A settle's page read rows up to 12: 11 (never delivered) was sent by it.
         c.settle(12, 2_000);
-        assert!(c.seen(11) && c.seen(12) && c.seen(20) && !c.seen(21));
-        assert_eq!(c.token(), "n12.2000.8");
+        assert!(c.seen(11, 1_500) && c.seen(12, 2_000) && c.seen(20, 3_000));
+        assert!(!c.seen(21, 3_500));
+        assert_eq!(c.token(), "n12.2000.1000.8");
         // An older row never moves it back.
         c.settle(5, 500);
-        assert_eq!(c.token(), "n12.2000.8");
+        assert_eq!(c.token(), "n12.2000.1000.8");
+        // A full read found nothing more: 20 was deleted.
+        c.caught_up();
+        assert_eq!(c.token(), "n12.2000.1000");
     }
 
     #[test]
-    fn a_full_cursor_asks_for_a_settle_and_a_token_stays_bounded() {
+    fn a_full_cursor_asks_for_a_settle_and_its_token_still_parses() {
         let mut c = Cursor::after(0, 0);
         for k in 1..=RECENT_MAX as i64 {
             c.advance(2 * k, k);
@@ -970,20 +989,21 @@ mod tests {
         assert!(c.full());
         assert!(Token::parse(&c.token()).is_some(), "its token still parses");
         c.settle(2 * RECENT_MAX as i64, RECENT_MAX as i64);
-        assert!(!c.full() && !c.unsettled());
+        assert!(!c.full());
     }
 
     #[test]
-    fn a_resumed_token_forgets_listed_rows_its_catch_up_did_not_find() {
-        let Some(Token::Current(mut c)) = Token::parse("n10.1000.2.5") else {
+    fn a_resumed_tokens_rows_stay_listed_until_its_catch_up_is_over() {
+        let Some(Token::Current(mut c)) = Token::parse("n10.1000.600.2.5") else {
             panic!("parses")
         };
-        // Live, after the catch-up's read: row 16.
-        c.advance(16, 1_600);
-        c.settle(12, 1_200); // the catch-up read up to row 12, then nothing more
-        c.caught_up();
-        assert!(!c.seen(15), "row 15 was deleted: forgotten");
-        assert!(c.seen(16), "a live delivery stays");
+        // The catch-up's page reads rows 11 (sent) and 12 (listed: seen, not sent).
+        assert!(!c.seen(11, 1_100) && c.seen(12, 1_200));
+        c.settle(11, 1_100);
+        assert!(c.seen(12, 1_200) && c.seen(15, 1_500), "still listed");
+        c.settle(12, 1_200);
+        c.caught_up(); // nothing more: 15 was deleted
+        assert!(!c.seen(16, 1_600));
     }
 
     #[test]

@@ -274,8 +274,8 @@ async fn user(
         }
         (None, None) => None,
     };
-    if let Some(floor) = resume.as_ref().and_then(Token::from_us) {
-        let floor = time::from_micros(floor);
+    if let Some(made) = resume.as_ref().map(Token::made_us) {
+        let floor = time::from_micros(made);
         let now = chrono::Utc::now();
         if floor < now - MAX_RESUME_AGE || floor > now + chrono::TimeDelta::minutes(1) {
             let field = if headers.contains_key("last-event-id") {
@@ -452,13 +452,25 @@ impl Drop for Lease {
     }
 }
 
+/// Where a tweet event of a `streaming/user` stream comes from ([`Session::tweet`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// Pub/sub: skipped if delivered already.
+    Live,
+    /// A catch-up of the newsfeed after the cursor's base ([`Catch::Newsfeed`]).
+    CatchUp,
+    /// An earlier token's catch-up ([`Catch::Legacy`]).
+    Legacy,
+}
+
 /// What a `streaming/user` stream reads from Postgres before its next live event.
 enum Catch {
     /// The newsfeed after the cursor's base, to its end: a resume, or a settle
     /// ([`crate::streams`] module docs).
     Newsfeed,
-    /// What a token of the earlier version missed ([`streams::legacy_catch_up`]), after
-    /// `after` (`(arrived_at µs, id)` of the last row read).
+    /// What a token of the earlier version missed ([`streams::legacy_catch_up`]) up to the
+    /// cursor's base (a settle follows for the rest), after `after` (`(arrived_at µs, id)` of
+    /// the last row read).
     Legacy {
         base: i64,
         floor_us: i64,
@@ -585,8 +597,8 @@ impl Session {
         let (db, cache, user_id) = (&self.state.db, &self.state.cache, self.user_id);
         let read = match catch {
             Catch::Newsfeed => {
-                streams::catch_up_page(db, cache, user_id, cursor.base_at_us(), |id| {
-                    cursor.seen(id)
+                streams::catch_up_page(db, cache, user_id, cursor.base_at_us(), |id, at| {
+                    cursor.seen(id, at)
                 })
                 .await
                 .map(|page| (page.tweets, page.last, page.more))
@@ -606,7 +618,10 @@ impl Session {
                 })
             }
         };
-        let legacy = matches!(catch, Catch::Legacy { .. });
+        let (source, legacy) = match catch {
+            Catch::Newsfeed => (Source::CatchUp, false),
+            Catch::Legacy { .. } => (Source::Legacy, true),
+        };
         match read {
             Ok((tweets, last, more)) => {
                 for (tweet, id, at) in tweets {
@@ -617,8 +632,7 @@ impl Session {
                     })) else {
                         continue;
                     };
-                    // An earlier token's rows lie at or below the new cursor's base.
-                    self.tweet(tweet_id, &json, Some((id, at)), legacy);
+                    self.tweet(tweet_id, &json, Some((id, at)), source);
                 }
                 if let Some(cursor) = &mut self.cursor {
                     if let Some((id, at)) = last {
@@ -629,7 +643,8 @@ impl Session {
                     }
                 }
                 if !more {
-                    self.catch_up = None;
+                    // After an earlier token's rows, the rows after the base.
+                    self.catch_up = legacy.then_some(Catch::Newsfeed);
                 }
             }
             Err(e) => {
@@ -648,7 +663,7 @@ impl Session {
                 tweet_id,
                 data,
                 row,
-            } => self.tweet(tweet_id, &data, row, false),
+            } => self.tweet(tweet_id, &data, row, Source::Live),
             Event::Delete { tweet_id, data } => {
                 if self.deleted.len() == DELETES_KEPT {
                     self.deleted.pop_front();
@@ -660,23 +675,34 @@ impl Session {
     }
 
     /// A tweet event. On `streaming/user` it carries `row` = (newsfeed row id, entry time µs),
-    /// is skipped if delivered already (but a `replay` of a row at or below the cursor's base),
-    /// and its `id:` is the resume token; elsewhere `id:` is the tweet id.
-    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>, replay: bool) {
+    /// is placed in the cursor as `source` says, and its `id:` is the resume token; elsewhere
+    /// `id:` is the tweet id.
+    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>, source: Source) {
         if self.deleted.contains(&tweet_id) {
             return; // its delete came first
         }
         let id = match (&mut self.cursor, row) {
-            (Some(cursor), Some((id, at))) => {
-                if cursor.seen(id) && !(replay && id <= cursor.base()) {
-                    return;
+            (Some(cursor), Some((id, at))) => match source {
+                Source::Live if cursor.seen(id, at) => return,
+                Source::Live => {
+                    cursor.advance(id, at);
+                    Some(cursor.token())
                 }
-                cursor.advance(id, at);
-                cursor.token()
-            }
-            _ => tweet_id.to_string(),
+                // Read in newsfeed order: every row before it was sent or seen, so the token
+                // made here is exact, and the cursor does not grow.
+                Source::CatchUp => {
+                    cursor.settle(id, at);
+                    Some(cursor.token())
+                }
+                // Committed before the stream opened: at or below the base. Without a token
+                // of its own (a client keeps the one it resumed with until the catch-up is
+                // over), so a reconnect in the middle loses none of the rest.
+                Source::Legacy if at > cursor.base_at_us() => return,
+                Source::Legacy => None,
+            },
+            _ => Some(tweet_id.to_string()),
         };
-        self.frame("tweet", Some(&id), data);
+        self.frame("tweet", id.as_deref(), data);
     }
 
     fn frame(&mut self, kind: &str, id: Option<&str>, data: &str) {
@@ -716,10 +742,11 @@ impl Session {
         self.done = true;
     }
 
-    /// A heartbeat renews the stream's lease, and settles a `streaming/user` cursor that has
-    /// rows above its base (see the [`crate::streams`] module docs).
+    /// A heartbeat renews the stream's lease, and settles a `streaming/user` cursor (see the
+    /// [`crate::streams`] module docs): an idle stream's settle is one empty read of the primary
+    /// key.
     async fn heartbeat(&mut self) {
-        if self.cursor.as_ref().is_some_and(Cursor::unsettled) {
+        if self.cursor.is_some() {
             self.catch_up.get_or_insert(Catch::Newsfeed);
         }
         let renewed = self
