@@ -393,15 +393,20 @@ pub enum Class {
     /// over it, a token neither the process's memory nor Redis holds is refused before any
     /// Postgres lookup (`http::limits::standing`).
     Failed,
+    /// Failed logins per username, from any address (a password guesser spread over many);
+    /// over it, that username's logins are refused before the password is hashed
+    /// (`http::limits::login_refused`).
+    Login,
 }
 
 impl Class {
-    const ALL: [Class; 5] = [
+    const ALL: [Class; 6] = [
         Class::Auth,
         Class::Tweet,
         Class::Write,
         Class::Read,
         Class::Failed,
+        Class::Login,
     ];
 
     /// The class's name in `CHIRP_RATE_LIMITS` and in the limiter's Redis keys.
@@ -412,6 +417,7 @@ impl Class {
             Class::Write => "write",
             Class::Read => "read",
             Class::Failed => "failed",
+            Class::Login => "login",
         }
     }
 }
@@ -424,7 +430,7 @@ pub struct RateLimits {
 
 impl RateLimits {
     /// The defaults of docs/API.md: auth 3/s, tweet 1/s and 5/min, write 10/s, read 50/s,
-    /// failed authentications 10/s and 100/min.
+    /// failed authentications 10/s and 100/min, failed logins of one username 5/min and 30/h.
     pub fn defaults() -> Self {
         let per = |count, secs: u64| Rate {
             count,
@@ -437,6 +443,7 @@ impl RateLimits {
                 (Class::Write, vec![per(10, 1)]),
                 (Class::Read, vec![per(50, 1)]),
                 (Class::Failed, vec![per(10, 1), per(100, 60)]),
+                (Class::Login, vec![per(5, 60), per(30, 3600)]),
             ],
         }
     }
@@ -447,7 +454,7 @@ impl RateLimits {
     }
 
     /// Parses `on`, `off`, or `class=N/unit[,N/unit];...` (unit `s`, `m` or `h`; classes
-    /// `auth`, `tweet`, `write`, `read`, `failed`; a class not named keeps its default, `class=off`
+    /// `auth`, `tweet`, `write`, `read`, `failed`, `login`; a class not named keeps its default, `class=off`
     /// lifts it).
     ///
     /// # Errors
@@ -466,7 +473,9 @@ impl RateLimits {
             let class = Class::ALL
                 .into_iter()
                 .find(|c| c.name() == name.trim())
-                .ok_or_else(|| format!("{name:?}: expected auth, tweet, write, read or failed"))?;
+                .ok_or_else(|| {
+                    format!("{name:?}: expected auth, tweet, write, read, failed or login")
+                })?;
             let rates = if rates.trim() == "off" {
                 Vec::new()
             } else {

@@ -2,6 +2,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
@@ -9,6 +10,7 @@ use serde_json::{Value, json};
 use crate::accounts;
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth};
+use crate::http::limits;
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
@@ -42,19 +44,31 @@ async fn signup(
     ))
 }
 
-async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Json<Value>> {
+/// A login. Failures count against the username's `login` limit as well as the client's
+/// `auth` one; over it, the username's logins are a 429 before any password is hashed.
+async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Response> {
     let mut errors = FieldErrors::new();
     let username = fields.required_text("username", &mut errors);
     let password = fields.required_text("password", &mut errors);
     let (Some(username), Some(password)) = (username, password) else {
         return Err(ApiError::Validation(errors));
     };
-    let (user, token) = accounts::login(&state.db, username.trim(), password).await?;
+    let subject = limits::login_subject(&username);
+    if let Some(too_many) = limits::login_refused(&state, &subject) {
+        return Ok(too_many);
+    }
+    let (user, token) = match accounts::login(&state.db, username.trim(), password).await {
+        Ok(found) => found,
+        Err(e @ ApiError::BadRequest(_)) => {
+            return Ok(limits::login_failed(&state, &subject, e).await);
+        }
+        Err(e) => return Err(e),
+    };
     state
         .cache
         .put_token(&accounts::hash_token(&token), user.id)
         .await;
-    Ok(Json(json!({"success": true, "user": user, "token": token})))
+    Ok(Json(json!({"success": true, "user": user, "token": token})).into_response())
 }
 
 async fn logout(State(state): State<AppState>, auth: Auth) -> ApiResult<Json<Value>> {

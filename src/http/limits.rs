@@ -12,6 +12,8 @@ use axum::http::{HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use sha2::Digest as _;
+
 use crate::cache::limits::{Decision, Rate};
 pub use crate::config::{Class, RateLimits};
 use crate::error::ApiError;
@@ -81,19 +83,56 @@ pub fn standing(state: &AppState, client: Option<ClientIp>) -> Standing {
     match state.refused.state(&ClientIp::subject_of(client)) {
         Refusal::None => Standing::Clear,
         Refusal::Suspect => Standing::Suspect,
-        Refusal::Until(left) => {
-            let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
-            let decision = Decision {
-                allowed: false,
-                rate: 0,
-                remaining: 0,
-                reset_us: us,
-                retry_after_us: us,
-            };
-            let mut res = too_many(&decision);
-            set_headers(&mut res, rates, &decision);
-            Standing::Refused(res)
-        }
+        Refusal::Until(left) => Standing::Refused(refusal(rates, left)),
+    }
+}
+
+/// The 429 of a subject refused for `left` more ([`Refused`]).
+fn refusal(rates: &[Rate], left: std::time::Duration) -> Response {
+    let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX);
+    let decision = Decision {
+        allowed: false,
+        rate: 0,
+        remaining: 0,
+        reset_us: us,
+        retry_after_us: us,
+    };
+    let mut res = too_many(&decision);
+    set_headers(&mut res, rates, &decision);
+    res
+}
+
+/// The subject of username `name`'s `login` limit: `n` and 16 hex digits of the SHA-256 of its
+/// lowercase form (a hash tag needs no escaping, and no Redis key names a username).
+pub fn login_subject(name: &str) -> String {
+    let digest = sha2::Sha256::digest(name.trim().to_lowercase().as_bytes());
+    let mut out = String::from("n");
+    for b in &digest[..8] {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// Before a login's password check: the 429 to answer while the username's `login` limit
+/// refuses it (a failure went over it within the retry time). This process's memory, no round
+/// trip: another process learns it at its own next failure for that username (so a guesser
+/// spread over `n` processes gets at most `n` more tries per refusal). The owner of a username
+/// under attack waits too, at most the retry time (OWASP's trade-off: throttle, not lock).
+pub fn login_refused(state: &AppState, subject: &str) -> Option<Response> {
+    let rates = state.config.rate_limits.rates(Class::Login)?;
+    match state.refused.state(subject) {
+        Refusal::Until(left) => Some(refusal(rates, left)),
+        Refusal::None | Refusal::Suspect => None,
+    }
+}
+
+/// After a login failed (`error`, a 400): counts it against the username's `login` limit (one
+/// round trip) and answers `error`, or a 429 once over it, after which the username's logins
+/// are refused until the limit allows one again ([`login_refused`]).
+pub async fn login_failed(state: &AppState, subject: &str, error: ApiError) -> Response {
+    match charge_as(state, subject, Class::Login).await {
+        Ok(()) => error.into_response(),
+        Err(too_many) => too_many,
     }
 }
 
@@ -105,16 +144,21 @@ pub fn standing(state: &AppState, client: Option<ClientIp>) -> Standing {
 /// # Errors
 /// The 429 to answer when this one is over the limit.
 pub async fn charge(state: &AppState, client: Option<ClientIp>) -> Result<(), Response> {
-    let Some(rates) = state.config.rate_limits.rates(Class::Failed) else {
+    charge_as(state, &ClientIp::subject_of(client), Class::Failed).await
+}
+
+/// Counts one failure of `subject` against `class`; over it, remembers the refusal
+/// ([`Refused`]) and returns the 429.
+async fn charge_as(state: &AppState, subject: &str, class: Class) -> Result<(), Response> {
+    let Some(rates) = state.config.rate_limits.rates(class) else {
         return Ok(());
     };
-    let subject = ClientIp::subject_of(client);
-    let decision = decide(state, &subject, Class::Failed, rates).await;
+    let decision = decide(state, subject, class, rates).await;
     if decision.allowed {
         return Ok(());
     }
     state.refused.refuse(
-        &subject,
+        subject,
         std::time::Duration::from_micros(decision.retry_after_us),
     );
     let mut res = too_many(&decision);

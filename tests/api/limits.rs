@@ -290,3 +290,48 @@ async fn a_flood_of_health_checks_probes_postgres_and_redis_a_few_times(db: PgPo
         "200 checks at once share a probe: {runs} probes"
     );
 }
+
+fn login_from(peer: &str, username: &str, password: &str) -> Request<Body> {
+    let body = json!({"username": username, "password": password}).to_string();
+    let mut req = Request::post("/api/accounts/login/")
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let addr: std::net::SocketAddr = format!("{peer}:40000").parse().unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(addr));
+    req
+}
+
+/// Issue 37: a password guesser spread over many addresses meets a limit per username: its
+/// failures count against the username, and over it the username's logins are a 429 before
+/// any password is hashed (the right one too, until the limit allows one again). Another
+/// username is not touched. Before, only the per-address `auth` limit applied.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn failed_logins_are_limited_per_username_from_any_address(db: PgPool) {
+    let app = TestApp::with(db, |c| {
+        c.rate_limits = RateLimits::parse("login=3/m; auth=off").unwrap();
+    })
+    .await;
+    app.signup("alice").await;
+    app.signup("bob").await;
+    for (i, peer) in ["1.1.1.1", "2.2.2.2", "3.3.3.3"].into_iter().enumerate() {
+        let (status, _) = status_of(&app, login_from(peer, "alice", "guess")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "guess {i}");
+    }
+    let (status, _) = status_of(&app, login_from("4.4.4.4", "Alice", "guess")).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "one over, whatever the case"
+    );
+    let (status, headers) = status_of(&app, login_from("5.5.5.5", "alice", "correct horse")).await;
+    assert_eq!(
+        status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "refused before hashing"
+    );
+    assert!(headers.contains_key("retry-after"));
+    let (status, _) = status_of(&app, login_from("1.1.1.1", "bob", "correct horse")).await;
+    assert_eq!(status, StatusCode::OK, "another username");
+}
