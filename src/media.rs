@@ -222,6 +222,31 @@ impl Media {
     }
 }
 
+/// An EXIF block (TIFF, big-endian) that holds only the orientation of `exif` (another EXIF
+/// block, as a JPEG's APP1 or a PNG's `eXIf` carries it), read and written with
+/// `kamadak-exif`; `None` when it has none, or the default (1: upright), or does not parse.
+fn orientation_only(exif: &[u8]) -> Option<Bytes> {
+    use exif::{Field, In, Tag, Value};
+    let read = exif::Reader::new().read_raw(exif.to_vec()).ok()?;
+    let orientation = read
+        .get_field(Tag::Orientation, In::PRIMARY)?
+        .value
+        .get_uint(0)?;
+    if !(2..=8).contains(&orientation) {
+        return None;
+    }
+    let field = Field {
+        tag: Tag::Orientation,
+        ifd_num: In::PRIMARY,
+        value: Value::Short(vec![u16::try_from(orientation).ok()?]),
+    };
+    let mut writer = exif::experimental::Writer::new();
+    writer.push_field(&field);
+    let mut out = std::io::Cursor::new(Vec::new());
+    writer.write(&mut out, false).ok()?;
+    Some(Bytes::from(out.into_inner()))
+}
+
 /// A stored file being read ([`Media::open`]).
 pub struct StoredFile {
     /// Bytes.
@@ -232,23 +257,34 @@ pub struct StoredFile {
 
 /// `bytes` of an image of type `ext` without its metadata: EXIF (with the GPS position and
 /// the camera), XMP, IPTC and comments; for PNG also text chunks and the modification time.
-/// The pixels and the colour profile are kept byte for byte (no re-encoding). EXIF's
-/// orientation goes too, so a photo a phone stored sideways with an orientation tag shows
-/// sideways. GIF carries no EXIF and is kept as is. `None` if the container does not parse.
+/// The pixels and the colour profile are kept byte for byte (no re-encoding). A JPEG's or
+/// PNG's EXIF orientation stays, alone in a new EXIF block ([`orientation_only`]), so a photo a
+/// phone stored sideways with an orientation tag still shows upright (a WebP's goes: browsers
+/// do not apply it). GIF carries no EXIF and is kept as is. `None` if the container does not
+/// parse.
 pub fn strip_metadata(bytes: Bytes, ext: &str) -> Option<Bytes> {
+    use img_parts::ImageEXIF;
     match ext {
         "jpg" => {
             use img_parts::jpeg::{Jpeg, markers};
             let mut jpeg = Jpeg::from_bytes(bytes).ok()?;
+            let kept = jpeg.exif().and_then(|e| orientation_only(&e));
             jpeg.segments_mut()
                 .retain(|s| !matches!(s.marker(), markers::APP1 | markers::APP13 | markers::COM));
+            if kept.is_some() {
+                jpeg.set_exif(kept);
+            }
             Some(jpeg.encoder().bytes())
         }
         "png" => {
             use img_parts::png::Png;
             let mut png = Png::from_bytes(bytes).ok()?;
+            let kept = png.exif().and_then(|e| orientation_only(&e));
             png.chunks_mut()
                 .retain(|c| !matches!(&c.kind(), b"eXIf" | b"tEXt" | b"zTXt" | b"iTXt" | b"tIME"));
+            if kept.is_some() {
+                png.set_exif(kept);
+            }
             Some(png.encoder().bytes())
         }
         "webp" => {
@@ -277,5 +313,65 @@ pub fn strip_metadata(bytes: Bytes, ext: &str) -> Option<Bytes> {
             framed.then_some(bytes)
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use exif::{Field, In, Tag, Value};
+    use img_parts::ImageEXIF;
+
+    /// An EXIF block of a camera `Phone` that stored the photo with `orientation`.
+    fn camera_exif(orientation: u16) -> Bytes {
+        let make = Field {
+            tag: Tag::Make,
+            ifd_num: In::PRIMARY,
+            value: Value::Ascii(vec![b"Phone".to_vec()]),
+        };
+        let turned = Field {
+            tag: Tag::Orientation,
+            ifd_num: In::PRIMARY,
+            value: Value::Short(vec![orientation]),
+        };
+        let mut writer = exif::experimental::Writer::new();
+        writer.push_field(&make);
+        writer.push_field(&turned);
+        let mut out = std::io::Cursor::new(Vec::new());
+        writer.write(&mut out, true).expect("exif");
+        Bytes::from(out.into_inner())
+    }
+
+    fn orientation_of(exif: Option<Bytes>) -> Option<(u32, usize)> {
+        let read = exif::Reader::new().read_raw(exif?.to_vec()).ok()?;
+        let o = read
+            .get_field(Tag::Orientation, In::PRIMARY)?
+            .value
+            .get_uint(0)?;
+        Some((o, read.fields().count()))
+    }
+
+    #[test]
+    fn a_photos_orientation_stays_alone_and_the_rest_of_its_exif_goes() {
+        let photo = Bytes::from_static(include_bytes!("../tests/fixtures/photo.jpg"));
+        let mut jpeg = img_parts::jpeg::Jpeg::from_bytes(photo.clone()).expect("jpeg");
+        jpeg.set_exif(Some(camera_exif(6)));
+        let stored = strip_metadata(jpeg.encoder().bytes(), "jpg").expect("a jpeg");
+        assert!(!stored.windows(5).any(|w| w == b"Phone"), "the camera went");
+        let exif = img_parts::jpeg::Jpeg::from_bytes(stored).expect("jpeg").exif();
+        assert_eq!(orientation_of(exif), Some((6, 1)), "only the orientation stays");
+
+        let png = Bytes::from_static(include_bytes!("../tests/fixtures/photo.png"));
+        let mut png = img_parts::png::Png::from_bytes(png).expect("png");
+        png.set_exif(Some(camera_exif(8)));
+        let stored = strip_metadata(png.encoder().bytes(), "png").expect("a png");
+        let exif = img_parts::png::Png::from_bytes(stored).expect("png").exif();
+        assert_eq!(orientation_of(exif), Some((8, 1)));
+
+        // Upright (the default): no EXIF block at all.
+        let mut jpeg = img_parts::jpeg::Jpeg::from_bytes(photo).expect("jpeg");
+        jpeg.set_exif(Some(camera_exif(1)));
+        let stored = strip_metadata(jpeg.encoder().bytes(), "jpg").expect("a jpeg");
+        assert!(img_parts::jpeg::Jpeg::from_bytes(stored).expect("jpeg").exif().is_none());
     }
 }
