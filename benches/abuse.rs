@@ -14,6 +14,8 @@
 //! reports `/livez`'s latency and how many of the sockets the server had closed by the end.
 //! Each mode prints one `RESULT key=value …` line.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

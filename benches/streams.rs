@@ -11,6 +11,8 @@
 //! `TOKENS` is `user_id<TAB>token` per line (from `chirp import --tokens-out`). Each mode prints
 //! one `RESULT key=value …` line.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

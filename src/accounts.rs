@@ -238,7 +238,7 @@ pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(
 }
 
 /// Revokes a token: deletes it and stages its tombstone in the token cache in one transaction,
-/// then drops it from every process's memory ([`TokenCache::revoke`], which waits for each
+/// then drops it from every process's memory ([`crate::cache::tokens::broadcast`], which waits for each
 /// process to confirm).
 pub async fn logout(
     db: &PgPool,

@@ -2,7 +2,7 @@
 //! kept like a newsfeed. Every SQL statement on `lists`, `list_members` and `list_feeds` lives
 //! here, with the three jobs that keep a list's timeline:
 //!
-//! - **fan-out** ([`fanout`]): a new tweet gets one `list_feeds` row in every list that contains
+//! - **fan-out** ([`fn@fanout`]): a new tweet gets one `list_feeds` row in every list that contains
 //!   its author, in batches of `CHIRP_FANOUT_BATCH_SIZE` lists, merged into the cached list
 //!   timelines. It is the second part of the tweet's fan-out job, after the followers'
 //!   newsfeeds (so lists never delay a newsfeed), and costs one row per list that contains the

@@ -358,8 +358,14 @@ mod tests {
         jpeg.set_exif(Some(camera_exif(6)));
         let stored = strip_metadata(jpeg.encoder().bytes(), "jpg").expect("a jpeg");
         assert!(!stored.windows(5).any(|w| w == b"Phone"), "the camera went");
-        let exif = img_parts::jpeg::Jpeg::from_bytes(stored).expect("jpeg").exif();
-        assert_eq!(orientation_of(exif), Some((6, 1)), "only the orientation stays");
+        let exif = img_parts::jpeg::Jpeg::from_bytes(stored)
+            .expect("jpeg")
+            .exif();
+        assert_eq!(
+            orientation_of(exif),
+            Some((6, 1)),
+            "only the orientation stays"
+        );
 
         let png = Bytes::from_static(include_bytes!("../tests/fixtures/photo.png"));
         let mut png = img_parts::png::Png::from_bytes(png).expect("png");
@@ -372,6 +378,11 @@ mod tests {
         let mut jpeg = img_parts::jpeg::Jpeg::from_bytes(photo).expect("jpeg");
         jpeg.set_exif(Some(camera_exif(1)));
         let stored = strip_metadata(jpeg.encoder().bytes(), "jpg").expect("a jpeg");
-        assert!(img_parts::jpeg::Jpeg::from_bytes(stored).expect("jpeg").exif().is_none());
+        assert!(
+            img_parts::jpeg::Jpeg::from_bytes(stored)
+                .expect("jpeg")
+                .exif()
+                .is_none()
+        );
     }
 }

@@ -368,9 +368,8 @@ async fn merge_cached(
     Ok(Some(merged))
 }
 
-/// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): rows of
-/// one newsfeed take ids in the order of their times ([`stamp`] serializes their writers), so
-/// every entry after `at` has a larger id (a stream's `since`, [`crate::streams::Cursor::since`]).
+/// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): where a
+/// stream's `since` resumes ([`crate::streams::Cursor::after`]).
 ///
 /// # Errors
 /// Postgres failed.
@@ -676,10 +675,10 @@ pub async fn lock_followers(
     sqlx::query(sql).bind(author).execute(tx).await.map(|_| ())
 }
 
-/// Most batches in one part of a split fan-out (see [`fanout`]).
+/// Most batches in one part of a split fan-out (see [`fn@fanout`]).
 pub const PART_BATCHES: usize = 8;
 
-/// Followers per part of a fan-out to `followers` (see [`fanout`]): an even share of
+/// Followers per part of a fan-out to `followers` (see [`fn@fanout`]): an even share of
 /// `parts` parts, but at least one batch (a smaller part is not worth its job) and at most
 /// [`PART_BATCHES`] batches (a big account's parts stay short, so other jobs interleave).
 pub fn part_size(followers: usize, batch_size: usize, parts: usize) -> usize {
@@ -690,7 +689,7 @@ pub fn part_size(followers: usize, batch_size: usize, parts: usize) -> usize {
 }
 
 /// Splits what remains of a fan-out of more than one part ([`part_size`]) into `fanout_part`
-/// jobs for all parts but the last (see [`fanout`]); returns the friendship timestamp where
+/// jobs for all parts but the last (see [`fn@fanout`]); returns the friendship timestamp where
 /// they end (the job's new progress: the job runs the last part), or `None` if it is small
 /// enough to run alone (or the tweet is gone).
 ///
@@ -882,7 +881,7 @@ pub struct Fresh {
 /// are next).
 #[derive(Debug, Default)]
 pub struct Leftover {
-    /// Jobs to run whole with [`fanout`] (before `later`).
+    /// Jobs to run whole with [`fn@fanout`] (before `later`).
     pub whole: Vec<Fresh>,
     /// Jobs for the next call, in the order of their tweets.
     pub later: Vec<Fresh>,
@@ -896,7 +895,7 @@ pub struct Leftover {
 /// trips per tweet. Under a sustained write mix, the one-tweet path fell behind by six minutes
 /// (issue 36; `scripts/fanout-lag`, BENCHMARKS.md).
 ///
-/// The guarantees of [`fanout`] hold pair by pair: the authors' followers locks are taken
+/// The guarantees of [`fn@fanout`] hold pair by pair: the authors' followers locks are taken
 /// shared (ascending ids); every reader's head row is locked in one statement (ascending ids,
 /// as [`stamp`] does, so batches and single writers never deadlock) and its new entries get
 /// times above its head in the order of their tweets (`max(tweet time, previous + 1 µs)`);
@@ -1076,7 +1075,7 @@ async fn fanout_batch_once(
         .iter()
         .map(|r| Timeline::Newsfeed(*r).key())
         .collect();
-    // A reader whose newsfeed has a tweet already gets no second row (see [`fanout`]); under
+    // A reader whose newsfeed has a tweet already gets no second row (see [`fn@fanout`]); under
     // the head locks this snapshot sees every such row.
     let insert = sqlx::query_as(
         "with pairs as (

@@ -48,7 +48,7 @@ pub fn format(t: &Timestamp) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
-/// Serde `serialize_with` for [`format`].
+/// Serde `serialize_with` for [`fn@format`].
 pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format(t))
 }

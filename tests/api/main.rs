@@ -1,6 +1,8 @@
 //! chirp's integration tests: real Postgres (a database per test from `#[sqlx::test]`) and real
 //! Redis (a key prefix per test).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod accounts;
 mod cache;
 mod chat;
