@@ -13,14 +13,16 @@
 //! **Nothing is sent twice behind chirp's back** (review of 2026-11-26, finding 8). redis-rs
 //! runs with `retries(0)`: its own retry re-sends a whole pipeline after a redirect or a
 //! broken connection, running again the commands that had run. chirp decides instead, per
-//! failed pipeline ([`next_after`]): a master that answered `MOVED` for the one slot it was
-//! sent, or a node with no connection, ran none of it, so it goes again; after any other
-//! failure whose outcome is unknown (a broken connection, `ASK`, `TRYAGAIN`, `MOVED` in a
-//! pipeline of several slots), it goes again only if every command in it is
-//! [`resendable`] (reads, and writes whose second run leaves what the first left), else the
-//! call fails and its caller's fallback runs (a write's outbox row, a read from Postgres). A
-//! per-master pipeline goes again split per slot and the map is read again; a per-slot
-//! pipeline goes again once, to the node a redirect named (after `ASKING` for an `ASK`). No
+//! failed pipeline ([`next_after`]): a single command that got a redirect, a pipeline of one
+//! slot its master no longer serves (`MOVED`), or a node with no connection, ran none of it, so
+//! it goes again; after any other failure whose outcome is unknown (a broken connection,
+//! `ASK` or `TRYAGAIN` in a pipeline, `MOVED` in a pipeline of several slots), it goes again
+//! only if every command in it is [`resendable`] (reads, and writes whose second run leaves
+//! what the first left), else the call fails and its caller's fallback runs (a write's outbox
+//! row, a read from Postgres). A per-master pipeline goes again split per slot and the map is
+//! read again; a per-slot pipeline goes again once: to the node a redirect named, or, after an
+//! `ASK` (an `ASKING` serves one command), one command at a time, or after [`AGAIN_AFTER`]. An
+//! atomic read refused with a redirect goes to the named node whole. No
 //! timeout re-sends: each call's budget is chirp's own ([`super::Cache::new`]).
 //!
 //! A durable session (the post-commit step, the outbox relay) ends each master's pipeline with
@@ -251,9 +253,20 @@ async fn command(conn: &ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
         Ok(value) => return Ok(value),
         Err(e) => e,
     };
-    match next_after(&e, resendable(cmd), true) {
+    // A command of one slot is one request; one of several (a cross-slot `MGET`, `UNLINK`) is
+    // split by redis-rs, and goes again whole, routed by slot.
+    let keyed = placement(cmd).is_some();
+    match next_after(&e, resendable(cmd), keyed, keyed) {
         Next::Fail => Err(e),
         Next::Route => c.req_packed_command(cmd).await,
+        Next::Later | Next::OneByOne => {
+            tokio::time::sleep(AGAIN_AFTER).await;
+            c.req_packed_command(cmd).await
+        }
+        Next::To { .. } if !keyed => {
+            tokio::time::sleep(AGAIN_AFTER).await;
+            c.req_packed_command(cmd).await
+        }
         Next::To { host, port, ask } => {
             let mut pipe = redis::pipe();
             if ask {
@@ -270,9 +283,13 @@ async fn command(conn: &ClusterConnection, cmd: &Cmd) -> RedisResult<Value> {
     }
 }
 
-/// Sends an atomic pipeline (MULTI/EXEC, its keys in one slot) on a cluster. A transaction
-/// that a master refused with `MOVED` (it ran none of it: `EXECABORT`) goes again once, to the
-/// node the redirect names.
+/// How long a send waits before it goes again routed by slot (`TRYAGAIN` during a slot's
+/// migration, a connection redis-rs is re-establishing).
+const AGAIN_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Sends an atomic pipeline (MULTI/EXEC, its keys in one slot) on a cluster. A transaction a
+/// master refused with a redirect ran none of it (`EXECABORT`): it goes again once to the node
+/// the redirect names, after `ASKING` for an `ASK` (which holds for a whole transaction).
 async fn atomic(
     conn: &ClusterConnection,
     pipeline: &Pipeline,
@@ -285,23 +302,51 @@ async fn atomic(
         Err(e) => e,
     };
     let target = e.clone().into_server_errors().and_then(|errors| {
-        if !errors
-            .iter()
-            .all(|(_, s)| s.kind() == Some(ServerErrorKind::Moved))
+        let (_, first) = errors.first()?;
+        let kind = first.kind()?;
+        if !matches!(kind, ServerErrorKind::Moved | ServerErrorKind::Ask)
+            || errors.iter().any(|(_, s)| s.kind() != Some(kind))
         {
             return None;
         }
-        let mut detail = errors.first()?.1.details()?.split_ascii_whitespace();
+        let mut detail = first.details()?.split_ascii_whitespace();
         let _slot = detail.next()?;
         let (host, port) = detail.next()?.rsplit_once(':')?;
-        Some((host.to_owned(), port.parse().ok()?))
+        let to = (host.to_owned(), port.parse::<u16>().ok()?);
+        errors
+            .iter()
+            .all(|(_, s)| {
+                s.details()
+                    .and_then(|d| d.split_ascii_whitespace().nth(1))
+                    .is_some_and(|a| {
+                        a.rsplit_once(':').map(|(h, p)| (h, p.parse().ok()))
+                            == Some((to.0.as_str(), Some(to.1)))
+                    })
+            })
+            .then_some((to, kind == ServerErrorKind::Ask))
     });
-    let Some((host, port)) = target else {
+    let Some(((host, port), ask)) = target else {
         return Err(e);
     };
     let route = SingleNodeRoutingInfo::ByAddress { host, port };
-    c.route_pipeline(pipeline.clone(), offset, count, route)
-        .await
+    if !ask {
+        return c
+            .route_pipeline(pipeline.clone(), offset, count, route)
+            .await;
+    }
+    // `ASKING`, then the transaction as plain commands: replies `OK`, `OK`, `QUEUED`…, then
+    // EXEC's, which the caller's (`offset`, `count`) take one place further on.
+    let mut asking = redis::pipe();
+    asking.cmd("ASKING").cmd("MULTI");
+    for cmd in pipeline.cmd_iter() {
+        asking.add_command(cmd.clone());
+    }
+    asking.cmd("EXEC");
+    let total = pipeline.cmd_iter().count() + 3;
+    let mut values = c.route_pipeline(asking, 0, total, route).await?;
+    values.drain(..(offset + 1).min(values.len()));
+    values.truncate(count);
+    Ok(values)
 }
 
 /// What a pipeline (or command) that failed on a cluster may do (see the module docs).
@@ -311,17 +356,27 @@ enum Next {
     Fail,
     /// Go again, routed by slot.
     Route,
+    /// Go again after [`AGAIN_AFTER`], routed by slot.
+    Later,
     /// Go again to the node a redirect named (after `ASKING` for an `ASK`).
     To { host: String, port: u16, ask: bool },
+    /// Go again one command at a time: an `ASK` serves the one command after `ASKING`, and the
+    /// old master still serves the keys it has.
+    OneByOne,
 }
 
-/// What a send that failed with `e` may do next: `resendable` says whether every command of it
-/// is [`resendable`], `one_slot` whether its keys are all in one slot (see the module docs).
-fn next_after(e: &RedisError, resendable: bool, one_slot: bool) -> Next {
+/// What a send that failed with `e` may do next (see the module docs): `resendable` says
+/// whether every command of it is [`resendable`], `one_slot` whether its keys are all in one
+/// slot, `single` whether it was one command (a trailing `WAIT` aside).
+fn next_after(e: &RedisError, resendable: bool, one_slot: bool, single: bool) -> Next {
     let kind = e.kind();
     let moved = kind == ErrorKind::Server(ServerErrorKind::Moved);
     let ask = kind == ErrorKind::Server(ServerErrorKind::Ask);
-    let ran_none = (moved && one_slot) || kind == ErrorKind::ClusterConnectionNotFound;
+    // A node picks the redirect before it runs a command: a single command that got one did
+    // not run, nor did a pipeline of one slot that its master no longer serves.
+    let ran_none = (moved && one_slot)
+        || ((moved || ask) && single)
+        || kind == ErrorKind::ClusterConnectionNotFound;
     let unknown = e.is_io_error()
         || e.is_connection_dropped()
         || matches!(
@@ -336,14 +391,21 @@ fn next_after(e: &RedisError, resendable: bool, one_slot: bool) -> Next {
     if !(ran_none || (unknown && resendable)) {
         return Next::Fail;
     }
-    let target = e.redirect_node().and_then(|(addr, _)| {
-        let (host, port) = addr.rsplit_once(':')?;
-        Some((host.to_owned(), port.parse().ok()?))
-    });
-    match target {
-        Some((host, port)) => Next::To { host, port, ask },
-        None => Next::Route,
+    if ask && !single {
+        return Next::OneByOne;
     }
+    match redirect_of(e) {
+        Some((host, port)) => Next::To { host, port, ask },
+        None if kind == ErrorKind::ClusterConnectionNotFound => Next::Route,
+        None => Next::Later,
+    }
+}
+
+/// The node a `MOVED` or `ASK` names.
+fn redirect_of(e: &RedisError) -> Option<(String, u16)> {
+    let (addr, _slot) = e.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_owned(), port.parse().ok()?))
 }
 
 /// The hashes of [`super::scripts::once_only`].
@@ -672,6 +734,7 @@ async fn split_per_master(
             let mut sub = redis::pipe();
             let origins: Vec<Origin> = group.iter().map(|(_, o)| *o).collect();
             let again_ok = group.iter().all(|(c, _)| resendable(c));
+            let single = group.len() == 1;
             let one_slot = group
                 .iter()
                 .map(|(c, _)| placement(c))
@@ -704,7 +767,7 @@ async fn split_per_master(
                     }
                     // The topology changed, or the master is gone: these go again per slot
                     // when that runs nothing twice (see the module docs).
-                    Err(e) if next_after(&e, again_ok, one_slot) != Next::Fail => {
+                    Err(e) if next_after(&e, again_ok, one_slot, single) != Next::Fail => {
                         Ok((origins.into_iter().map(|o| (o, None)).collect(), None))
                     }
                     Err(e) => Err(e),
@@ -793,6 +856,8 @@ async fn split(
         }
         let count = indices.len() + usize::from(wait.is_some());
         let again_ok = indices.iter().all(|&i| resendable(cmds[i]));
+        let single = indices.len() == 1;
+        let own: Vec<Cmd> = indices.iter().map(|&i| cmds[i].clone()).collect();
         async move {
             let route =
                 SingleNodeRoutingInfo::SpecificNode(Route::with_slot(slot, SlotAddr::Master));
@@ -801,9 +866,35 @@ async fn split(
                 .await
             {
                 Ok(values) => values,
-                Err(e) => match next_after(&e, again_ok, true) {
+                Err(e) => match next_after(&e, again_ok, true, single) {
                     Next::Fail => return Err(e),
                     Next::Route => conn.route_pipeline(sub, 0, count, route).await?,
+                    Next::Later => {
+                        tokio::time::sleep(AGAIN_AFTER).await;
+                        conn.route_pipeline(sub, 0, count, route).await?
+                    }
+                    Next::OneByOne => {
+                        let mut values = Vec::with_capacity(own.len() + 1);
+                        for cmd in &own {
+                            values.push(command(&conn, cmd).await?);
+                        }
+                        if let Some(w) = wait {
+                            // They went to the slot's master or, after `ASKING`, to the node
+                            // importing it: each waits for its own replicas.
+                            let mut nodes = vec![route];
+                            nodes.extend(redirect_of(&e).map(|(host, port)| {
+                                SingleNodeRoutingInfo::ByAddress { host, port }
+                            }));
+                            for node in nodes {
+                                let mut waited = redis::pipe();
+                                waited.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
+                                let mut reply = conn.route_pipeline(waited, 0, 1, node).await?;
+                                check_acks(reply.pop(), w)?;
+                            }
+                            values.push(Value::Int(i64::from(w.replicas)));
+                        }
+                        values
+                    }
                     Next::To { host, port, ask } => {
                         let mut redirected = redis::pipe();
                         if ask {
@@ -898,42 +989,55 @@ mod tests {
 
     #[test]
     fn only_what_runs_nothing_twice_goes_again() {
-        let moved = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Moved),
-            "moved",
-            "3999 127.0.0.1:7002".to_owned(),
-        ));
-        let to = Next::To {
+        let redirect = |kind| {
+            RedisError::from((
+                ErrorKind::Server(kind),
+                "redirect",
+                "3999 127.0.0.1:7002".to_owned(),
+            ))
+        };
+        let moved = redirect(ServerErrorKind::Moved);
+        let to = |ask| Next::To {
             host: "127.0.0.1".into(),
             port: 7002,
-            ask: false,
+            ask,
         };
+        // (resendable, one slot, single command)
         assert_eq!(
-            next_after(&moved, false, true),
-            to,
-            "one slot: none of it ran"
+            next_after(&moved, false, true, false),
+            to(false),
+            "one slot: none ran"
         );
         assert_eq!(
-            next_after(&moved, false, false),
+            next_after(&moved, false, false, false),
             Next::Fail,
             "several: some ran"
         );
-        assert_eq!(next_after(&moved, true, false), to);
-        let ask = RedisError::from((
-            ErrorKind::Server(ServerErrorKind::Ask),
-            "ask",
-            "3999 127.0.0.1:7002".to_owned(),
-        ));
-        assert_eq!(next_after(&ask, false, true), Next::Fail);
-        assert!(matches!(
-            next_after(&ask, true, true),
-            Next::To { ask: true, .. }
-        ));
+        assert_eq!(next_after(&moved, true, false, false), to(false));
+        let ask = redirect(ServerErrorKind::Ask);
+        assert_eq!(
+            next_after(&ask, false, true, true),
+            to(true),
+            "one command: it did not run"
+        );
+        assert_eq!(
+            next_after(&ask, false, true, false),
+            Next::Fail,
+            "some may have run"
+        );
+        assert_eq!(
+            next_after(&ask, true, true, false),
+            Next::OneByOne,
+            "ASKING serves one command"
+        );
+        let again = RedisError::from((ErrorKind::Server(ServerErrorKind::TryAgain), "try again"));
+        assert_eq!(next_after(&again, true, true, false), Next::Later);
+        assert_eq!(next_after(&again, false, true, false), Next::Fail);
         let broken = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
-        assert_eq!(next_after(&broken, false, true), Next::Fail);
-        assert_eq!(next_after(&broken, true, false), Next::Route);
+        assert_eq!(next_after(&broken, false, true, true), Next::Fail);
+        assert_eq!(next_after(&broken, true, false, false), Next::Later);
         let script = RedisError::from((ErrorKind::Server(ServerErrorKind::NoScript), "noscript"));
-        assert_eq!(next_after(&script, true, true), Next::Fail);
+        assert_eq!(next_after(&script, true, true, true), Next::Fail);
 
         let mut publish = redis::cmd("PUBLISH");
         publish.arg("c").arg("m");

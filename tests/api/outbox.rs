@@ -560,31 +560,28 @@ async fn a_replica_that_stops_acknowledging_keeps_no_rows_and_is_not_trusted_unt
     .await;
 }
 
-/// Moves hash slot `slot` from the master at `from` to the one at `to`, as
-/// `redis-cli --cluster reshard` does: `IMPORTING`/`MIGRATING`, `MIGRATE` of its keys, then
-/// `SETSLOT … NODE` on every master.
-async fn move_slot(
+/// `CLUSTER SETSLOT` on every master, or one command on one node.
+async fn on(
+    redis: &mut chirp::cache::Session,
+    node: &(String, u16),
+    cmd: &redis::Cmd,
+) -> redis::Value {
+    redis
+        .on_node(Some(node), cmd)
+        .await
+        .expect("cluster command")
+}
+
+/// Starts moving hash slot `slot` from the master at `from` to the one at `to`, as
+/// `redis-cli --cluster reshard` does (`IMPORTING` on `to`, `MIGRATING` on `from`). Returns the
+/// node id of `to`.
+async fn start_moving(
     redis: &mut chirp::cache::Session,
     slot: u16,
     from: &(String, u16),
     to: &(String, u16),
-) {
-    let nodes = redis.nodes().await.expect("nodes").expect("cluster");
-    let id = |addr: &(String, u16)| {
-        nodes
-            .iter()
-            .find(|n| &n.addr == addr)
-            .expect("a node")
-            .id
-            .clone()
-    };
-    let (from_id, to_id) = (id(from), id(to));
-    let on = async |redis: &mut chirp::cache::Session, node: &(String, u16), cmd: &redis::Cmd| {
-        redis
-            .on_node(Some(node), cmd)
-            .await
-            .expect("cluster command")
-    };
+) -> String {
+    let (from_id, to_id) = start_moving_ids(redis, from, to).await;
     let mut importing = redis::cmd("CLUSTER");
     importing
         .arg("SETSLOT")
@@ -599,39 +596,119 @@ async fn move_slot(
         .arg("MIGRATING")
         .arg(&to_id);
     on(redis, from, &migrating).await;
-    loop {
-        let mut keys = redis::cmd("CLUSTER");
-        keys.arg("GETKEYSINSLOT").arg(slot).arg(100);
-        let keys: Vec<String> =
-            redis::FromRedisValue::from_redis_value(on(redis, from, &keys).await).expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        let mut migrate = redis::cmd("MIGRATE");
-        migrate
-            .arg(&to.0)
-            .arg(to.1)
-            .arg("")
-            .arg(0)
-            .arg(5000)
-            .arg("REPLACE")
-            .arg("KEYS")
-            .arg(&keys);
-        on(redis, from, &migrate).await;
+    to_id
+}
+
+/// The node ids of `from` and `to`.
+async fn start_moving_ids(
+    redis: &mut chirp::cache::Session,
+    from: &(String, u16),
+    to: &(String, u16),
+) -> (String, String) {
+    let nodes = redis.nodes().await.expect("nodes").expect("cluster");
+    let id = |addr: &(String, u16)| {
+        nodes
+            .iter()
+            .find(|n| &n.addr == addr)
+            .expect("a node")
+            .id
+            .clone()
+    };
+    (id(from), id(to))
+}
+
+/// Moves the keys of slot `slot` that `moves` lets go from `from` to `to` (`MIGRATE`).
+async fn migrate_keys(
+    redis: &mut chirp::cache::Session,
+    slot: u16,
+    from: &(String, u16),
+    to: &(String, u16),
+    moves: impl Fn(&str) -> bool,
+) {
+    let mut keys = redis::cmd("CLUSTER");
+    keys.arg("GETKEYSINSLOT").arg(slot).arg(10_000);
+    let keys: Vec<String> =
+        redis::FromRedisValue::from_redis_value(on(redis, from, &keys).await).expect("keys");
+    let moving: Vec<&String> = keys.iter().filter(|k| moves(k)).collect();
+    if moving.is_empty() {
+        return;
     }
+    let mut migrate = redis::cmd("MIGRATE");
+    migrate
+        .arg(&to.0)
+        .arg(to.1)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&moving);
+    on(redis, from, &migrate).await;
+}
+
+/// Ends a move: slot `slot` belongs to the node `to_id` on every master (`SETSLOT … NODE`).
+async fn finish_moving(redis: &mut chirp::cache::Session, slot: u16, to_id: &str) {
+    let nodes = redis.nodes().await.expect("nodes").expect("cluster");
     for node in nodes.iter().filter(|n| n.master) {
         let mut owner = redis::cmd("CLUSTER");
-        owner.arg("SETSLOT").arg(slot).arg("NODE").arg(&to_id);
+        owner.arg("SETSLOT").arg(slot).arg("NODE").arg(to_id);
         on(redis, &node.addr, &owner).await;
     }
 }
 
+/// Puts slot `slot` back on `home` (its keys too) whatever state a test left it in.
+struct MovedBack {
+    slot: u16,
+    home: (String, u16),
+    away: (String, u16),
+    urls: Vec<String>,
+}
+
+impl Drop for MovedBack {
+    fn drop(&mut self) {
+        let (slot, home, away, urls) = (
+            self.slot,
+            self.home.clone(),
+            self.away.clone(),
+            self.urls.clone(),
+        );
+        // A runtime of its own: the test's may be ending (a failed assertion).
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(client) = redis::cluster::ClusterClient::new(urls) else {
+                    return;
+                };
+                let Ok(conn) = client.get_async_connection().await else {
+                    return;
+                };
+                let mut redis = chirp::cache::Session::new(chirp::cache::Conn::Cluster(conn), None);
+                // Forward to the end from wherever the move stopped, then back.
+                let away_id = start_moving_ids(&mut redis, &home, &away).await.1;
+                migrate_keys(&mut redis, slot, &home, &away, |_| true).await;
+                finish_moving(&mut redis, slot, &away_id).await;
+                let home_id = start_moving(&mut redis, slot, &away, &home).await;
+                migrate_keys(&mut redis, slot, &away, &home, |_| true).await;
+                finish_moving(&mut redis, slot, &home_id).await;
+            });
+        })
+        .join();
+    }
+}
+
 /// Review of 2026-11-26, finding 8 (cluster only: `scripts/test --cluster`): chirp sends one
-/// pipeline per master from a map it reads every 5 s. After a slot moved, redis-rs re-sent a
-/// whole pipeline to the redirect target (running again the commands of the other slots, which
-/// that node refused in turn) and then failed it: a read marked Redis down and a write left its
-/// outbox row. Now a pipeline that a redirect refused goes again per slot where that runs
-/// nothing twice, and reads and writes go on through the move.
+/// pipeline per master from a map it reads every 5 s, and redis-rs re-sent a whole pipeline to
+/// a redirect's target (running again the commands of the other slots, which that node refused
+/// in turn) and then failed it: a read marked Redis down and a write left its outbox row. Now a
+/// pipeline a redirect refused goes again per slot where that runs nothing twice, and reads and
+/// writes go on through a slot's move: reads while the slot migrates (`ASK`), reads and writes
+/// after it moved (`MOVED`, chirp's map still naming the old master). A write whose script
+/// needs keys on both nodes (`TRYAGAIN`) is the one thing left to the relay, as any failed
+/// cache step: Redis is marked down meanwhile and readers see the write from Postgres.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_slot_that_moves_costs_no_outage_and_no_outbox_row(db: PgPool) {
     let app = TestApp::new(db).await;
@@ -649,7 +726,13 @@ async fn a_slot_that_moves_costs_no_outage_and_no_outbox_row(db: PgPool) {
         app.tweet(&token, content).await;
     }
     let timeline = format!("/api/tweets/?user_id={alice}");
-    assert_eq!(tweet_ids(&app.get(&timeline, None).await.body).len(), 3);
+    let tweets_on = async |n: usize| {
+        let page = app.get(&timeline, None).await;
+        assert_eq!(page.status, StatusCode::OK);
+        assert_eq!(tweet_ids(&page.body).len(), n);
+    };
+    tweets_on(3).await;
+    let keys = app.state.cache.keys().expect("cache on").clone();
     let posts = app.list_key(Timeline::UserTweets(alice));
     let mut redis = app.redis().await;
     let slot = redis.slot_of(&posts).await.expect("slot").expect("cluster");
@@ -658,7 +741,6 @@ async fn a_slot_that_moves_costs_no_outage_and_no_outbox_row(db: PgPool) {
         .iter()
         .find(|m| m.serves(slot))
         .expect("owner")
-        .addr
         .clone();
     let to = masters
         .iter()
@@ -666,25 +748,69 @@ async fn a_slot_that_moves_costs_no_outage_and_no_outbox_row(db: PgPool) {
         .expect("another")
         .addr
         .clone();
+    // The next tweets' objects lie on alice's master but in another slot: a post's cache step
+    // sends that master one pipeline of two slots.
+    let last: i64 = sqlx::query_scalar("select max(id) from tweets")
+        .fetch_one(app.db())
+        .await
+        .expect("max");
+    let shared = |id: i64| {
+        let s = chirp::cache::conn::key_slot(keys.tweet(id).as_bytes());
+        s != slot && from.serves(s)
+    };
+    let next = (last + 1..)
+        .find(|&id| (0..4).all(|k| shared(id + k)))
+        .expect("an id");
+    sqlx::query("select setval(pg_get_serial_sequence('tweets', 'id'), $1)")
+        .bind(next - 1)
+        .execute(app.db())
+        .await
+        .expect("setval");
     let stats = app.state.cache.stats().expect("cache on");
-    let errors = stats.errors.load(std::sync::atomic::Ordering::Relaxed);
+    let errors = || stats.errors.load(std::sync::atomic::Ordering::Relaxed);
+    let _back = MovedBack {
+        slot,
+        home: from.addr.clone(),
+        away: to.clone(),
+        urls: app.state.config.redis_cluster.clone(),
+    };
 
-    move_slot(&mut redis, slot, &from, &to).await;
-    // Within the 5 s of chirp's map, which still names the old master.
+    // Migrating, alice's posts (and their generation) moved, her other keys not yet: a read of
+    // the posts goes on after `ASK`; a write whose script needs keys on both nodes is refused
+    // (`TRYAGAIN`) until the move ends, so it marks Redis down and leaves its row to the relay
+    // (what any failed cache step does): the next read comes from Postgres, with the write.
+    let to_id = start_moving(&mut redis, slot, &from.addr, &to).await;
+    migrate_keys(&mut redis, slot, &from.addr, &to, |k| {
+        k.starts_with(posts.as_str())
+    })
+    .await;
+    tweets_on(3).await;
+    assert!(app.state.cache.available(), "the read followed the ASK");
+    app.tweet(&token, "while the owner's keys are split").await;
+    tweets_on(4).await;
+    migrate_keys(&mut redis, slot, &from.addr, &to, |_| true).await;
+    finish_moving(&mut redis, slot, &to_id).await;
+    // What the monitor does every second: the relay applies the row, and Redis is trusted again.
+    app.relay().await;
+    assert_eq!(
+        app.outbox_rows().await,
+        0,
+        "the relay applied the refused write's row"
+    );
+    assert!(chirp::cache::outbox::recover(&app.state.cache, app.db()).await);
+    tweets_on(4).await;
+    let before = errors();
+
+    // Moved, within the 5 s of chirp's map, which still names the old master.
     app.tweet(&token, "after the move").await;
     assert_eq!(app.outbox_rows().await, 0, "the write's cache step landed");
-    let page = app.get(&timeline, None).await;
-    assert_eq!(tweet_ids(&page.body).len(), 4);
+    tweets_on(5).await;
     assert_eq!(
         app.get("/api/newsfeeds/", Some(&token)).await.status,
         StatusCode::OK
     );
     assert!(app.state.cache.available(), "Redis was never marked down");
-    assert_eq!(
-        stats.errors.load(std::sync::atomic::Ordering::Relaxed),
-        errors,
-        "no Redis call failed"
-    );
+    assert_eq!(errors(), before, "no Redis call failed");
     let on_new: i64 = redis::FromRedisValue::from_redis_value(
         redis
             .on_node(Some(&to), redis::cmd("EXISTS").arg(&posts))
@@ -693,5 +819,4 @@ async fn a_slot_that_moves_costs_no_outage_and_no_outbox_row(db: PgPool) {
     )
     .expect("int");
     assert_eq!(on_new, 1, "the list moved with its slot and stands");
-    move_slot(&mut redis, slot, &to, &from).await;
 }
