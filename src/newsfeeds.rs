@@ -460,10 +460,11 @@ pub async fn delete_for_tweet(
 /// [`part_size`] (cut at friendship timestamps), queues a `fanout_part` job for every part but
 /// the last (in one transaction with its own progress moved past them), wakes the runners and
 /// runs the last part itself, so `CHIRP_FANOUT_PARTS` runners insert side by side (Twitter's
-/// timeline service splits a celebrity's fan-out the same way). With the plain first insert
-/// below, two parts made the fan-out of the most-followed imported account (3,383 followers)
-/// about a third faster on a 2-core machine (BENCHMARKS.md, round 8). Followers who follow
-/// later get the tweet from their follow's backfill.
+/// timeline service splits a celebrity's fan-out the same way). Two parts made the fan-out of
+/// the most-followed imported account (3,383 followers) about a third faster on a 2-core
+/// machine, measured before entries were stamped under head locks
+/// (docs/decisions/0012-fan-out-parts.md). Followers
+/// who follow later get the tweet from their follow's backfill.
 ///
 /// Each batch holds the author's followers lock shared ([`lock_followers`]), so an unfollow of
 /// the author waits for the batch to commit and its unmerge then sees the batch's rows; the

@@ -114,10 +114,11 @@ impl ListKey {
     /// answers; and a list's timeline (`{l7}:items`), which changes with the fan-out batches of
     /// its members' tweets, with its membership jobs and with its deletion, whose repairs (an
     /// [`super::Repair::Invalidate`] of the list) evict it the same way, in a job's cache step
-    /// right after the batch's merge reached Redis (round 14: a tweet's fan-out reaches 0.6
-    /// lists on average on the imported data, 266 at most). (A tweet deleted from more than
-    /// [`crate::tweets::MAX_EAGER_REMOVALS`] timelines is removed from none: a held head may
-    /// still name it, and the page that meets its tombstone forgets the head and reads again.)
+    /// right after the batch's merge reached Redis (docs/decisions/0016-held-timeline-heads.md:
+    /// a tweet's fan-out reaches 0.6 lists on average on the imported data, 266 at most). (A
+    /// tweet deleted from more than [`crate::tweets::MAX_EAGER_REMOVALS`] timelines is removed
+    /// from none: a held head may still name it, and the page that meets its tombstone forgets
+    /// the head and reads again.)
     /// Newsfeeds are not held: every fan-out batch changes a thousand of them.
     pub fn head_held(self) -> bool {
         self.split_time && ListKey::held_head(self.owner.tag(), Some(self.name)) == Some(self)

@@ -96,7 +96,8 @@ pub fn split_time(micros: i64) -> (i64, u32) {
 ///
 /// A newsfeed entry of the imported data (row id 5,781,487 and a 64-bit Twitter tweet id) is a
 /// 12-byte member and a 32-bit score: 20 bytes in a listpack, against 28 for the µs score and
-/// the author's id the layout before it held (BENCHMARKS.md, round 10).
+/// the author's id the layout before it held
+/// (docs/decisions/0014-split-time-entries-without-author.md).
 pub fn pack_entry(micros: i64, ids: &[i64]) -> Scored {
     let (score, sub) = split_time(micros);
     (score, pack_member(sub, ids))
@@ -393,13 +394,13 @@ impl Cache {
     /// nobody needs ([`Window::floor`] is `None`). Only a shorter reply without the marker (an
     /// incomplete list ending inside the page, or no list) asks again for the floor, with the
     /// atomic pair below. One command (with the sample below, two in one pipeline) instead of
-    /// `MULTI`, two `ZRANGE`s and `EXEC` (round 6, BENCHMARKS.md).
+    /// `MULTI`, two `ZRANGE`s and `EXEC` (docs/decisions/0008-one-zrange-first-pages.md).
     ///
     /// `with_owner_likes` (for a list owned by a user: a newsfeed, read by its owner) also asks
     /// for up to [`LIKED_SAMPLE`] members of the owner's liked set in the same round trip
     /// ([`Window::owner_likes`]): it shares the list's hash tag, and a viewer with fewer likes
-    /// than that then needs no `SMISMEMBER` of the page's tweets and its 22 replies (BENCHMARKS.md,
-    /// round 8).
+    /// than that then needs no `SMISMEMBER` of the page's tweets and its 22 replies
+    /// (docs/decisions/0011-liked-sample-with-the-range.md).
     ///
     /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
     /// for the counters of those this process does not hold in its near cache (and takes the

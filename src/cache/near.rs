@@ -92,9 +92,9 @@ const RECENT_EVICTIONS: usize = 4096;
 /// stored, and an answered value is marked used; to make room, the hand takes keys off the
 /// front of the ring, gives a used one a second chance (unmarks it and puts it at the back) and
 /// drops the first unused one. So what the pages keep reading stays, and what was stored once
-/// and not read since goes, with the whole capacity in use and a few steps per insert. (Until
-/// round 13, a full memory dropped its oldest stored tenth by a scan under the lock, however
-/// often those values were read: BENCHMARKS.md, round 13.)
+/// and not read since goes, with the whole capacity in use and a few steps per insert. (Before
+/// it, a full memory dropped its oldest stored tenth by a scan under the lock, however often
+/// those values were read: docs/decisions/0018-near-cache-clock-eviction.md.)
 struct Memory<K, V> {
     entries: Entries<K, V>,
     /// Keys and their slots in the hand's order; a slot whose key was evicted meanwhile stays
@@ -362,7 +362,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
 
     /// [`Near::get_many`] of `keys`, then, under the same lock, of the keys `then` names for
     /// the values found (a tweet's author), each once: a page's tweets and their authors in
-    /// one lookup, under one lock (BENCHMARKS.md, round 10).
+    /// one lookup, under one lock (docs/decisions/0014-split-time-entries-without-author.md).
     pub fn get_many_then(
         &self,
         cache: &Cache,
@@ -690,8 +690,9 @@ async fn publish_and_wait(
         }
         // Acknowledgements take a few hundred µs (a message, an eviction, an `SADD`): the
         // first polls follow each other (one round trip each; a 1 ms sleep, the timer's
-        // resolution, added 1 to 3 ms to every like once likes evicted counters, round 11);
-        // a wait that lasts (a stalled process's lease) polls every few ms.
+        // resolution, added 1 to 3 ms to every like once likes evicted counters:
+        // docs/decisions/0015-near-cached-counters.md); a wait that lasts (a stalled
+        // process's lease) polls every few ms.
         polls += 1;
         if polls <= FAST_POLLS {
             tokio::task::yield_now().await;

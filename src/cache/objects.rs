@@ -31,14 +31,15 @@ pub const OBJECTS_TOPIC: &str = "objects";
 /// evicts them); a user changes with a new version (its [`super::Update::UserChanged`] evicts
 /// it); counters change with every like and comment, whose [`super::Update::TweetCounts`]
 /// evicts them everywhere before the write answers, as any versioned value the outbox writes
-/// (round 11, BENCHMARKS.md: a warm page then asks Redis for its list alone). The head of a
-/// held list (`hu42`: user 42's tweets, `hc3`: circle 3's, `hl7`: list 7's timeline;
-/// [`ListKey::head_held`]) changes with a tweet written or deleted, or a fan-out or membership
-/// job's batch, whose outbox repair evicts it the same way (round 12, and round 14 for list
-/// timelines: a warm page of such a list then needs no round trip at all). A user's liked set
-/// (`l42`, [`HeldLikes`]) changes with each of the user's likes and cancels, whose outbox repair (an
-/// invalidation of the set) evicts it the same way (round 13: a logged-in reader's warm page of
-/// a held list then needs no round trip either).
+/// (docs/decisions/0015-near-cached-counters.md: a warm page then asks Redis for its list
+/// alone). The head of a held list (`hu42`: user 42's tweets, `hc3`: circle 3's, `hl7`: list
+/// 7's timeline; [`ListKey::head_held`]) changes with a tweet written or deleted, or a fan-out
+/// or membership job's batch, whose outbox repair evicts it the same way
+/// (docs/decisions/0016-held-timeline-heads.md: a warm page of such a list then needs no round
+/// trip at all). A user's liked set (`l42`, [`HeldLikes`]) changes with each of the user's likes
+/// and cancels, whose outbox repair (an invalidation of the set) evicts it the same way
+/// (docs/decisions/0017-held-liked-sets.md: a logged-in reader's warm page of a held list then
+/// needs no round trip either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum NearId {
     Tweet(i64),
@@ -107,7 +108,7 @@ pub const NEAR_LIKES: usize = 64;
 /// A user's cached liked set as a process holds it in its near cache ([`NearId::Likes`]),
 /// from an `SRANDMEMBER liked` that asked for more members than the set holds, so that it came
 /// whole ([`HeldLikes::from_sample`]): a logged-in reader's pages then take `has_liked` from
-/// memory instead of an `SMISMEMBER` of their tweets (round 13).
+/// memory instead of an `SMISMEMBER` of their tweets (docs/decisions/0017-held-liked-sets.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeldLikes {
     /// Every tweet the user liked (at most [`NEAR_LIKES`]), sorted.
@@ -814,10 +815,11 @@ impl Cache {
     /// cache ([`super::near`]) are taken from there and not asked for: a warm page then asks
     /// Redis for the likes alone, if for anything.
     ///
-    /// A list entry does not name its tweet's author (BENCHMARKS.md, round 10): the authors
-    /// asked for in the pipeline are those of the near-cached tweets. The authors of tweets
-    /// read from Redis that the near cache does not hold take a second `MGET`; those of tweets
-    /// Redis does not hold either are left to the caller, who loads the tweets from Postgres.
+    /// A list entry does not name its tweet's author
+    /// (docs/decisions/0014-split-time-entries-without-author.md): the authors asked for in the
+    /// pipeline are those of the near-cached tweets. The authors of tweets read from Redis that
+    /// the near cache does not hold take a second `MGET`; those of tweets Redis does not hold
+    /// either are left to the caller, who loads the tweets from Postgres.
     ///
     /// `viewer_likes` is a sample of the viewer's liked set when the caller read one already
     /// (a newsfeed's range read does: [`crate::cache::Window::owner_likes`]); if it is the

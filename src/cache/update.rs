@@ -104,7 +104,8 @@ pub enum Repair {
     /// [`Repair::Invalidate`] of the same list of many owners of one kind (a fan-out batch's
     /// merges): `{prefix}:{{tag}{id}}:{name}` for each of `ids` ([`Keys::list`]). Ids instead of
     /// keys keep a 1,000-follower batch's outbox row at 11 KB of JSON instead of 63 KB, which
-    /// Postgres parses into `jsonb` in 0.6 ms instead of 2–4 ms (BENCHMARKS.md, round 6).
+    /// Postgres parses into `jsonb` in 0.6 ms instead of 2–4 ms
+    /// (docs/decisions/0009-compact-outbox-rows.md).
     InvalidateMany {
         prefix: String,
         tag: String,
@@ -181,8 +182,8 @@ pub fn revocations(repairs: &[Repair]) -> Vec<String> {
 /// [`near_evictions`] of a write's own `updates`, less the counters of the tweets it creates:
 /// no process can hold those (a reader stores only counters Redis or Postgres had). A new tweet
 /// still evicts the heads of its author's tweets and of its circle, and waits for their
-/// acknowledgements (round 12). (The outbox relay evicts the counters anyway: harmless, and
-/// rare.)
+/// acknowledgements (docs/decisions/0016-held-timeline-heads.md). (The outbox relay evicts the
+/// counters anyway: harmless, and rare.)
 fn evictions_of(updates: &[Update], repairs: &[Repair]) -> Vec<NearId> {
     let created: Vec<i64> = updates
         .iter()

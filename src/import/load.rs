@@ -440,7 +440,7 @@ pub(super) async fn write_tokens(
 /// batch's followers, a followers page) fetches every row from the heap until autovacuum gets
 /// there: the followers of the most-followed imported account took 3.9 ms to read instead of
 /// 0.8 ms. The phase took 1.3 s of a 28.7 s import of the shared data, `ANALYZE` alone 0.8 s
-/// (BENCHMARKS.md, round 7).
+/// (docs/decisions/0010-import-vacuums.md).
 pub(super) async fn vacuum_analyze(db: &PgPool) -> anyhow::Result<()> {
     // The simple protocol: `VACUUM` may not run in the implicit block of a prepared statement.
     sqlx::raw_sql(
