@@ -1,5 +1,5 @@
 //! chirp: a backend for Twitter-like apps, with cache-aside Redis timelines over Postgres and
-//! fan-out-on-write newsfeeds. See README.md for the architecture and docs/API.md for the API.
+//! fan-out-on-write newsfeeds. See docs/ARCHITECTURE.md for the architecture and docs/API.md for the API.
 
 pub mod accounts;
 pub mod cache;

@@ -4,7 +4,7 @@
 /// which was half of chirp's CPU during a big fan-out
 /// (docs/decisions/0013-mimalloc-without-huge-pages.md). The feature only drops that request:
 /// on a host whose THP setting is `always` rather than `madvise`, set `MIMALLOC_ALLOW_THP=0` in
-/// chirp's environment (README, "Running chirp: memory").
+/// chirp's environment (docs/cache.md, "Running chirp: memory").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

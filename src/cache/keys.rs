@@ -6,8 +6,8 @@
 //!
 //! Timeline lists fit Redis's compact listpack encoding when Redis runs with
 //! `zset-max-listpack-entries` above `CHIRP_CACHE_LIST_LIMIT` (`scripts/services` starts Redis
-//! with 1025; see the README's operator notes): about 23 bytes per imported newsfeed entry
-//! instead of 110.
+//! with 1025; see docs/cache.md, "Running Redis for chirp"): about 23 bytes per imported
+//! newsfeed entry instead of 110.
 //!
 //! [`pack_entry`]: super::lists::pack_entry
 //!

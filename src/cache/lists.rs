@@ -597,7 +597,7 @@ impl Cache {
                 entries,
                 needed,
                 "redis zset-max-listpack-entries is below CHIRP_CACHE_LIST_LIMIT + 1: long \
-                 timelines use the skiplist encoding (about 4x the memory); see the README"
+                 timelines use the skiplist encoding (about 4x the memory); see docs/cache.md"
             );
         }
     }

@@ -427,8 +427,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
     ///
     /// Key by key: one counter of a liked tweet, evicted while a page was being read, must not
     /// keep the page's other tweets and counters out of memory (a single eviction count did,
-    /// and a mix of 5 % likes and comments lost 17 % of its requests/s: BENCHMARKS.md, round
-    /// 11).
+    /// and a mix of 5 % likes and comments lost 17 % of its requests/s:
+    /// docs/decisions/0015-near-cached-counters.md).
     pub fn insert(&self, cache: &Cache, lookup: Lookup, values: impl IntoIterator<Item = (K, V)>) {
         if !self.enabled() || !lookup.2 || !self.subscribed() {
             return;

@@ -559,7 +559,7 @@ async fn fault_loop(
                 format!("CLIENT PAUSE {ms} ALL (a stall past CHIRP_REDIS_TIMEOUT_MS)")
             }
             3 => {
-                // Redis evicts keys itself, with the policy the README recommends.
+                // Redis evicts keys itself, with the policy docs/cache.md recommends.
                 let info: String = redis::cmd("INFO")
                     .arg("memory")
                     .query_async(&mut r)
