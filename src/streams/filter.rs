@@ -1,0 +1,145 @@
+//! What a public stream (`statuses/filter`, `statuses/sample`) keeps: its predicates.
+
+use std::collections::HashSet;
+
+use super::About;
+
+/// What a public stream keeps: a deterministic sample, or predicates OR-ed together.
+#[derive(Debug, Clone)]
+pub enum Filter {
+    /// `statuses/sample`: tweet ids whose `id mod 100` falls in `percent` residues starting
+    /// at `offset` (derived from the caller, so a caller always gets the same sample).
+    Sample { percent: u8, offset: u8 },
+    /// `statuses/filter`.
+    Match(Predicates),
+}
+
+/// The predicates of `statuses/filter`: a tweet matches when ANY one does.
+#[derive(Debug, Clone, Default)]
+pub struct Predicates {
+    /// Phrases as lists of lowercase words: a phrase matches when all its words are words of
+    /// the text.
+    pub track: Vec<Vec<String>>,
+    /// Authors.
+    pub follow: HashSet<i64>,
+    /// Boxes `[sw_lon, sw_lat, ne_lon, ne_lat]` (edges included).
+    pub locations: Vec<[f64; 4]>,
+}
+
+/// The words of `text` as `track` compares them: split on anything but letters, digits, `_`,
+/// `#` and `@`, lowercased.
+pub fn words(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '#' || c == '@'))
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+}
+
+impl Filter {
+    /// The sample of `caller` at `percent` (1–100).
+    pub fn sample(caller: i64, percent: u8) -> Self {
+        Filter::Sample {
+            percent,
+            offset: (caller.wrapping_mul(37).rem_euclid(100)) as u8,
+        }
+    }
+
+    pub(super) fn keeps(&self, about: &About, text_words: &mut Option<HashSet<String>>) -> bool {
+        match self {
+            Filter::Sample { percent, offset } => {
+                (about.tweet_id.rem_euclid(100) - i64::from(*offset)).rem_euclid(100)
+                    < i64::from(*percent)
+            }
+            Filter::Match(p) => p.matches(about, text_words),
+        }
+    }
+}
+
+impl Predicates {
+    /// Whether `about` matches any predicate; `text_words` caches the text's words across
+    /// the clients of one message.
+    fn matches(&self, about: &About, text_words: &mut Option<HashSet<String>>) -> bool {
+        if self.follow.contains(&about.user_id) {
+            return true;
+        }
+        let located = self.locations.iter().any(|b| {
+            let point = about
+                .coordinates
+                .is_some_and(|[lon, lat]| b[0] <= lon && lon <= b[2] && b[1] <= lat && lat <= b[3]);
+            let place = about
+                .bbox
+                .is_some_and(|p| p[0] <= b[2] && b[0] <= p[2] && p[1] <= b[3] && b[1] <= p[3]);
+            point || place
+        });
+        if located {
+            return true;
+        }
+        if self.track.is_empty() {
+            return false;
+        }
+        let set = text_words.get_or_insert_with(|| words(&about.text).collect());
+        self.track
+            .iter()
+            .any(|phrase| phrase.iter().all(|w| set.contains(w)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn track_compares_whole_words_case_insensitively() {
+        let p = Predicates {
+            track: vec![vec!["hello".into(), "world".into()], vec!["#rust".into()]],
+            ..Predicates::default()
+        };
+        let about = |text: &str| About {
+            tweet_id: 1,
+            user_id: 1,
+            text: text.into(),
+            coordinates: None,
+            bbox: None,
+        };
+        assert!(p.matches(&about("World, HELLO!"), &mut None));
+        assert!(p.matches(&about("I like #Rust."), &mut None));
+        assert!(!p.matches(&about("hello worlds"), &mut None));
+        assert!(!p.matches(&about("rust"), &mut None));
+    }
+
+    #[test]
+    fn a_box_includes_its_edges_and_overlapping_places() {
+        let p = Predicates {
+            locations: vec![[-10.0, -10.0, 10.0, 10.0]],
+            ..Predicates::default()
+        };
+        let at = |coordinates, bbox| About {
+            tweet_id: 1,
+            user_id: 1,
+            text: String::new(),
+            coordinates,
+            bbox,
+        };
+        assert!(p.matches(&at(Some([10.0, -10.0]), None), &mut None));
+        assert!(!p.matches(&at(Some([10.0001, 0.0]), None), &mut None));
+        assert!(p.matches(&at(None, Some([10.0, 10.0, 20.0, 20.0])), &mut None));
+        assert!(!p.matches(&at(None, Some([10.5, 0.0, 20.0, 20.0])), &mut None));
+    }
+
+    #[test]
+    fn a_sample_keeps_percent_residues_per_caller() {
+        let f = Filter::sample(42, 10);
+        let kept = (0..1000)
+            .filter(|id| {
+                let about = About {
+                    tweet_id: *id,
+                    user_id: 1,
+                    text: String::new(),
+                    coordinates: None,
+                    bbox: None,
+                };
+                f.keeps(&about, &mut None)
+            })
+            .count();
+        assert_eq!(kept, 100);
+    }
+}

@@ -1,0 +1,362 @@
+//! Each process's hub: its clients, their bounded queues, and the dispatch of each message
+//! of the topic to the clients it concerns.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::{Notify, mpsc};
+
+use crate::cache::Cache;
+use crate::cache::pubsub::Subscriber;
+
+use super::{Filter, TOPIC, Wire};
+
+/// An event queued for one client. The JSON is shared by every client it goes to.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// `{"event": "tweet", "tweet": Tweet}`; `row` is `(newsfeed row id, entry time µs)` on
+    /// `streaming/user`.
+    Tweet {
+        tweet_id: i64,
+        data: Arc<str>,
+        row: Option<(i64, i64)>,
+    },
+    /// `{"event": "delete", "tweet_id", "user_id"}`.
+    Delete { tweet_id: i64, data: Arc<str> },
+}
+
+/// Why the hub ended a stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// The client let its queue fill up.
+    FallingBehind,
+    /// The process lost its Redis subscription.
+    Unavailable,
+}
+
+/// One connected client of this process.
+#[derive(Debug)]
+pub struct Client {
+    id: u64,
+    user_id: i64,
+    /// `None`: `streaming/user` (the caller's newsfeed arrivals and deletes).
+    filter: Option<Filter>,
+    queue: mpsc::Sender<Event>,
+    /// 0 while live, else an [`Ended`] code (1 falling behind, 2 unavailable).
+    ended: AtomicU8,
+    /// Wakes the stream when `ended` is set.
+    pub wake: Notify,
+}
+
+impl Client {
+    /// Why the hub ended this stream, if it did.
+    pub fn ended(&self) -> Option<Ended> {
+        match self.ended.load(Ordering::Acquire) {
+            1 => Some(Ended::FallingBehind),
+            2 => Some(Ended::Unavailable),
+            _ => None,
+        }
+    }
+
+    /// Ends the stream (its session sends the last word and stops).
+    pub fn end(&self, why: Ended) {
+        let code = match why {
+            Ended::FallingBehind => 1,
+            Ended::Unavailable => 2,
+        };
+        if self
+            .ended
+            .compare_exchange(0, code, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Queues `event`; a full queue ends the client (FALLING_BEHIND). Returns whether it was
+    /// queued.
+    fn offer(&self, event: Event, stats: &HubStats) -> bool {
+        if self.ended.load(Ordering::Acquire) != 0 {
+            return false;
+        }
+        match self.queue.try_send(event) {
+            Ok(()) => {
+                stats.queued.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                stats.fell_behind.fetch_add(1, Ordering::Relaxed);
+                self.end(Ended::FallingBehind);
+                false
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// Counters of this process's streams, for `/healthz`.
+#[derive(Debug, Default)]
+pub struct HubStats {
+    /// Events queued for clients.
+    pub queued: AtomicU64,
+    /// Clients cut off as FALLING_BEHIND.
+    pub fell_behind: AtomicU64,
+    /// Messages received from the subscription.
+    pub messages: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Clients {
+    /// `streaming/user` clients by user.
+    users: HashMap<i64, Vec<Arc<Client>>>,
+    /// `statuses/*` clients by client id.
+    public: HashMap<u64, Arc<Client>>,
+}
+
+/// This process's stream clients, fed by its one subscription ([`TOPIC`] on the process's
+/// [`Subscriber`]).
+#[derive(Debug, Default)]
+pub struct Hub {
+    clients: Mutex<Clients>,
+    next_id: AtomicU64,
+    /// Bumped each time the subscription breaks.
+    generation: AtomicU64,
+    /// Messages on their way to the dispatch task ([`Hub::new`]).
+    inbox: std::sync::OnceLock<mpsc::Sender<String>>,
+    pub stats: HubStats,
+}
+
+/// Stream messages waiting for the dispatch task, at most: past this the process cannot keep
+/// up, and every stream ends (its clients resume from Postgres) rather than the subscription
+/// waiting, which would delay the near caches' evictions behind it.
+const INBOX: usize = 8192;
+
+/// A client's place in the hub; dropping it removes the client.
+#[derive(Debug)]
+pub struct Registration {
+    hub: Arc<Hub>,
+    pub client: Arc<Client>,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let mut clients = self.hub.lock();
+        match self.client.filter {
+            Some(_) => {
+                clients.public.remove(&self.client.id);
+            }
+            None => {
+                if let Some(list) = clients.users.get_mut(&self.client.user_id) {
+                    list.retain(|c| c.id != self.client.id);
+                    if list.is_empty() {
+                        clients.users.remove(&self.client.user_id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    fn lock(&self) -> MutexGuard<'_, Clients> {
+        self.clients.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many streams this process serves: `(streaming/user, statuses/*)`.
+    pub fn counts(&self) -> (usize, usize) {
+        let clients = self.lock();
+        (
+            clients.users.values().map(Vec::len).sum(),
+            clients.public.len(),
+        )
+    }
+
+    /// How many times the subscription broke (a stream registered across a change may have
+    /// missed its end).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A hub that `subscriber` feeds; a break of the subscription ends every stream.
+    ///
+    /// Matching a message against every client's filter (up to 400 phrases and 25 boxes each)
+    /// runs in a task of its own, fed through a bounded queue: the subscriber task only hands
+    /// messages over, so near-cache evictions and heartbeats behind them on the same
+    /// subscription never wait for it (review of 2026-11-26, finding 9).
+    pub fn new(subscriber: &Subscriber) -> Arc<Self> {
+        let hub = Arc::new(Hub::default());
+        let (on_message, on_lost) = (Arc::downgrade(&hub), Arc::downgrade(&hub));
+        subscriber.route(
+            TOPIC,
+            move |msg| {
+                if let Some(hub) = on_message.upgrade() {
+                    hub.hand_over(msg);
+                }
+            },
+            move || {
+                if let Some(hub) = on_lost.upgrade() {
+                    hub.generation.fetch_add(1, Ordering::AcqRel);
+                    hub.end_all(Ended::Unavailable);
+                }
+            },
+        );
+        hub
+    }
+
+    /// Opens the process's subscription if it is not open yet, then waits up to `wait` for it
+    /// to stand. Returns whether it stands.
+    pub async fn ensure_subscribed(
+        subscriber: &Arc<Subscriber>,
+        cache: &Cache,
+        stop: &tokio::sync::watch::Receiver<bool>,
+        wait: Duration,
+    ) -> bool {
+        if !subscriber.start(cache, stop) {
+            return false;
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        while !subscriber.subscribed() {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
+    /// Adds a client of user `user_id` (`filter` `None`: `streaming/user`) with a queue of
+    /// `capacity` events.
+    pub fn register(
+        self: &Arc<Self>,
+        user_id: i64,
+        filter: Option<Filter>,
+        capacity: usize,
+    ) -> (Registration, mpsc::Receiver<Event>) {
+        let (queue, rx) = mpsc::channel(capacity.max(1));
+        let client = Arc::new(Client {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            user_id,
+            filter,
+            queue,
+            ended: AtomicU8::new(0),
+            wake: Notify::new(),
+        });
+        {
+            let mut clients = self.lock();
+            match client.filter {
+                Some(_) => {
+                    clients.public.insert(client.id, client.clone());
+                }
+                None => clients
+                    .users
+                    .entry(user_id)
+                    .or_default()
+                    .push(client.clone()),
+            }
+        }
+        let registration = Registration {
+            hub: self.clone(),
+            client,
+        };
+        (registration, rx)
+    }
+
+    /// Ends every client (the subscription broke).
+    fn end_all(&self, why: Ended) {
+        let clients = self.lock();
+        for c in clients.users.values().flatten() {
+            c.end(why);
+        }
+        for c in clients.public.values() {
+            c.end(why);
+        }
+    }
+
+    /// Hands one message of the topic to the clients it concerns.
+    /// Queues a message for the dispatch task (started by the first message, from the
+    /// subscriber task). A full queue ends every stream.
+    fn hand_over(self: &Arc<Self>, text: &str) {
+        let inbox = self.inbox.get_or_init(|| {
+            let (tx, mut rx) = mpsc::channel::<String>(INBOX);
+            let hub = Arc::downgrade(self);
+            tokio::spawn(async move {
+                while let Some(text) = rx.recv().await {
+                    let Some(hub) = hub.upgrade() else { return };
+                    hub.dispatch(&text);
+                }
+            });
+            tx
+        });
+        if let Err(mpsc::error::TrySendError::Full(_)) = inbox.try_send(text.to_owned()) {
+            tracing::warn!("stream dispatch fell {INBOX} messages behind; ending every stream");
+            self.generation.fetch_add(1, Ordering::AcqRel);
+            self.end_all(Ended::Unavailable);
+        }
+    }
+
+    fn dispatch(&self, text: &str) {
+        self.stats.messages.fetch_add(1, Ordering::Relaxed);
+        let wire: Wire = match serde_json::from_str(text) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "unreadable stream message");
+                return;
+            }
+        };
+        let data: Arc<str> = match &wire.tweet {
+            Some(tweet) => format!(r#"{{"event":"tweet","tweet":{}}}"#, tweet.get()).into(),
+            None => format!(
+                r#"{{"event":"delete","tweet_id":{},"user_id":{}}}"#,
+                wire.about.tweet_id, wire.about.user_id
+            )
+            .into(),
+        };
+        let is_delete = wire.tweet.is_none();
+        let clients = self.lock();
+        if wire.public {
+            let mut text_words = None;
+            for c in clients.public.values() {
+                let keeps = c
+                    .filter
+                    .as_ref()
+                    .is_some_and(|f| f.keeps(&wire.about, &mut text_words));
+                if keeps {
+                    let event = if is_delete {
+                        Event::Delete {
+                            tweet_id: wire.about.tweet_id,
+                            data: data.clone(),
+                        }
+                    } else {
+                        Event::Tweet {
+                            tweet_id: wire.about.tweet_id,
+                            data: data.clone(),
+                            row: None,
+                        }
+                    };
+                    c.offer(event, &self.stats);
+                }
+            }
+        }
+        for (reader, id, at) in &wire.rows {
+            for c in clients.users.get(reader).into_iter().flatten() {
+                let event = Event::Tweet {
+                    tweet_id: wire.about.tweet_id,
+                    data: data.clone(),
+                    row: Some((*id, *at)),
+                };
+                c.offer(event, &self.stats);
+            }
+        }
+        for reader in &wire.readers {
+            for c in clients.users.get(reader).into_iter().flatten() {
+                let event = Event::Delete {
+                    tweet_id: wire.about.tweet_id,
+                    data: data.clone(),
+                };
+                c.offer(event, &self.stats);
+            }
+        }
+    }
+}
