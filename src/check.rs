@@ -25,10 +25,10 @@ use anyhow::Context;
 use sqlx::PgPool;
 
 use crate::cache::counts::Versioned;
+use crate::cache::liked::{LIKED_MARKER, TOO_MANY_MARKER};
 use crate::cache::lists::entry_time;
 use crate::cache::objects::{
-    Cached, CachedTweet, LIKED_MARKER, TOMBSTONE, TOO_MANY_MARKER, decode_stored_tweet,
-    decode_stored_user,
+    Cached, CachedTweet, TOMBSTONE, decode_stored_tweet, decode_stored_user,
 };
 use crate::cache::{Cache, CacheUnavailable};
 use crate::model::{TweetCounts, UserCounts, UserRecord};

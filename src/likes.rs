@@ -12,7 +12,7 @@ use sqlx::PgPool;
 
 use anyhow::Context;
 
-use crate::cache::objects::LikedAmong;
+use crate::cache::liked::LikedAmong;
 use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::notifications::{self, Verb};

@@ -39,10 +39,11 @@ use std::sync::atomic::Ordering;
 
 use sqlx::PgPool;
 
+use crate::cache::hydration::Prefetched;
 use crate::cache::lists::{
     pack_member, pack_member_shifted, split_time, unpack_entry, unpack_shifted,
 };
-use crate::cache::objects::{Cached, CachedTweet, CachedUser, Hydrated, Prefetched};
+use crate::cache::objects::{Cached, CachedTweet, CachedUser, Hydrated};
 use crate::cache::pages::PageShape;
 use crate::cache::{
     Cache, CacheUnavailable, Guard, ListKey, Owner, Prefetch, Scored, Update, Window,

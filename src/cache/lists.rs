@@ -4,9 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::cache::objects::{
-    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_counts, decode_liked, decode_sample, pipe_counts,
-    pipe_liked, pipe_liked_sample,
+use crate::cache::hydration::{decode_counts, pipe_counts};
+use crate::cache::liked::{
+    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_liked, decode_sample, pipe_liked, pipe_liked_sample,
 };
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 use crate::model::TweetCounts;
@@ -224,7 +224,7 @@ pub struct Window {
 }
 
 /// The newest entries of a held list ([`ListKey::head_held`]) as a first page's range read
-/// found them in Redis, kept in each process's near cache ([`super::objects::NearId::Head`]):
+/// found them in Redis, kept in each process's near cache ([`super::held::NearId::Head`]):
 /// a later first page of up to `count` entries is answered from it, without a round trip, if
 /// the list held more than `count` entries or holds them all ([`Head::serves`]).
 #[derive(Debug, Clone, PartialEq)]

@@ -17,8 +17,11 @@ pub mod backlog;
 pub mod conn;
 pub mod counts;
 pub mod epoch;
+pub mod held;
+pub mod hydration;
 pub mod keys;
 pub mod lease;
+pub mod liked;
 pub mod limits;
 pub mod lists;
 pub mod near;
@@ -151,7 +154,7 @@ struct Inner {
     stats: Stats,
     after_commit: Mutex<AfterCommit>,
     /// Tweet and user objects in this process's memory ([`near`]).
-    objects: Arc<near::Near<objects::NearId, objects::NearObject>>,
+    objects: Arc<near::Near<held::NearId, held::NearObject>>,
     /// The tweets of the timeline pages this process served last ([`pages`]).
     pages: pages::PageMemory,
 }
@@ -245,7 +248,7 @@ impl Cache {
                 stats: Stats::default(),
                 after_commit: Mutex::new(AfterCommit::Apply),
                 objects: near::Near::new(
-                    objects::OBJECTS_TOPIC,
+                    held::OBJECTS_TOPIC,
                     Duration::from_secs(config.object_cache_secs),
                     usize::try_from(config.near_capacity).unwrap_or(usize::MAX),
                 ),
@@ -287,7 +290,7 @@ impl Cache {
     }
 
     /// The near cache of tweet and user objects (`None` with the cache off).
-    pub fn near_objects(&self) -> Option<&near::Near<objects::NearId, objects::NearObject>> {
+    pub fn near_objects(&self) -> Option<&near::Near<held::NearId, held::NearObject>> {
         self.inner.as_ref().map(|i| &*i.objects)
     }
 

@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::counts::Versioned;
-use crate::cache::objects::{NearId, TOMBSTONE, encode_user, pipe_put_tweet};
+use crate::cache::held::NearId;
+use crate::cache::objects::{TOMBSTONE, encode_user, pipe_put_tweet};
 use crate::cache::rank::RANK_TTL_SECS;
 use crate::cache::{AfterCommit, Cache, CacheUnavailable, Keys, ListKey, Scored, scripts};
 use crate::model::{TweetCounts, TweetRecord, UserCounts, UserRecord};

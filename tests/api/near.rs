@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 
 use axum::http::{Method, StatusCode};
 use chirp::cache::AfterCommit;
+use chirp::cache::held::NearId;
 use chirp::cache::near::NearStats;
-use chirp::cache::objects::NearId;
 use chirp::config::Config;
 use chirp::timeline::Timeline;
 use serde_json::{Value, json};
