@@ -1,0 +1,561 @@
+//! Newsfeeds: the fan-out-on-write rows of `newsfeeds` (every SQL statement on that table lives
+//! here) and the three jobs that keep them: fan-out of a new tweet, follow backfill and unfollow
+//! unmerge (the merge / unmerge of Mastodon's `FeedManager` and Redis in Action ch. 8). The read
+//! path is the generic one of [`crate::timeline`] ([`read`]).
+//!
+//! Each job step commits its rows and stages its cache updates in the outbox in one transaction
+//! (see [`crate::cache::update`]), so a crash between the commit and Redis is repaired by the
+//! relay, and a re-run of a step is harmless. Backfill and unmerge are the shared steps of
+//! [`crate::fanout`] on the (follower, followee) pair, so follow / unfollow / follow in any job
+//! order ends with the feed matching the friendship.
+//!
+//! The tweets of authors with very many followers are not fanned out but pulled at read time
+//! ([`crate::hybrid`], [`read`]).
+
+mod fanout_jobs;
+
+pub use fanout_jobs::{
+    Fresh, Leftover, PART_BATCHES, fanout, fanout_batch, lock_followers, part_size,
+};
+
+use std::sync::atomic::Ordering;
+
+use sqlx::{PgConnection, PgPool};
+
+use crate::fanout::{self, Pair};
+use crate::hybrid;
+use crate::jobs::Worker;
+use crate::time::Timestamp;
+use crate::timeline::{FeedRow, ListEntry, Timeline};
+
+/// `select … from newsfeeds n join tweets t join users u` with the columns of a [`FeedRow`].
+macro_rules! newsfeed_rows {
+    () => {
+        concat!(
+            "select n.id as entry_id, n.created_at,",
+            crate::feed_row_columns!(),
+            "from newsfeeds n join tweets t on t.id = n.tweet_id join users u on u.id = t.user_id "
+        )
+    };
+}
+
+/// The fan-out rows of a hydrated newsfeed page: user `$1`'s, strictly between the cursors
+/// (`$2`, `$3`), `$4` at most, newest first ([`rows_page`], and [`page`]'s first branch).
+macro_rules! rows_between {
+    () => {
+        concat!(
+            newsfeed_rows!(),
+            "where n.user_id = $1
+               and n.created_at < coalesce($2, 'infinity') and n.created_at > coalesce($3, '-infinity')
+             order by n.created_at desc limit $4"
+        )
+    };
+}
+
+/// The `shift` column of a [`ListEntry`] read from `newsfeeds n join tweets t`: how many µs the
+/// entry's time lies past its tweet's (see [`stamp`]).
+macro_rules! shift_column {
+    () => {
+        " (extract(epoch from n.created_at - t.created_at) * 1000000)::bigint as shift "
+    };
+}
+
+/// Stamps new entries of a tweet posted at `at` in the newsfeeds of `readers` (ascending ids,
+/// no repeats): each entry's time is `at` if that is above everything the reader's newsfeed
+/// ever held (its head), else the head plus 1 µs; the heads move to the new times. A caller
+/// that then inserts no row for a reader (its newsfeed had the tweet already) puts the head back
+/// with [`unstamp`] in the same transaction.
+/// Returns `(reader, entry time, the head before)` in `readers`' order: the head before is
+/// the entry's predecessor, which guards its cache merge ([`crate::cache::Update::Merge`]).
+///
+/// The head rows stay locked until the transaction ends, so the writers of one newsfeed (the
+/// author's own row, fan-out batches, a follow's backfill) commit its entries in the order of
+/// their times: whoever sees an entry sees every older one, and a refresh with
+/// `created_at__gt` = the newest entry a client holds returns exactly what it has not seen
+/// (docs/API.md, "Refresh and resume are exact"). Ids in ascending order: two batches lock
+/// their common readers in the same order and never deadlock. A reader without a head row
+/// (no entry yet) gets one.
+///
+/// The entries are also stamped above the newest pulled tweet, and the caller ends its
+/// transaction with [`hybrid::check`], so pulled tweets and rows keep one order (see
+/// [`crate::hybrid`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn stamp(
+    tx: &mut PgConnection,
+    readers: &[i64],
+    at: Timestamp,
+) -> sqlx::Result<Vec<(i64, Timestamp, Option<Timestamp>)>> {
+    // `prev` is scratch: only this statement's RETURNING reads it (the row stays locked).
+    sqlx::query_as(
+        "insert into feed_heads as h (user_id, head)
+         select r, greatest($2, (select at from pull_clock) + interval '1 microsecond')
+         from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update
+             set prev = nullif(h.head, '-infinity'),
+                 head = greatest(excluded.head, h.head + interval '1 microsecond')
+         returning user_id, head, prev",
+    )
+    .bind(readers)
+    .bind(at)
+    .fetch_all(tx)
+    .await
+}
+
+/// Puts the heads of `readers` back where [`stamp`] found them (their newsfeeds got no row), in
+/// the transaction that stamped them: nobody else saw the moved heads.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn unstamp(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()> {
+    if readers.is_empty() {
+        return Ok(());
+    }
+    sqlx::query("update feed_heads set head = coalesce(prev, '-infinity') where user_id = any($1)")
+        .bind(readers)
+        .execute(tx)
+        .await
+        .map(|_| ())
+}
+
+/// Locks the head rows of `readers` (ascending ids; creating missing ones) until the
+/// transaction ends, stamping nothing: taken before the pull clock by a writer that must hold
+/// both (a pulled compose, a writer's retry that holds the clock from the start), so every
+/// transaction takes heads before the clock and none waits in a cycle (see [`crate::hybrid`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_heads(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()> {
+    sqlx::query(
+        "insert into feed_heads as h (user_id, head)
+         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update set head = h.head",
+    )
+    .bind(readers)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
+/// The newest `limit` entries of user `user_id`'s newsfeed older than `lt` (if given), for
+/// filling the cache.
+pub async fn entries(
+    db: &PgPool,
+    user_id: i64,
+    lt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<ListEntry>> {
+    let sql = concat!(
+        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
+        shift_column!(),
+        "from newsfeeds n join tweets t on t.id = n.tweet_id
+             where n.user_id = $1 and n.created_at < coalesce($2, 'infinity')
+             order by n.created_at desc limit $3"
+    );
+    crate::timeline::fetch_entries(db, sql, user_id, lt, limit).await
+}
+
+/// A page of user `user_id`'s newsfeed strictly between the cursors, hydrated in the same
+/// query: its fan-out rows and the pulled tweets of the followees it pulls
+/// ([`crate::hybrid`]): those after the friendship's `visible_from`, as entries with the
+/// tweet's time and the tweet's id negated as their id (they have no row). This is the
+/// newsfeed's meaning in one query (the oracle the model tests compare every page with); a
+/// cached page of a reader who pulls nothing equals its first branch. (Each pull source's
+/// tweets are read by their own index scan: joined flat, the planner merged the reader's
+/// followings with every user, 18 ms for a reader of a star with 100,000 followers against
+/// 0.2 ms.)
+pub async fn page(
+    db: &PgPool,
+    user_id: i64,
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<FeedRow>> {
+    let sql = concat!(
+        "(",
+        rows_between!(),
+        ")
+         union all
+         (select -t.id as entry_id, t.created_at,",
+        crate::feed_row_columns!(),
+        "from users u
+         join friendships f on f.from_user_id = $1 and f.to_user_id = u.id
+         cross join lateral (
+             select * from tweets t
+             where t.user_id = u.id and t.pulled
+               and t.created_at > coalesce(f.visible_from, '-infinity')
+               and t.created_at < coalesce($2, 'infinity')
+               and t.created_at > coalesce($3, '-infinity')
+             order by t.created_at desc limit $4) t
+         where u.has_pulled
+         order by t.created_at desc limit $4)
+         order by created_at desc limit $4"
+    );
+    crate::timeline::fetch_page(db, sql, user_id, lt, gt, limit).await
+}
+
+/// A page of user `user_id`'s fan-out rows strictly between the cursors, hydrated in the same
+/// query: [`page`] without the pulled tweets (the Postgres side of the cached rows list,
+/// [`Timeline::Newsfeed`], past its window).
+pub async fn rows_page(
+    db: &PgPool,
+    user_id: i64,
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+    limit: usize,
+) -> sqlx::Result<Vec<FeedRow>> {
+    crate::timeline::fetch_page(db, rows_between!(), user_id, lt, gt, limit).await
+}
+
+/// One source of a newsfeed page that merges pulled tweets ([`read`]), as of one Postgres
+/// snapshot ([`sources`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Source {
+    /// The pull source whose pulled tweets these are; `None` for the reader's own rows.
+    pub author: Option<i64>,
+    /// The reader's friendship's `visible_from`: the author's pulled tweets after it are the
+    /// reader's (older ones came with the follow's backfill).
+    pub visible_from: Option<Timestamp>,
+    /// The time of the source's newest entry between the page's cursors in the snapshot
+    /// (`None`: it has none there).
+    pub newest: Option<Timestamp>,
+}
+
+/// The sources of `reader`'s newsfeed between the cursors, in one snapshot: the pull sources
+/// among `authors` that the reader follows and its own rows, each with its newest entry there
+/// ([`Source::newest`]: index lookups, no join). Empty if it follows none of `authors` (then
+/// its rows alone are its newsfeed).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn sources(
+    db: &PgPool,
+    reader: i64,
+    authors: &[i64],
+    lt: Option<Timestamp>,
+    gt: Option<Timestamp>,
+) -> sqlx::Result<Vec<Source>> {
+    if authors.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "with pulls as (
+             select f.to_user_id as author, f.visible_from,
+                    (select max(t.created_at) from tweets t
+                     where t.user_id = f.to_user_id and t.pulled
+                       and t.created_at > coalesce(f.visible_from, '-infinity')
+                       and t.created_at < coalesce($2, 'infinity')
+                       and t.created_at > coalesce($3, '-infinity')) as newest
+             from friendships f where f.from_user_id = $1 and f.to_user_id = any($4))
+         select author, visible_from, newest from pulls
+         union all
+         select null, null, (select max(created_at) from newsfeeds
+                             where user_id = $1 and created_at < coalesce($2, 'infinity')
+                               and created_at > coalesce($3, '-infinity'))
+         where exists (select 1 from pulls)",
+    )
+    .bind(reader)
+    .bind(lt)
+    .bind(gt)
+    .bind(authors)
+    .fetch_all(db)
+    .await
+}
+
+/// A page of `reader`'s newsfeed, newest first (see [`crate::timeline::read`] for `req`).
+///
+/// A reader who follows no pull source ([`crate::hybrid`]) gets the cached read path of its
+/// rows. Otherwise its page merges its cached rows with the cached pulled list of each pull
+/// source it follows ([`Timeline::Pulled`]: one list that all the author's readers share,
+/// Feeding Frenzy's and Twitter's pull side), checked against one Postgres snapshot of
+/// where each source ends ([`sources`]):
+///
+/// - each list read must reach its source's newest entry in the snapshot: a cached list holds
+///   every entry below its newest (merges name their predecessor), so it then holds all the
+///   snapshot's entries of the source; a list that lags (a cache step not landed yet) does not,
+///   and the page falls back to Postgres;
+/// - entries newer than the snapshot's newest are left out: they committed after it, and an
+///   entry of another source that committed before them may still be missing from its list.
+///   Rows and pulled tweets commit in the order of their times (the pull clock), so what is
+///   left is exactly the snapshot's page, the same page as [`page`], the oracle: a refresh
+///   from its newest entry misses nothing.
+///
+/// Redis down, or a list that lags or had more entries past the snapshot than the page: one
+/// Postgres query, [`page`].
+///
+/// # Errors
+/// Postgres failed.
+pub async fn read(
+    db: &PgPool,
+    cache: &crate::cache::Cache,
+    pulled: &hybrid::PullAuthors,
+    reader: i64,
+    req: &crate::pagination::PageRequest,
+) -> sqlx::Result<Vec<crate::timeline::Item>> {
+    let authors = pulled.current(db).await?;
+    let sources = sources(db, reader, &authors, req.lt, req.gt).await?;
+    if sources.is_empty() {
+        let timeline = Timeline::Newsfeed(reader);
+        return crate::timeline::read(db, cache, timeline, req, Some(reader)).await;
+    }
+    if let Some(stats) = cache.stats().filter(|_| cache.available()) {
+        if let Some(items) = merge_cached(db, cache, reader, req, &sources).await? {
+            stats.merged.fetch_add(1, Ordering::Relaxed);
+            return Ok(items);
+        }
+        stats.merge_fallbacks.fetch_add(1, Ordering::Relaxed);
+    }
+    let rows = page(db, reader, req.lt, req.gt, req.want()).await?;
+    crate::timeline::with_likes(db, cache, rows, Some(reader)).await
+}
+
+/// The merged page of [`read`] from the cached lists of `sources`; `None` if a list cannot
+/// give the snapshot's page.
+async fn merge_cached(
+    db: &PgPool,
+    cache: &crate::cache::Cache,
+    reader: i64,
+    req: &crate::pagination::PageRequest,
+    sources: &[Source],
+) -> sqlx::Result<Option<Vec<crate::timeline::Item>>> {
+    // The snapshot's newest entry: everything after it is left out.
+    let Some(cap) = sources.iter().filter_map(|s| s.newest).max() else {
+        return Ok(Some(Vec::new()));
+    };
+    let want = req.want();
+    // Only sources with an entry between the cursors are read, all at once.
+    let reads = sources.iter().filter_map(|s| {
+        let newest = s.newest?;
+        let timeline = s
+            .author
+            .map_or(Timeline::Newsfeed(reader), Timeline::Pulled);
+        Some(async move {
+            let items = crate::timeline::read(db, cache, timeline, req, Some(reader)).await;
+            items.map(|items| (s, newest, items))
+        })
+    });
+    let mut merged = Vec::with_capacity(want);
+    for (source, newest, items) in futures_util::future::try_join_all(reads).await? {
+        // The list lags behind the snapshot (or the entry was deleted since).
+        if items.first().is_none_or(|i| i.created_at < newest) {
+            return Ok(None);
+        }
+        // A full page with entries past the snapshot may hide some of its entries below.
+        if items.len() >= want && items.iter().any(|i| i.created_at > cap) {
+            return Ok(None);
+        }
+        let visible_from = source.visible_from;
+        merged.extend(
+            items
+                .into_iter()
+                .filter(|i| i.created_at <= cap)
+                // Pulled tweets after the follow; the reader's rows hold the older ones.
+                .filter(|i| {
+                    source.author.is_none() || visible_from.is_none_or(|v| i.created_at > v)
+                })
+                .map(|mut i| {
+                    if source.author.is_some() {
+                        i.id = -i.tweet.id(); // a pulled entry has no row: [`page`]'s id
+                    }
+                    i
+                }),
+        );
+    }
+    merged.sort_by_key(|i| std::cmp::Reverse(i.created_at));
+    merged.truncate(want);
+    Ok(Some(merged))
+}
+
+/// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): where a
+/// stream's `since` resumes ([`crate::streams::Cursor::after`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn last_id_through(db: &PgPool, user_id: i64, at: Timestamp) -> sqlx::Result<i64> {
+    let id: Option<i64> = sqlx::query_scalar(
+        "select id from newsfeeds where user_id = $1 and created_at <= $2
+         order by created_at desc limit 1",
+    )
+    .bind(user_id)
+    .bind(at)
+    .fetch_optional(db)
+    .await?;
+    Ok(id.unwrap_or(0))
+}
+
+/// The id and entry time of the newest row of user `user_id`'s newsfeed (`(0, None)` if it
+/// has none): where a new stream starts ([`crate::streams::Cursor::after`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn newest_row(db: &PgPool, user_id: i64) -> sqlx::Result<(i64, Option<Timestamp>)> {
+    let row: Option<(i64, Timestamp)> = sqlx::query_as(
+        "select id, created_at from newsfeeds where user_id = $1
+         order by created_at desc limit 1",
+    )
+    .bind(user_id)
+    .fetch_optional(db)
+    .await?;
+    Ok(row.map_or((0, None), |(id, at)| (id, Some(at))))
+}
+
+/// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any
+/// order; rows of deleted tweets are absent): the Postgres side of a stream's catch-up while
+/// Redis does not answer.
+pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Result<Vec<FeedRow>> {
+    sqlx::query_as(concat!(
+        newsfeed_rows!(),
+        "where n.user_id = $1 and n.created_at = any($2)"
+    ))
+    .bind(user_id)
+    .bind(at)
+    .fetch_all(db)
+    .await
+}
+
+/// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction), stamped
+/// by [`stamp`]; returns its id, its time and its predecessor's.
+pub async fn insert_own(
+    tx: &mut PgConnection,
+    author: i64,
+    tweet_id: i64,
+    created_at: Timestamp,
+) -> sqlx::Result<(i64, Timestamp, Option<Timestamp>)> {
+    let (at, prev) = stamp(&mut *tx, &[author], created_at)
+        .await?
+        .first()
+        .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
+    let id = sqlx::query_scalar(
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         values ($1, $2, $3, clock_timestamp()) returning id",
+    )
+    .bind(author)
+    .bind(tweet_id)
+    .bind(at)
+    .fetch_one(tx)
+    .await?;
+    Ok((id, at, prev))
+}
+
+/// Deletes every newsfeed row of a tweet (in the delete's transaction); returns
+/// `(newsfeed_id, reader, entry time)` of each.
+pub async fn delete_for_tweet(
+    tx: &mut PgConnection,
+    tweet_id: i64,
+) -> sqlx::Result<Vec<(i64, i64, Timestamp)>> {
+    sqlx::query_as("delete from newsfeeds where tweet_id = $1 returning id, user_id, created_at")
+        .bind(tweet_id)
+        .fetch_all(tx)
+        .await
+}
+
+/// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and
+/// [`fanout::unmerge`].
+fn friendship(follower: i64, followee: i64) -> Pair {
+    Pair {
+        timeline: Timeline::Newsfeed(follower),
+        owner: follower,
+        source: followee,
+        lock: "newsfeed-pair",
+        pull_clock: true,
+        exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        // Takes the follower's head lock (see [`stamp`]) before the copy reads the newsfeed.
+        head: Some(
+            "insert into feed_heads as h (user_id, head) values ($1, '-infinity')
+             on conflict (user_id) do update set head = h.head
+             returning nullif(head, '-infinity')",
+        ),
+        // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
+        // waited for, and its tweet skipped. Pulled tweets after the friendship's
+        // `visible_from` are the reader's to pull (crate::hybrid), not copied. Tweets the
+        // newsfeed has already are skipped (an entry of the tweet is never below the tweet's
+        // time); the rest are stamped above the head and the newest pulled tweet in their own
+        // order (`greatest` of increasing sequences), and the head moves.
+        copy: "with x as (
+                   select id, created_at from tweets where user_id = $2
+                     and (not pulled or created_at <= (
+                         select coalesce(visible_from, '-infinity') from friendships
+                         where from_user_id = $1 and to_user_id = $2))
+                   order by created_at desc limit $3 for key share),
+               t as (
+                   select id, created_at, row_number() over (order by created_at) as r from x
+                   where id not in (
+                       select n.tweet_id from newsfeeds n
+                       where n.user_id = $1 and n.created_at >= (select min(created_at) from x))),
+               ins as (
+                   insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+                   select $1, t.id,
+                          greatest(t.created_at,
+                                   (select head from feed_heads where user_id = $1)
+                                       + t.r * interval '1 microsecond',
+                                   (select at from pull_clock) + t.r * interval '1 microsecond'),
+                          clock_timestamp()
+                   from t order by t.r
+                   returning id, tweet_id, created_at),
+               up as (
+                   update feed_heads set prev = nullif(head, '-infinity'),
+                                         head = greatest(head, (select max(created_at) from ins))
+                   where user_id = $1 and exists (select 1 from ins))
+               select ins.id, ins.tweet_id, $2::bigint as author_id, ins.created_at,
+                      (extract(epoch from ins.created_at - t.created_at) * 1000000)::bigint as shift
+               from ins join t on t.id = ins.tweet_id",
+        remove: concat!(
+            "delete from newsfeeds n using tweets t
+             where n.user_id = $1 and t.user_id = $2 and n.tweet_id = t.id
+             returning n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
+            shift_column!()
+        ),
+    }
+}
+
+/// Follow backfill: if the friendship still exists, copies the followee's newest
+/// `backfill_limit` tweets into the follower's newsfeed and merges them into the cached list.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+#[tracing::instrument(name = "newsfeeds::backfill", skip(worker))]
+pub async fn backfill(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
+    fanout::backfill(worker, &friendship(follower, followee)).await
+}
+
+/// Unfollow unmerge: unless the follower follows again by now, removes the followee's tweets
+/// from the follower's newsfeed and from the cached list.
+///
+/// # Errors
+/// Postgres failed; the job is retried.
+#[tracing::instrument(name = "newsfeeds::unmerge", skip(worker))]
+pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::Result<()> {
+    fanout::unmerge(worker, &friendship(follower, followee)).await
+}
+
+/// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills
+/// inside its transaction, so call this on that transaction's connection): one newsfeed row
+/// for every follower of each staged tweet's author, as `friendships` says, and one for the
+/// author, at the tweet's `created_at`. Rows already there are left alone. Imported rows have
+/// no `arrived_at`: they are not late for anyone's refresh. Returns how many rows were added.
+pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64> {
+    let added = sqlx::query(
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+         select f.from_user_id, t.id, t.created_at, null::timestamptz
+         from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
+         union all
+         select t.user_id, t.id, t.created_at, null from import_tweets i join tweets t on t.id = i.id
+         on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    // The readers' heads (see [`stamp`]) move up to the newest entry they got.
+    sqlx::query(
+        "insert into feed_heads as h (user_id, head)
+         select n.user_id, max(n.created_at) from newsfeeds n
+         where n.user_id in (select f.from_user_id from import_tweets i join tweets t on t.id = i.id
+                             join friendships f on f.to_user_id = t.user_id
+                             union select t.user_id from import_tweets i join tweets t on t.id = i.id)
+         group by n.user_id
+         on conflict (user_id) do update set head = greatest(h.head, excluded.head)",
+    )
+    .execute(conn)
+    .await?;
+    Ok(added.rows_affected())
+}
