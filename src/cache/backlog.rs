@@ -14,18 +14,10 @@ impl Cache {
     /// Redis is off or failed.
     pub async fn cached_backlogs(&self) -> Result<Vec<i64>, CacheUnavailable> {
         let inner = self.live()?;
-        let prefix = format!("{}:{{ch", inner.keys.prefix());
-        let mut scan = self
-            .scan(format!("{}:{{ch*}}:msgs", inner.keys.prefix()))
-            .await?;
+        let mut scan = self.scan(inner.keys.backlogs_pattern()).await?;
         let mut ids = Vec::new();
         while let Some(keys) = scan.next().await? {
-            ids.extend(keys.iter().filter_map(|k| {
-                k.strip_prefix(&prefix)?
-                    .strip_suffix("}:msgs")?
-                    .parse::<i64>()
-                    .ok()
-            }));
+            ids.extend(keys.iter().filter_map(|k| inner.keys.backlog_channel(k)));
         }
         Ok(ids)
     }

@@ -320,6 +320,48 @@ impl Keys {
         self.tagged("u", user_id, "wrote")
     }
 
+    /// `{p}:{<subject>}:rl:<class>`: the rate limiter's state of `subject` (`u42`, `i10.0.0.1`,
+    /// `n<hash>`) for one class ([`super::limits`]).
+    pub fn rate_limit(&self, subject: &str, class: &str) -> String {
+        format!("{}:{{{subject}}}:rl:{class}", self.prefix)
+    }
+
+    /// `{p}:{bus}:<topic>`: a pub/sub channel ([`super::pubsub`]).
+    pub fn topic(&self, topic: &str) -> String {
+        format!("{}:{{bus}}:{topic}", self.prefix)
+    }
+
+    /// `{p}:{bus}:live:<topic>`: the registry of the processes that may hold a lease on their
+    /// memory of `topic`'s values ([`super::lease`]).
+    pub fn registry(&self, topic: &str) -> String {
+        format!("{}:{{bus}}:live:{topic}", self.prefix)
+    }
+
+    /// `{p}:{r<nonce>}:acks`: the processes that acknowledged eviction `nonce`
+    /// ([`super::near`]).
+    pub fn acks(&self, nonce: &str) -> String {
+        format!("{}:{{r{nonce}}}:acks", self.prefix)
+    }
+
+    /// The `SCAN` pattern of every key under the prefix (`{p}:*`: a fence clears them).
+    pub fn everything_pattern(&self) -> String {
+        format!("{}:*", self.prefix)
+    }
+
+    /// The `SCAN` pattern of every cached chat backlog (`{p}:{ch<id>}:msgs`).
+    pub fn backlogs_pattern(&self) -> String {
+        format!("{}:{{ch*}}:msgs", self.prefix)
+    }
+
+    /// The channel of a chat backlog's key (from [`Keys::backlogs_pattern`]'s scan).
+    pub fn backlog_channel(&self, key: &str) -> Option<i64> {
+        key.strip_prefix(&self.prefix)?
+            .strip_prefix(":{ch")?
+            .strip_suffix("}:msgs")?
+            .parse()
+            .ok()
+    }
+
     /// The cache epoch (see [`super::epoch`]).
     pub fn epoch(&self) -> String {
         format!("{}:epoch", self.prefix)
@@ -348,6 +390,22 @@ pub const LIKED: &str = "liked";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_built_for_other_layers_keep_the_layout_they_had() {
+        let keys = Keys::new("p").unwrap();
+        assert_eq!(keys.rate_limit("u42", "read"), "p:{u42}:rl:read");
+        assert_eq!(keys.acks("00ff"), "p:{r00ff}:acks");
+        assert_eq!(keys.topic("streams"), "p:{bus}:streams");
+        assert_eq!(keys.registry("objects"), "p:{bus}:live:objects");
+        assert_eq!(keys.backlogs_pattern(), "p:{ch*}:msgs");
+        assert_eq!(keys.everything_pattern(), "p:*");
+        let backlog = keys.list(crate::cache::backlog::backlog_key(5));
+        assert_eq!(backlog, "p:{ch5}:msgs");
+        assert_eq!(keys.backlog_channel(&backlog), Some(5));
+        assert_eq!(keys.backlog_channel("q:{ch5}:msgs"), None, "another prefix");
+        assert_eq!(keys.backlog_channel("p:{chx}:msgs"), None);
+    }
 
     #[test]
     fn every_key_of_one_owner_shares_its_hash_tag() {

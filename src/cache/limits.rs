@@ -44,8 +44,7 @@ impl Cache {
         rates: &[Rate],
     ) -> Result<Decision, CacheUnavailable> {
         let inner = self.live()?;
-        let mut inv =
-            scripts::GCRA.key(format!("{}:{{{subject}}}:rl:{class}", inner.keys.prefix()));
+        let mut inv = scripts::GCRA.key(inner.keys.rate_limit(subject, class));
         inv.arg(rates.len());
         for (i, r) in rates.iter().enumerate() {
             inv.arg(i).arg(r.interval_us()).arg(r.period_us);

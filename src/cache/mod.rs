@@ -552,7 +552,7 @@ impl Cache {
     /// keys were deleted. On a cluster, every master is scanned.
     pub async fn clear(&self) -> Result<usize, CacheUnavailable> {
         let inner = self.inner.as_ref().ok_or(CacheUnavailable)?;
-        let mut scan = self.scan(format!("{}:*", inner.keys.prefix())).await?;
+        let mut scan = self.scan(inner.keys.everything_pattern()).await?;
         let mut deleted = 0;
         while let Some(keys) = scan.next().await? {
             let mut del = redis::pipe();

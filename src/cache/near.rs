@@ -713,7 +713,7 @@ fn new_nonce() -> String {
 
 /// `{p}:{r<nonce>}:acks`.
 fn ack_key(cache: &Cache, nonce: &str) -> Option<String> {
-    Some(format!("{}:{{r{nonce}}}:acks", cache.keys()?.prefix()))
+    Some(cache.keys()?.acks(nonce))
 }
 
 #[cfg(test)]

@@ -28,7 +28,7 @@ use crate::cache::{Cache, CacheUnavailable};
 impl Cache {
     /// The pub/sub channel of `topic`: `{p}:{bus}:{topic}`.
     pub fn topic(&self, topic: &str) -> Option<String> {
-        Some(format!("{}:{{bus}}:{topic}", self.keys()?.prefix()))
+        Some(self.keys()?.topic(topic))
     }
 
     /// A client for a subscriber connection: the one server, or the cluster master that serves
@@ -67,7 +67,7 @@ impl Cache {
     /// `{p}:{bus}:live:{topic}`: the registry of the processes that may hold a lease on their
     /// memory of `topic`'s values ([`super::lease`]).
     pub fn registry(&self, topic: &str) -> Option<String> {
-        Some(format!("{}:{{bus}}:live:{topic}", self.keys()?.prefix()))
+        Some(self.keys()?.registry(topic))
     }
 
     /// Sends one heartbeat of `lease` ([`super::scripts::HEARTBEAT`]): registers the process in

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
-use crate::http::tweets::{JsonBody, owned_timeline_page};
+use crate::http::timeline::{JsonBody, owned_timeline_page};
 use crate::lists::{self, Added, List, ListRow, Member};
 use crate::pagination::Page;
 use crate::state::AppState;

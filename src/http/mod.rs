@@ -16,6 +16,7 @@ pub mod newsfeeds;
 pub mod notifications;
 pub mod serve;
 pub mod streams;
+pub mod timeline;
 pub mod tweets;
 pub mod users;
 

@@ -6,7 +6,7 @@ use axum::routing::get;
 
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, QueryMap};
-use crate::http::tweets::{JsonBody, timeline_body};
+use crate::http::timeline::{JsonBody, timeline_body};
 use crate::newsfeeds;
 use crate::state::AppState;
 
