@@ -106,11 +106,7 @@ fn refusal(rates: &[Rate], left: std::time::Duration) -> Response {
 /// lowercase form (a hash tag needs no escaping, and no Redis key names a username).
 pub fn login_subject(name: &str) -> String {
     let digest = sha2::Sha256::digest(name.trim().to_lowercase().as_bytes());
-    let mut out = String::from("n");
-    for b in &digest[..8] {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
+    format!("n{}", crate::cache::keys::hex(&digest[..8]))
 }
 
 /// Before a login's password check: the 429 to answer while the username's `login` limit

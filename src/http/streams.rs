@@ -269,7 +269,8 @@ async fn user(
         (None, Some(since)) => {
             let since = time::parse_cursor(since)
                 .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?;
-            let base = crate::newsfeeds::last_id_through(&state.db, auth.user_id, since).await?;
+            let (base, _) =
+                crate::newsfeeds::newest_row(&state.db, auth.user_id, Some(since)).await?;
             Some(Token::Current(Cursor::after(base, time::to_micros(since))))
         }
         (None, None) => None,
@@ -348,7 +349,7 @@ async fn open(
         None => (None, None),
         Some(Some(Token::Current(cursor))) => (Some(cursor), Some(Catch::Newsfeed)),
         Some(start) => {
-            let (base, at) = crate::newsfeeds::newest_row(&state.db, auth.user_id).await?;
+            let (base, at) = crate::newsfeeds::newest_row(&state.db, auth.user_id, None).await?;
             let cursor = Cursor::after(base, at.map_or(0, time::to_micros));
             let catch_up = match start {
                 Some(Token::Legacy {

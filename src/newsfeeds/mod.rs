@@ -367,34 +367,24 @@ async fn merge_cached(
     Ok(Some(merged))
 }
 
-/// The id of the newest row of user `user_id`'s newsfeed at or before `at` (0 if none): where a
-/// stream's `since` resumes ([`crate::streams::Cursor::after`]).
+/// The id and entry time of the newest row of user `user_id`'s newsfeed, or of the newest at
+/// or before `through` (`(0, None)` if there is none): where a new stream starts, or a stream's
+/// `since` resumes ([`crate::streams::Cursor::after`]).
 ///
 /// # Errors
 /// Postgres failed.
-pub async fn last_id_through(db: &PgPool, user_id: i64, at: Timestamp) -> sqlx::Result<i64> {
-    let id: Option<i64> = sqlx::query_scalar(
-        "select id from newsfeeds where user_id = $1 and created_at <= $2
-         order by created_at desc limit 1",
-    )
-    .bind(user_id)
-    .bind(at)
-    .fetch_optional(db)
-    .await?;
-    Ok(id.unwrap_or(0))
-}
-
-/// The id and entry time of the newest row of user `user_id`'s newsfeed (`(0, None)` if it
-/// has none): where a new stream starts ([`crate::streams::Cursor::after`]).
-///
-/// # Errors
-/// Postgres failed.
-pub async fn newest_row(db: &PgPool, user_id: i64) -> sqlx::Result<(i64, Option<Timestamp>)> {
+pub async fn newest_row(
+    db: &PgPool,
+    user_id: i64,
+    through: Option<Timestamp>,
+) -> sqlx::Result<(i64, Option<Timestamp>)> {
     let row: Option<(i64, Timestamp)> = sqlx::query_as(
-        "select id, created_at from newsfeeds where user_id = $1
+        "select id, created_at from newsfeeds
+         where user_id = $1 and created_at <= coalesce($2, 'infinity')
          order by created_at desc limit 1",
     )
     .bind(user_id)
+    .bind(through)
     .fetch_optional(db)
     .await?;
     Ok(row.map_or((0, None), |(id, at)| (id, Some(at))))

@@ -23,15 +23,7 @@ pub(super) async fn command(conn: &ClusterConnection, cmd: &Cmd) -> RedisResult<
     match next_after(&e, resendable(cmd), keyed, keyed) {
         Next::Fail => Err(e),
         Next::Route => c.req_packed_command(cmd).await,
-        Next::Later | Next::OneByOne => {
-            tokio::time::sleep(AGAIN_AFTER).await;
-            c.req_packed_command(cmd).await
-        }
-        Next::To { .. } if !keyed => {
-            tokio::time::sleep(AGAIN_AFTER).await;
-            c.req_packed_command(cmd).await
-        }
-        Next::To { host, port, ask } => {
+        Next::To { host, port, ask } if keyed => {
             let mut pipe = redis::pipe();
             if ask {
                 pipe.cmd("ASKING");
@@ -43,6 +35,10 @@ pub(super) async fn command(conn: &ClusterConnection, cmd: &Cmd) -> RedisResult<
             values.pop().ok_or_else(|| {
                 RedisError::from((ErrorKind::Client, "a redirected command got no reply"))
             })
+        }
+        Next::Later | Next::OneByOne | Next::To { .. } => {
+            tokio::time::sleep(AGAIN_AFTER).await;
+            c.req_packed_command(cmd).await
         }
     }
 }
@@ -65,33 +61,20 @@ pub(super) async fn atomic(
         Ok(values) => return Ok(values),
         Err(e) => e,
     };
+    // Every queued command refused alike: the same redirect to the same node.
     let target = e.clone().into_server_errors().and_then(|errors| {
-        let (_, first) = errors.first()?;
-        let kind = first.kind()?;
-        if !matches!(kind, ServerErrorKind::Moved | ServerErrorKind::Ask)
-            || errors.iter().any(|(_, s)| s.kind() != Some(kind))
-        {
-            return None;
-        }
-        let mut detail = first.details()?.split_ascii_whitespace();
-        let _slot = detail.next()?;
-        let (host, port) = detail.next()?.rsplit_once(':')?;
-        let to = (host.to_owned(), port.parse::<u16>().ok()?);
-        errors
-            .iter()
-            .all(|(_, s)| {
-                s.details()
-                    .and_then(|d| d.split_ascii_whitespace().nth(1))
-                    .is_some_and(|a| {
-                        a.rsplit_once(':').map(|(h, p)| (h, p.parse().ok()))
-                            == Some((to.0.as_str(), Some(to.1)))
-                    })
-            })
-            .then_some((to, kind == ServerErrorKind::Ask))
+        let mut each = errors.iter().map(|(_, s)| {
+            let addr = s.details()?.split_ascii_whitespace().nth(1)?;
+            Some((s.kind()?, parse_addr(addr)?))
+        });
+        let first = each.next()??;
+        let redirect = matches!(first.0, ServerErrorKind::Moved | ServerErrorKind::Ask);
+        (redirect && each.all(|other| other.as_ref() == Some(&first))).then_some(first)
     });
-    let Some(((host, port), ask)) = target else {
+    let Some((kind, (host, port))) = target else {
         return Err(e);
     };
+    let ask = kind == ServerErrorKind::Ask;
     let route = SingleNodeRoutingInfo::ByAddress { host, port };
     if !ask {
         return c
@@ -167,7 +150,11 @@ pub(super) fn next_after(e: &RedisError, resendable: bool, one_slot: bool, singl
 
 /// The node a `MOVED` or `ASK` names.
 pub(super) fn redirect_of(e: &RedisError) -> Option<(String, u16)> {
-    let (addr, _slot) = e.redirect_node()?;
+    parse_addr(e.redirect_node()?.0)
+}
+
+/// `host:port` as a redirect names a node.
+fn parse_addr(addr: &str) -> Option<(String, u16)> {
     let (host, port) = addr.rsplit_once(':')?;
     Some((host.to_owned(), port.parse().ok()?))
 }
