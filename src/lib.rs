@@ -19,6 +19,7 @@ pub mod jobs;
 pub mod likes;
 pub mod lists;
 pub mod media;
+pub mod metrics;
 pub mod model;
 pub mod newsfeeds;
 pub mod notifications;

@@ -65,6 +65,8 @@ pub struct Shared {
     pub pull: crate::hybrid::PullPolicy,
     /// The authors whose tweets newsfeed reads pull, as this process last read them.
     pub pull_authors: Arc<crate::hybrid::PullAuthors>,
+    /// This process's Prometheus registry (`GET /metrics`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl AppState {
@@ -111,7 +113,9 @@ impl AppState {
         let config_replica = config.clone();
         let cache_replica = cache.clone();
         let pull = crate::hybrid::PullPolicy::from_config(&config);
+        let metrics = Arc::new(crate::metrics::Metrics::new(&cache)?);
         Ok(AppState(Arc::new(Shared {
+            metrics,
             chat,
             shutdown: Arc::new(shutdown),
             db,

@@ -163,6 +163,40 @@ impl Authors {
 }
 
 impl Cache {
+    /// Counts the objects and counters hydration asked of Redis (`tweets`, `users`,
+    /// `counters`) as hits or misses by what it `found` there.
+    fn count_found(
+        &self,
+        tweets: &[i64],
+        users: &[i64],
+        counters: &[i64],
+        found: &[(NearId, NearObject)],
+    ) {
+        let Some(stats) = self.stats() else {
+            return;
+        };
+        let counts = found
+            .iter()
+            .filter(|(k, _)| matches!(k, NearId::Counts(_)))
+            .count();
+        let objects = found
+            .iter()
+            .filter(|(k, _)| matches!(k, NearId::Tweet(_) | NearId::User(_)))
+            .count();
+        let asked = tweets.len() + users.len();
+        stats
+            .object_hits
+            .fetch_add(objects as u64, Ordering::Relaxed);
+        (stats.object_misses).fetch_add(asked.saturating_sub(objects) as u64, Ordering::Relaxed);
+        stats
+            .counter_hits
+            .fetch_add(counts as u64, Ordering::Relaxed);
+        (stats.counter_misses).fetch_add(
+            counters.len().saturating_sub(counts) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
     /// Tweet objects, their counts, their authors (if `with_authors`) and the viewer's likes
     /// of them, in one pipeline. Tweets, counters and authors this process holds in its near
     /// cache ([`super::near`]) are taken from there and not asked for: a warm page then asks
@@ -324,6 +358,7 @@ impl Cache {
         if !ask_users.is_empty() {
             authors.decode(&ask_users, strings(next("users")?)?, &mut found);
         }
+        self.count_found(&ask_tweets, &ask_users, &ask_counts, &found);
         let liked = match (viewer, known) {
             (None, _) => None,
             (Some(_), Some(known)) => Some(known),
@@ -341,7 +376,9 @@ impl Cache {
                 let mut pipe = redis::pipe();
                 keys.pipe_mget(&mut pipe, Object::User, &ask_users);
                 let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
+                let before = found.len();
                 authors.decode(&ask_users, values, &mut found);
+                self.count_found(&[], &ask_users, &[], &found[before..]);
             }
         }
         if !found.is_empty() {

@@ -94,6 +94,20 @@ pub struct Stats {
     /// Such pages read from Postgres instead: a list lagged behind the snapshot, or held more
     /// entries past it than the page.
     pub merge_fallbacks: AtomicU64,
+    /// Tweet and user objects hydration asked of Redis and found there.
+    pub object_hits: AtomicU64,
+    /// Such objects Redis did not hold (hydration reads them from Postgres).
+    pub object_misses: AtomicU64,
+    /// Tweet counters hydration asked of Redis and found there.
+    pub counter_hits: AtomicU64,
+    /// Such counters Redis did not hold.
+    pub counter_misses: AtomicU64,
+    /// Bearer tokens looked up in Redis and answered there (a user or a revocation).
+    pub token_hits: AtomicU64,
+    /// Such lookups Redis could not answer (Postgres is asked).
+    pub token_misses: AtomicU64,
+    /// Round-trip histograms, once `GET /metrics` is set up ([`crate::metrics::Metrics::new`]).
+    pub round_trips: std::sync::OnceLock<crate::metrics::RoundTrips>,
 }
 
 /// What the post-commit step does: a test hook to simulate a crash between a Postgres commit and
@@ -462,7 +476,12 @@ impl Cache {
         timeout: Duration,
         mode: Mode,
     ) -> Result<(T, Vec<(String, u16)>), CacheUnavailable> {
-        match query_noting_acks(inner, pipe, timeout, mode == Mode::Durable).await {
+        let started = std::time::Instant::now();
+        let result = query_noting_acks(inner, pipe, timeout, mode == Mode::Durable).await;
+        if let Some(round_trips) = inner.stats.round_trips.get() {
+            round_trips.redis.observe(started.elapsed().as_secs_f64());
+        }
+        match result {
             Ok(v) => Ok(v),
             Err(Some(e)) if conn::is_not_replicated(&e) => {
                 inner.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -488,6 +507,17 @@ impl Cache {
                 );
                 Err(CacheUnavailable)
             }
+        }
+    }
+
+    /// Records a Postgres read of the cache-aside path (`read`: `first_fill`, `page`,
+    /// `extension`, `hydration`) begun at `started`, in `chirp_postgres_round_trip_seconds`.
+    /// Nothing with `CHIRP_CACHE=off` or before [`crate::metrics::Metrics::new`].
+    pub fn observe_postgres(&self, read: &'static str, started: std::time::Instant) {
+        if let Some(round_trips) = self.stats().and_then(|s| s.round_trips.get()) {
+            (round_trips.postgres)
+                .with_label_values(&[read])
+                .observe(started.elapsed().as_secs_f64());
         }
     }
 

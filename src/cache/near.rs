@@ -330,6 +330,18 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             .is_some_and(|s| s.subscribed())
     }
 
+    /// Whether this process answers from this near cache now: its subscription stands, its
+    /// lease is held and Redis is in use. Unlike the check of each lookup, starts nothing and
+    /// forgets nothing (for `GET /metrics`).
+    pub fn is_trusted(&self, cache: &Cache) -> bool {
+        self.link
+            .get()
+            .and_then(|l| l.subscriber.upgrade())
+            .is_some_and(|s| s.subscribed() && s.lease().held() && cache.available())
+            && self.capacity > 0
+            && !self.ttl.is_zero()
+    }
+
     /// Whether this process may answer from memory now; starts the subscription on first use.
     fn trusted(&self, cache: &Cache) -> bool {
         let Some(link) = self.link.get() else {

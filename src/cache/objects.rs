@@ -353,11 +353,19 @@ impl Cache {
         let mut pipe = redis::pipe();
         pipe.cmd("GET").arg(keys.token(hash));
         let (value,): (Option<String>,) = self.run(&pipe).await?;
-        Ok(match value.as_deref() {
+        let token = match value.as_deref() {
             None => CachedToken::Miss,
             Some(TOMBSTONE) => CachedToken::Revoked,
             Some(id) => id.parse().map_or(CachedToken::Miss, CachedToken::User),
-        })
+        };
+        if let Some(stats) = self.stats() {
+            let counter = match token {
+                CachedToken::Miss => &stats.token_misses,
+                _ => &stats.token_hits,
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(token)
     }
 
     /// Caches a token loaded from Postgres (`SET NX`: a revocation written meanwhile wins).

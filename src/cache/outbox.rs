@@ -34,6 +34,28 @@ pub const RELAY_AFTER: Duration = Duration::from_secs(5);
 /// Most repairs sent to Redis in one pipeline by the relay.
 const REPAIRS_PER_PIPELINE: usize = 2000;
 
+/// The outbox's size ([`backlog`]): rows not yet applied, and the oldest one's age.
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct Backlog {
+    pub rows: i64,
+    /// Milliseconds; `None` with no rows.
+    pub oldest_age_ms: Option<i64>,
+}
+
+/// Reads the outbox's [`Backlog`]: a count, and the oldest row by id (ids follow insertion).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn backlog(db: &PgPool) -> sqlx::Result<Backlog> {
+    sqlx::query_as(
+        "select (select count(*) from cache_outbox) as rows,
+                (select (extract(epoch from now() - created_at) * 1000)::bigint
+                 from cache_outbox order by id limit 1) as oldest_age_ms",
+    )
+    .fetch_one(db)
+    .await
+}
+
 /// Applies and deletes the outbox rows at least `min_age` old that exist when it starts (rows
 /// written meanwhile wait for the next pass, so a pass ends even under a stream of writes);
 /// returns how many rows. A row this version can not read is left in place and logged.

@@ -54,6 +54,15 @@ impl Hub {
         n
     }
 
+    /// Long-polls of this process waiting now (each holds its channel's waker).
+    pub fn waiting(&self) -> usize {
+        let waiters = match self.waiters.lock() {
+            Ok(w) => w,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        waiters.values().map(Weak::strong_count).sum()
+    }
+
     /// Wakes every local waiter of `channel`.
     pub fn wake(&self, channel: i64) {
         let waiters = match self.waiters.lock() {

@@ -5,16 +5,31 @@ use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
+use crate::error::ApiError;
 use crate::state::AppState;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/livez", get(livez))
+        .route("/metrics", get(metrics))
+}
+
+/// `GET /metrics`: this process's metrics in the Prometheus text format
+/// ([`crate::metrics`]).
+async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let text = state
+        .metrics
+        .render(&state)
+        .await
+        .map_err(|e| ApiError::Internal(anyhow::anyhow!(e).context("rendering the metrics")))?;
+    Ok(([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], text))
 }
 
 /// 200 if Postgres answers (503 if not); `redis` is `ok`, `down`, or `off` with

@@ -23,7 +23,7 @@ pub mod users;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::StatusCode;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderName, HeaderValue, Method};
@@ -87,7 +87,25 @@ pub fn router(state: AppState) -> Router {
         .layer(TraceLayer::new_for_http().on_failure(()))
         .layer(middleware::from_fn(json_errors))
         .layer(cors(&state.config.cors_origins))
+        .layer(middleware::from_fn_with_state(state.clone(), measure))
         .with_state(state)
+}
+
+/// Records each request in `http_requests_total` and `http_request_duration_seconds`
+/// ([`crate::metrics`]), by its route's pattern (never its path: ids would make a series per
+/// tweet).
+async fn measure(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = std::time::Instant::now();
+    let method = req.method().clone();
+    let route = req.extensions().get::<MatchedPath>().cloned();
+    let res = next.run(req).await;
+    state.metrics.record(
+        method.as_str(),
+        route.as_ref().map(MatchedPath::as_str),
+        res.status().as_u16(),
+        started.elapsed(),
+    );
+    res
 }
 
 /// CORS for browser front ends on the configured origins (`CHIRP_CORS_ORIGINS`); with none, no

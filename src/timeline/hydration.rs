@@ -49,11 +49,11 @@ pub(super) async fn hydrate(
         });
     }
     if !misses.is_empty() {
-        let loaded: Vec<(TweetRecord, TweetCounts)> = tweets::rows_by_ids(db, &misses)
-            .await?
-            .into_iter()
-            .map(|r| (r.record, r.counts))
-            .collect();
+        let started = std::time::Instant::now();
+        let rows = tweets::rows_by_ids(db, &misses).await?;
+        cache.observe_postgres("hydration", started);
+        let loaded: Vec<(TweetRecord, TweetCounts)> =
+            rows.into_iter().map(|r| (r.record, r.counts)).collect();
         let absent: Vec<i64> = misses
             .iter()
             .copied()

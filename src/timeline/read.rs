@@ -248,7 +248,9 @@ async fn load_window(
         _ => want,
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
+    let started = std::time::Instant::now();
     let mut rows = timeline.page(db, None, None, first + 1).await?;
+    cache.observe_postgres("first_fill", started);
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
@@ -331,10 +333,12 @@ async fn extend(
     if room == 0 {
         return;
     }
-    let mut entries = match timeline
+    let started = std::time::Instant::now();
+    let read = timeline
         .entries(db, Some(time::from_micros(below)), room + 1)
-        .await
-    {
+        .await;
+    cache.observe_postgres("extension", started);
+    let mut entries = match read {
         Ok(entries) => entries,
         Err(e) => {
             tracing::warn!(error = %e, "growing a cached list failed");
@@ -359,6 +363,8 @@ async fn load_page(
     limit: usize,
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
+    let started = std::time::Instant::now();
     let rows = timeline.page(db, lt, gt, limit).await?;
+    cache.observe_postgres("page", started);
     with_likes(db, cache, rows, viewer).await
 }

@@ -136,6 +136,26 @@ impl TestApp {
         Res { status, body }
     }
 
+    /// A `GET` whose body is not JSON: the status, the content type and the body's text.
+    pub async fn get_text(&self, uri: &str) -> (StatusCode, String, String) {
+        let req = Request::builder()
+            .uri(uri)
+            .body(Body::empty())
+            .expect("request");
+        let res = self.app.clone().oneshot(req).await.expect("infallible");
+        let status = res.status();
+        let kind = (res.headers().get("content-type"))
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let bytes = res.into_body().collect().await.expect("body").to_bytes();
+        (
+            status,
+            kind,
+            String::from_utf8(bytes.to_vec()).expect("utf-8"),
+        )
+    }
+
     pub async fn get(&self, uri: &str, token: Option<&str>) -> Res {
         self.request(Method::GET, uri, token, None).await
     }

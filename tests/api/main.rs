@@ -20,6 +20,7 @@ mod likes;
 mod limits;
 mod lists;
 mod media;
+mod metrics;
 mod near;
 mod notifications;
 mod outbox;
