@@ -103,7 +103,8 @@ impl IntoResponse for ApiError {
                 res
             }
             ApiError::Internal(e) => {
-                tracing::error!(error = ?e, "internal error");
+                let trace_id = crate::trace::TraceId::current().map(tracing::field::display);
+                tracing::error!(error = ?e, trace_id, "internal error");
                 detail(StatusCode::INTERNAL_SERVER_ERROR, "Internal server error.")
             }
         }

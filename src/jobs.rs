@@ -28,6 +28,7 @@ use tracing::Instrument;
 
 use crate::cache::Cache;
 use crate::time::Timestamp;
+use crate::trace::TraceId;
 use crate::{lists, newsfeeds};
 
 /// The jobs a runner may claim now: not parked, past their backoff, and not leased (or with an
@@ -102,6 +103,7 @@ struct JobRow {
     list_progress: Option<Timestamp>,
     until_at: Option<Timestamp>,
     attempts: i32,
+    trace_id: Option<String>,
 }
 
 impl TryFrom<&JobRow> for Job {
@@ -137,8 +139,9 @@ impl TryFrom<&JobRow> for Job {
     }
 }
 
-/// Queues `job` in the transaction of the write that needs it; call [`Worker::announce`] after
-/// the commit.
+/// Queues `job` in the transaction of the write that needs it, with the trace id of the
+/// request or job queuing it ([`TraceId::current`]); call [`Worker::announce`] after the
+/// commit.
 pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     let (progress, until) = match job {
         Job::FanoutPart {
@@ -158,8 +161,9 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
         }
     };
     sqlx::query(
-        "insert into jobs (kind, tweet_id, follower_id, followee_id, list_id, progress, until_at)
-         values ($1, $2, $3, $4, $5, $6, $7)",
+        "insert into jobs (kind, tweet_id, follower_id, followee_id, list_id, progress, until_at,
+                           trace_id)
+         values ($1, $2, $3, $4, $5, $6, $7, $8)",
     )
     .bind(job.kind())
     .bind(tweet)
@@ -168,6 +172,7 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     .bind(list)
     .bind(progress)
     .bind(until)
+    .bind(TraceId::current().map(|t| t.to_string()))
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -363,11 +368,16 @@ pub async fn wake_others(cache: &Cache, db: &PgPool) {
     }
 }
 
-/// The id and attempt number of a claimed job.
+/// A job (or a batch of fan-outs) that runs this long is logged with its trace id.
+pub const SLOW_JOB: Duration = Duration::from_secs(1);
+
+/// The id, attempt number and trace id of a claimed job.
 #[derive(Debug, Clone, Copy)]
 pub struct Claim {
     pub id: i64,
     pub attempts: i32,
+    /// The trace id of what queued it ([`crate::trace`]).
+    pub trace: Option<TraceId>,
 }
 
 impl Worker {
@@ -380,7 +390,7 @@ impl Worker {
             ready_jobs!(),
             " order by id limit 1 for update skip locked)
              returning id, kind, tweet_id, follower_id, followee_id, list_id, progress, list_progress,
-                       until_at, attempts"
+                       until_at, attempts, trace_id"
         ))
         .fetch_optional(&self.db)
         .await?;
@@ -388,6 +398,7 @@ impl Worker {
             let claim = Claim {
                 id: r.id,
                 attempts: r.attempts,
+                trace: r.trace_id.as_deref().and_then(TraceId::parse),
             };
             (claim, Job::try_from(&r))
         }))
@@ -399,21 +410,31 @@ impl Worker {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let rows: Vec<(i64, i32, i64)> = sqlx::query_as(concat!(
+        let rows: Vec<(i64, i32, i64, Option<String>)> = sqlx::query_as(concat!(
             "update jobs set attempts = attempts + 1, locked_until = now() + interval '30 seconds'
              where id in (
                  select id from jobs
                  where kind = 'fanout' and progress is null and list_progress is null and ",
             ready_jobs!(),
             " order by id limit $1 for update skip locked)
-             returning id, attempts, tweet_id"
+             returning id, attempts, tweet_id, trace_id"
         ))
         .bind(limit as i64)
         .fetch_all(&self.db)
         .await?;
         Ok(rows
             .into_iter()
-            .map(|(id, attempts, tweet_id)| (Claim { id, attempts }, tweet_id))
+            .map(|(id, attempts, tweet_id, trace)| {
+                let trace = trace.as_deref().and_then(TraceId::parse);
+                (
+                    Claim {
+                        id,
+                        attempts,
+                        trace,
+                    },
+                    tweet_id,
+                )
+            })
             .collect())
     }
 
@@ -431,6 +452,11 @@ impl Worker {
             .collect();
         let claim_of: std::collections::HashMap<i64, Claim> =
             claims.iter().map(|(c, _)| (c.id, *c)).collect();
+        let traces: Vec<String> = (claims.iter())
+            .filter_map(|(c, _)| c.trace.map(|t| t.to_string()))
+            .collect();
+        tracing::debug!(jobs = claims.len(), trace_ids = ?traces, "fan-out batch");
+        let started = std::time::Instant::now();
         let mut next = fresh;
         while !next.is_empty() {
             let left = match newsfeeds::fanout_batch(self, &next).await {
@@ -460,6 +486,11 @@ impl Worker {
             }
             next = left.later;
         }
+        let took = started.elapsed();
+        if took >= SLOW_JOB {
+            let took_ms = took.as_millis() as u64;
+            tracing::info!(took_ms, jobs = claims.len(), trace_ids = ?traces, "slow fan-out batch");
+        }
         Ok(())
     }
 
@@ -488,8 +519,22 @@ impl Worker {
         kind: &'static str,
         work: impl Future<Output = anyhow::Result<()>>,
     ) -> sqlx::Result<()> {
-        let span = tracing::info_span!("job", id = claim.id, kind, attempt = claim.attempts);
-        match work.instrument(span.clone()).await {
+        let span = tracing::info_span!(
+            "job",
+            id = claim.id,
+            kind,
+            attempt = claim.attempts,
+            trace_id = claim.trace.map(tracing::field::display),
+        );
+        // Jobs this one queues (a fan-out's parts) carry its trace id.
+        let work = TraceId::scope(claim.trace, work);
+        let started = std::time::Instant::now();
+        let done = work.instrument(span.clone()).await;
+        let took = started.elapsed();
+        if took >= SLOW_JOB {
+            span.in_scope(|| tracing::info!(took_ms = took.as_millis() as u64, "slow job"));
+        }
+        match done {
             Ok(()) => finish(&self.db, claim.id).await,
             Err(e) => {
                 span.in_scope(|| tracing::warn!(error = ?e, "job failed; will retry"));

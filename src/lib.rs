@@ -30,5 +30,6 @@ pub mod state;
 pub mod streams;
 pub mod time;
 pub mod timeline;
+pub mod trace;
 pub mod tweets;
 pub mod users;

@@ -37,6 +37,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::trace::TraceId;
 
 /// Largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -84,11 +85,44 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(time_limit))
         .layer(CatchPanicLayer::new())
         // 5xx are logged once, by ApiError (with the error chain), not again by the trace layer.
-        .layer(TraceLayer::new_for_http().on_failure(()))
+        .layer(
+            TraceLayer::new_for_http()
+                .make_span_with(request_span)
+                .on_failure(()),
+        )
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(trace_id))
         .layer(cors(&state.config.cors_origins))
         .layer(middleware::from_fn_with_state(state.clone(), measure))
         .with_state(state)
+}
+
+/// Gives each request its trace id ([`crate::trace`]): the caller's W3C `traceparent`
+/// trace-id if valid, else a random one; in the request's extensions (for its span and its
+/// handler's task) and in the `x-trace-id` response header.
+async fn trace_id(mut req: Request, next: Next) -> Response {
+    let trace = (req.headers().get("traceparent"))
+        .and_then(|v| v.to_str().ok())
+        .and_then(TraceId::from_traceparent)
+        .unwrap_or_else(TraceId::random);
+    req.extensions_mut().insert(trace);
+    let mut res = next.run(req).await;
+    if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
+        res.headers_mut()
+            .insert(HeaderName::from_static("x-trace-id"), value);
+    }
+    res
+}
+
+/// The span of a request (debug level, as tower-http's default): method, URI, trace id.
+fn request_span(req: &Request) -> tracing::Span {
+    let trace = req.extensions().get::<TraceId>().copied();
+    tracing::debug_span!(
+        "request",
+        method = %req.method(),
+        uri = %req.uri(),
+        trace_id = trace.map(tracing::field::display),
+    )
 }
 
 /// Records each request in `http_requests_total` and `http_request_duration_seconds`
@@ -124,6 +158,7 @@ fn cors(origins: &[String]) -> tower::util::Either<CorsLayer, tower::layer::util
         "x-ratelimit-limit",
         "x-ratelimit-remaining",
         "x-ratelimit-reset",
+        "x-trace-id",
     ]
     .map(HeaderName::from_static);
     tower::util::Either::Left(
@@ -148,7 +183,8 @@ fn cors(origins: &[String]) -> tower::util::Either<CorsLayer, tower::layer::util
 /// inside its transaction), and the post-commit cache step always runs. The client just does
 /// not get the answer. A panic in the handler is a 500.
 async fn run_to_completion(req: Request, next: Next) -> Response {
-    match tokio::spawn(next.run(req)).await {
+    let trace = req.extensions().get::<TraceId>().copied();
+    match tokio::spawn(TraceId::scope(trace, next.run(req))).await {
         Ok(res) => res,
         Err(e) => {
             tracing::error!(error = %e, "request handler panicked");

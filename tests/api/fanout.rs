@@ -547,3 +547,76 @@ async fn many_small_fan_outs_run_as_one_batch_and_give_each_reader_what_one_at_a
         );
     }
 }
+
+/// The trace id (`x-trace-id`) and the trace ids of the fan-out jobs queued for `tweet`, by
+/// kind, of a post by `token` with the header `traceparent`, if any.
+async fn post_traced(
+    app: &TestApp,
+    token: &str,
+    traceparent: Option<&str>,
+) -> (String, i64, Vec<(String, Option<String>)>) {
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    let mut req = Request::builder()
+        .method("POST")
+        .uri("/api/tweets/")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json");
+    if let Some(t) = traceparent {
+        req = req.header("traceparent", t);
+    }
+    let req = req.body(Body::from(r#"{"content": "traced"}"#)).unwrap();
+    let res = app.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), axum::http::StatusCode::CREATED);
+    let trace = res.headers()["x-trace-id"].to_str().unwrap().to_owned();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let tweet = serde_json::from_slice::<serde_json::Value>(&body).unwrap()["id"]
+        .as_i64()
+        .unwrap();
+    (trace, tweet, jobs_of(app, tweet).await)
+}
+
+async fn jobs_of(app: &TestApp, tweet: i64) -> Vec<(String, Option<String>)> {
+    sqlx::query_as("select kind, trace_id from jobs where tweet_id = $1 order by id")
+        .bind(tweet)
+        .fetch_all(app.db())
+        .await
+        .unwrap()
+}
+
+/// Issue 39: a post's trace id (its W3C `traceparent`'s trace-id, else one of chirp's own),
+/// answered in `x-trace-id`, is stored on the fan-out job the post queued and on the parts
+/// that job queues, so a slow fan-out leads back to its post.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_posts_trace_id_follows_it_to_its_fan_out_job_and_the_parts_it_queues(db: PgPool) {
+    let app = TestApp::with(db, |c| c.fanout_batch_size = 3).await;
+    let (star, ts) = app.signup("star").await;
+    followers(&app, star, 10).await;
+
+    let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent = format!("00-{id}-00f067aa0ba902b7-01");
+    let (trace, tweet, jobs) = post_traced(&app, &ts, Some(&parent)).await;
+    assert_eq!(trace, id);
+    assert_eq!(jobs, vec![("fanout".to_owned(), Some(id.to_owned()))]);
+    // The job runs its last part and queues the first (10 followers, batches of 3, 2 parts).
+    assert!(app.state.worker.run_one().await.unwrap());
+    let jobs = jobs_of(&app, tweet).await;
+    assert_eq!(
+        jobs,
+        vec![("fanout_part".to_owned(), Some(id.to_owned()))],
+        "the part carries the post's trace id"
+    );
+    app.drain().await;
+
+    // Without a traceparent (or with a malformed one) chirp makes one up, and stores that.
+    for header in [None, Some("00-not-a-trace-01")] {
+        let (trace, _, jobs) = post_traced(&app, &ts, header).await;
+        assert_eq!(trace.len(), 32, "{trace}");
+        assert!(trace.bytes().all(|b| b.is_ascii_hexdigit()), "{trace}");
+        assert_ne!(trace, id);
+        assert_eq!(jobs, vec![("fanout".to_owned(), Some(trace))]);
+        app.drain().await;
+    }
+}
