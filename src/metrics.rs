@@ -14,7 +14,8 @@
 //! - **Read at each scrape** ([`Metrics::render`]): the cache's counters since start
 //!   ([`crate::cache::Stats`], the near caches' [`crate::cache::near::NearStats`]) and the
 //!   state of queues and connections, two Postgres counts included (the fan-out queue and the
-//!   outbox, each over a small index; at most 1 s, else left out of that scrape).
+//!   outbox, each over a small index; cancelled by Postgres past 1 s, and then left out of
+//!   that scrape).
 //!
 //! The names follow docs/API.md "Observability"; docs/ops/ holds alert rules over them.
 
@@ -138,6 +139,8 @@ impl Metrics {
     pub async fn render(&self, state: &AppState) -> prometheus::Result<String> {
         let mut families = self.registry.gather();
         families.extend(scraped(state).await?);
+        // A family without samples (no near cache on, say) is an encoding error.
+        families.retain(|f| !f.get_metric().is_empty());
         families.sort_by(|a, b| a.name().cmp(b.name()));
         let mut text = Vec::new();
         TextEncoder::new().encode(&families, &mut text)?;
@@ -176,17 +179,21 @@ fn get(counter: &std::sync::atomic::AtomicU64) -> u64 {
 }
 
 /// The fan-out queue ([`crate::jobs::lag`]) and the outbox ([`crate::cache::outbox::backlog`])
-/// from Postgres, within [`SCRAPE_QUERY_TIMEOUT`].
-async fn queues(db: &sqlx::PgPool) -> Option<(crate::jobs::Lag, crate::cache::outbox::Backlog)> {
-    let read = async { tokio::try_join!(crate::jobs::lag(db), crate::cache::outbox::backlog(db)) };
-    match tokio::time::timeout(SCRAPE_QUERY_TIMEOUT, read).await {
-        Ok(Ok(queues)) => Some(queues),
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "metrics: reading the queues failed");
-            None
-        }
-        Err(_) => None,
-    }
+/// from Postgres, in one transaction whose statements Postgres itself cancels after
+/// [`SCRAPE_QUERY_TIMEOUT`] (a count over a huge backlog must not pile up behind scrapes).
+async fn queues(
+    db: &sqlx::PgPool,
+) -> sqlx::Result<(crate::jobs::Lag, crate::cache::outbox::Backlog)> {
+    let mut tx = db.begin().await?;
+    // `SET` takes no parameters; `set_config` does (its `true`: for this transaction only).
+    sqlx::query("select set_config('statement_timeout', $1, true)")
+        .bind(SCRAPE_QUERY_TIMEOUT.as_millis().to_string())
+        .execute(&mut *tx)
+        .await?;
+    let lag = crate::jobs::lag(&mut *tx).await?;
+    let outbox = crate::cache::outbox::backlog(&mut *tx).await?;
+    tx.commit().await?;
+    Ok((lag, outbox))
 }
 
 /// The families read at scrape time.
@@ -254,15 +261,22 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         ] {
             cache.set(&[event], get(n));
         }
-        fences.set(&[], get(&stats.fences));
     }
+    let stats = state.cache.stats();
+    fences.set(&[], stats.map_or(0, |s| get(&s.fences)));
     let mut near_evictions = 0;
     let mut near_unconfirmed = 0;
-    let objects = state
-        .cache
-        .near_objects()
-        .map(|n| (&n.stats, n.is_trusted(&state.cache)));
-    let tokens = Some((&state.tokens.stats, state.tokens.is_trusted(&state.cache)));
+    // Trust is reported for the near caches that are on (a zero TTL or capacity turns one off).
+    let trust = |n: bool, t: bool| n.then_some(t);
+    let objects = (state.cache.near_objects())
+        .map(|n| (&n.stats, trust(n.enabled(), n.is_trusted(&state.cache))));
+    let tokens = Some((
+        &state.tokens.stats,
+        trust(
+            state.tokens.enabled(),
+            state.tokens.is_trusted(&state.cache),
+        ),
+    ));
     for (kind, near) in [("near_object", objects), ("near_token", tokens)] {
         let Some((stats, is_trusted)) = near else {
             continue;
@@ -272,7 +286,9 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         near_evictions += get(&stats.evictions);
         near_unconfirmed += get(&stats.unconfirmed);
         let name = kind.trim_start_matches("near_");
-        trusted.set(&[name], f64::from(u8::from(is_trusted)));
+        if let Some(is_trusted) = is_trusted {
+            trusted.set(&[name], f64::from(u8::from(is_trusted)));
+        }
     }
     cache.set(&["near_evictions"], near_evictions);
     cache.set(&["near_unconfirmed"], near_unconfirmed);
@@ -310,24 +326,35 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         &[],
     )?;
     fanout_waiting.set(&[], state.backlog.wait_ms() as f64 / 1000.0);
-    let postgres_up = Gauges::new(
-        "chirp_postgres_up",
-        "1 if this scrape's Postgres counts answered within 1 s, else 0.",
+    let queues_read = Gauges::new(
+        "chirp_queues_read",
+        "1 if this scrape read the fan-out queue and the outbox from Postgres (within 1 s), \
+         else 0 (their gauges are then left out).",
         &[],
     )?;
-    let queues = queues(&state.db).await;
-    postgres_up.set(&[], f64::from(u8::from(queues.is_some())));
+    let queues = tokio::time::timeout(2 * SCRAPE_QUERY_TIMEOUT, queues(&state.db)).await;
+    let queues = match queues {
+        Ok(Ok(queues)) => Some(queues),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "metrics: reading the queues failed");
+            None
+        }
+        Err(_) => None,
+    };
+    queues_read.set(&[], f64::from(u8::from(queues.is_some())));
     if let Some((lag, outbox)) = queues {
         let seconds = |ms: Option<i64>| ms.unwrap_or(0) as f64 / 1000.0;
         let gauges = [
             (
                 "chirp_fanout_queue_depth",
-                "Fan-out jobs queued (not failed).",
+                "Jobs queued and not failed (fan-outs and their parts, backfills, unmerges, \
+                 list jobs), running ones included.",
                 lag.queued_jobs as f64,
             ),
             (
                 "chirp_fanout_oldest_job_age_seconds",
-                "Age of the oldest queued fan-out job (0 with none).",
+                "Age of the oldest such job (0 with none): a big account's fan-out runs for \
+                 a while; chirp_fanout_waiting_seconds is the wait for a runner.",
                 seconds(lag.oldest_job_age_ms),
             ),
             (
@@ -356,7 +383,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         clients,
         polls,
         fanout_waiting,
-        postgres_up,
+        queues_read,
     ] {
         families.extend(g.0.collect());
     }

@@ -26,14 +26,16 @@ impl TraceId {
         TraceId(rand::random::<u128>().max(1))
     }
 
-    /// The trace-id of a `traceparent` header (`00-{32 hex}-{16 hex}-{2 hex}`); `None` if it
-    /// is malformed or all zeros (invalid by the spec).
+    /// The trace-id of a `traceparent` header (`00-{32 hex}-{16 hex}-{2 hex}`, lowercase);
+    /// `None` if it is malformed or its trace-id or parent-id is all zeros (invalid by the
+    /// spec).
     pub fn from_traceparent(header: &str) -> Option<Self> {
         let mut parts = header.trim().split('-');
         let (version, trace, parent, flags) =
             (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
-        let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-        if !(hex(version, 2) && version != "ff" && hex(parent, 16) && hex(flags, 2)) {
+        if !(hex(version, 2) && version != "ff" && hex(parent, 16) && hex(flags, 2))
+            || parent.bytes().all(|b| b == b'0')
+        {
             return None;
         }
         if version == "00" && parts.next().is_some() {
@@ -43,11 +45,11 @@ impl TraceId {
     }
 
     /// An id from its 32 hex digits; `None` if malformed or zero.
-    pub fn parse(hex: &str) -> Option<Self> {
-        if hex.len() != 32 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+    pub fn parse(digits: &str) -> Option<Self> {
+        if !hex(digits, 32) {
             return None;
         }
-        u128::from_str_radix(hex, 16)
+        u128::from_str_radix(digits, 16)
             .ok()
             .filter(|v| *v != 0)
             .map(TraceId)
@@ -65,6 +67,11 @@ impl TraceId {
             None => fut.await,
         }
     }
+}
+
+/// Whether `s` is `n` lowercase hex digits (W3C Trace Context allows no uppercase).
+fn hex(s: &str, n: usize) -> bool {
+    s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 impl fmt::Display for TraceId {
@@ -93,6 +100,8 @@ mod tests {
             format!("00-{id}-00f067aa0ba902b7-01-extra"),
             format!("00-{}-00f067aa0ba902b7-01", &id[1..]),
             format!("00-{id}x-00f067aa0ba902b7-01"),
+            format!("00-{}-00f067aa0ba902b7-01", id.to_uppercase()),
+            format!("00-{id}-0000000000000000-01"),
         ] {
             assert_eq!(TraceId::from_traceparent(&bad), None, "{bad}");
         }

@@ -164,13 +164,15 @@ impl Authors {
 
 impl Cache {
     /// Counts the objects and counters hydration asked of Redis (`tweets`, `users`,
-    /// `counters`) as hits or misses by what it `found` there.
+    /// `counters`) as hits or misses by what it `found` there; a tweet's tombstone (deleted:
+    /// Postgres is not asked) is a hit too.
     fn count_found(
         &self,
         tweets: &[i64],
         users: &[i64],
         counters: &[i64],
         found: &[(NearId, NearObject)],
+        tombstones: usize,
     ) {
         let Some(stats) = self.stats() else {
             return;
@@ -179,10 +181,11 @@ impl Cache {
             .iter()
             .filter(|(k, _)| matches!(k, NearId::Counts(_)))
             .count();
-        let objects = found
-            .iter()
-            .filter(|(k, _)| matches!(k, NearId::Tweet(_) | NearId::User(_)))
-            .count();
+        let objects = tombstones
+            + found
+                .iter()
+                .filter(|(k, _)| matches!(k, NearId::Tweet(_) | NearId::User(_)))
+                .count();
         let asked = tweets.len() + users.len();
         stats
             .object_hits
@@ -332,10 +335,12 @@ impl Cache {
         };
         let mut found = Vec::new();
         let mut read_authors = Vec::new();
+        let mut tombstones = 0;
         if !ask_tweets.is_empty() {
             let mut asked = strings(next("tweets")?)?.into_iter().map(decode_tweet);
             for t in tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
                 *t = asked.next().unwrap_or(Cached::Miss);
+                tombstones += usize::from(matches!(t, Cached::Deleted));
                 if let Cached::Hit(tweet) = t {
                     found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
                     read_authors.push(tweet.user_id);
@@ -358,7 +363,7 @@ impl Cache {
         if !ask_users.is_empty() {
             authors.decode(&ask_users, strings(next("users")?)?, &mut found);
         }
-        self.count_found(&ask_tweets, &ask_users, &ask_counts, &found);
+        self.count_found(&ask_tweets, &ask_users, &ask_counts, &found, tombstones);
         let liked = match (viewer, known) {
             (None, _) => None,
             (Some(_), Some(known)) => Some(known),
@@ -378,7 +383,7 @@ impl Cache {
                 let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
                 let before = found.len();
                 authors.decode(&ask_users, values, &mut found);
-                self.count_found(&[], &ask_users, &[], &found[before..]);
+                self.count_found(&[], &ask_users, &[], &found[before..], 0);
             }
         }
         if !found.is_empty() {

@@ -296,7 +296,8 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         );
     }
 
-    fn enabled(&self) -> bool {
+    /// Whether this near cache is on (a zero TTL or capacity turns it off).
+    pub fn enabled(&self) -> bool {
         !self.ttl.is_zero() && self.capacity > 0
     }
 
@@ -338,8 +339,7 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
             .get()
             .and_then(|l| l.subscriber.upgrade())
             .is_some_and(|s| s.subscribed() && s.lease().held() && cache.available())
-            && self.capacity > 0
-            && !self.ttl.is_zero()
+            && self.enabled()
     }
 
     /// Whether this process may answer from memory now; starts the subscription on first use.

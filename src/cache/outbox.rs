@@ -46,7 +46,7 @@ pub struct Backlog {
 ///
 /// # Errors
 /// Postgres failed.
-pub async fn backlog(db: &PgPool) -> sqlx::Result<Backlog> {
+pub async fn backlog(db: impl sqlx::PgExecutor<'_>) -> sqlx::Result<Backlog> {
     sqlx::query_as(
         "select (select count(*) from cache_outbox) as rows,
                 (select (extract(epoch from now() - created_at) * 1000)::bigint

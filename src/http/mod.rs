@@ -91,22 +91,49 @@ pub fn router(state: AppState) -> Router {
                 .on_failure(()),
         )
         .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(trace_id))
         .layer(cors(&state.config.cors_origins))
-        .layer(middleware::from_fn_with_state(state.clone(), measure))
+        // One layer for both (each outer layer clones the stack inside it per request).
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            trace_and_measure,
+        ))
         .with_state(state)
 }
 
-/// Gives each request its trace id ([`crate::trace`]): the caller's W3C `traceparent`
-/// trace-id if valid, else a random one; in the request's extensions (for its span and its
-/// handler's task) and in the `x-trace-id` response header.
-async fn trace_id(mut req: Request, next: Next) -> Response {
-    let trace = (req.headers().get("traceparent"))
-        .and_then(|v| v.to_str().ok())
-        .and_then(TraceId::from_traceparent)
-        .unwrap_or_else(TraceId::random);
+/// The outermost layer: gives each request its trace id ([`crate::trace`]) and records it in
+/// the metrics ([`crate::metrics`]).
+///
+/// The trace id is the caller's W3C `traceparent` trace-id if it sent exactly one valid one,
+/// else a random one; it goes in the request's extensions (for its span and its handler's
+/// task) and in the `x-trace-id` response header. The request counts in `http_requests_total`
+/// and `http_request_duration_seconds` by its route's pattern (never its path: ids would make a
+/// series per tweet) and its method (only the standard ones: any token is a method to hyper).
+async fn trace_and_measure(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let started = std::time::Instant::now();
+    // Several `traceparent` headers are invalid (W3C Trace Context): a trace of our own.
+    let mut parents = req.headers().get_all("traceparent").iter();
+    let trace = match (parents.next(), parents.next()) {
+        (Some(v), None) => v.to_str().ok().and_then(TraceId::from_traceparent),
+        _ => None,
+    }
+    .unwrap_or_else(TraceId::random);
     req.extensions_mut().insert(trace);
+    const STANDARD: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+    let method = (STANDARD.iter().copied())
+        .find(|m| *m == req.method().as_str())
+        .unwrap_or("other");
+    let route = req.extensions().get::<MatchedPath>().cloned();
     let mut res = next.run(req).await;
+    state.metrics.record(
+        method,
+        route.as_ref().map(MatchedPath::as_str),
+        res.status().as_u16(),
+        started.elapsed(),
+    );
     if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
         res.headers_mut()
             .insert(HeaderName::from_static("x-trace-id"), value);
@@ -123,23 +150,6 @@ fn request_span(req: &Request) -> tracing::Span {
         uri = %req.uri(),
         trace_id = trace.map(tracing::field::display),
     )
-}
-
-/// Records each request in `http_requests_total` and `http_request_duration_seconds`
-/// ([`crate::metrics`]), by its route's pattern (never its path: ids would make a series per
-/// tweet).
-async fn measure(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let started = std::time::Instant::now();
-    let method = req.method().clone();
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let res = next.run(req).await;
-    state.metrics.record(
-        method.as_str(),
-        route.as_ref().map(MatchedPath::as_str),
-        res.status().as_u16(),
-        started.elapsed(),
-    );
-    res
 }
 
 /// CORS for browser front ends on the configured origins (`CHIRP_CORS_ORIGINS`); with none, no
@@ -187,7 +197,8 @@ async fn run_to_completion(req: Request, next: Next) -> Response {
     match tokio::spawn(TraceId::scope(trace, next.run(req))).await {
         Ok(res) => res,
         Err(e) => {
-            tracing::error!(error = %e, "request handler panicked");
+            let trace_id = trace.map(tracing::field::display);
+            tracing::error!(error = %e, trace_id, "request handler panicked");
             ApiError::Detail(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "Internal server error.".into(),

@@ -249,8 +249,9 @@ async fn load_window(
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
     let started = std::time::Instant::now();
-    let mut rows = timeline.page(db, None, None, first + 1).await?;
+    let rows = timeline.page(db, None, None, first + 1).await;
     cache.observe_postgres("first_fill", started);
+    let mut rows = rows?;
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
@@ -364,7 +365,8 @@ async fn load_page(
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
     let started = std::time::Instant::now();
-    let rows = timeline.page(db, lt, gt, limit).await?;
+    let rows = timeline.page(db, lt, gt, limit).await;
     cache.observe_postgres("page", started);
+    let rows = rows?;
     with_likes(db, cache, rows, viewer).await
 }

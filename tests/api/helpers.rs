@@ -866,3 +866,162 @@ impl Drop for RedisServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// One event as a client parses it.
+#[derive(Debug, Clone)]
+pub struct Ev {
+    pub kind: String,
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+/// A client of one stream, reading the response body frame by frame.
+pub struct Stream {
+    body: Body,
+    pub buf: String,
+    /// Comment lines seen (`:ok`, heartbeats).
+    pub comments: usize,
+    pub ended: bool,
+}
+
+impl Stream {
+    /// Opens `uri` for `token` (with `Last-Event-ID` if given); panics unless it is a 200 whose
+    /// first frame is the `:ok` comment.
+    pub async fn open(
+        app: &TestApp,
+        uri: &str,
+        token: &str,
+        last_event_id: Option<&str>,
+    ) -> Stream {
+        match Self::try_open(app, uri, token, last_event_id).await {
+            Ok(s) => s,
+            Err((status, body)) => panic!("{uri}: {status} {body}"),
+        }
+    }
+
+    pub async fn try_open(
+        app: &TestApp,
+        uri: &str,
+        token: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Stream, (StatusCode, Value)> {
+        let mut req = Request::get(uri).header("authorization", format!("Bearer {token}"));
+        if let Some(id) = last_event_id {
+            req = req.header("last-event-id", id);
+        }
+        let res = app
+            .app
+            .clone()
+            .oneshot(req.body(Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let status = res.status();
+        if status != StatusCode::OK {
+            let bytes = res.into_body().collect().await.expect("body").to_bytes();
+            return Err((
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            ));
+        }
+        let mut s = Stream {
+            body: res.into_body(),
+            buf: String::new(),
+            comments: 0,
+            ended: false,
+        };
+        // The first frame is the `:ok` comment (or, NDJSON, an empty line); it is consumed
+        // here.
+        s.fill(std::time::Duration::from_secs(5)).await;
+        if let Some(rest) = s.buf.strip_prefix(":ok\nretry: 2000\n\n") {
+            s.buf = rest.to_owned();
+        } else if let Some(rest) = s.buf.strip_prefix('\n') {
+            s.buf = rest.to_owned();
+        } else {
+            panic!("no :ok first: {:?}", s.buf);
+        }
+        Ok(s)
+    }
+
+    /// Reads one more chunk into the buffer; false on timeout or at the end.
+    pub async fn fill(&mut self, within: std::time::Duration) -> bool {
+        if self.ended {
+            return false;
+        }
+        match tokio::time::timeout(within, self.body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    self.buf.push_str(&String::from_utf8_lossy(&data));
+                }
+                true
+            }
+            Ok(_) => {
+                self.ended = true;
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The next event within `within`, skipping comments; `None` on timeout or at the end.
+    pub async fn next(&mut self, within: std::time::Duration) -> Option<Ev> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            while let Some(end) = self.buf.find("\n\n") {
+                let frame: String = self.buf.drain(..end + 2).collect();
+                let mut ev = Ev {
+                    kind: String::new(),
+                    id: None,
+                    data: Value::Null,
+                };
+                for line in frame.lines() {
+                    if let Some(v) = line.strip_prefix("event: ") {
+                        ev.kind = v.to_owned();
+                    } else if let Some(v) = line.strip_prefix("id: ") {
+                        ev.id = Some(v.to_owned());
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        ev.data = serde_json::from_str(v).expect("data is JSON");
+                    } else if line.starts_with(':') {
+                        self.comments += 1;
+                    }
+                }
+                if !ev.kind.is_empty() {
+                    assert_eq!(ev.data["event"], ev.kind.as_str(), "{frame}");
+                    return Some(ev);
+                }
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() || !self.fill(left).await {
+                return None;
+            }
+        }
+    }
+
+    /// Tweet events until `last` (a tweet id) arrives; panics if it does not within 5 s.
+    pub async fn tweets_until(&mut self, last: i64) -> Vec<Ev> {
+        let mut out = Vec::new();
+        loop {
+            let ev = self
+                .next(std::time::Duration::from_secs(5))
+                .await
+                .unwrap_or_else(|| panic!("tweet {last} did not arrive; got {out:?}"));
+            let done = ev.kind == "tweet" && ev.data["tweet"]["id"] == last;
+            out.push(ev);
+            if done {
+                return out;
+            }
+        }
+    }
+
+    /// Whether the stream ends (the body finishes) within `within`, after any events.
+    pub async fn ends_within(&mut self, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while !self.ended {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            self.fill(left).await;
+        }
+        true
+    }
+}

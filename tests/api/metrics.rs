@@ -3,6 +3,7 @@
 
 use axum::http::StatusCode;
 use chirp::cache::AfterCommit;
+use chirp::config::CacheMode;
 use sqlx::PgPool;
 
 use crate::helpers::TestApp;
@@ -104,6 +105,37 @@ async fn metrics_count_requests_by_route_pattern_and_lookups_by_cache_kind(db: P
     assert_eq!(sample(&theirs, &timeline("hits")), Some(0.0), "{theirs}");
 }
 
+/// With the cache off `/metrics` still answers (families without samples left out), and a
+/// method outside the standard ones is `other`, whatever its name: a client cannot make a
+/// series per made-up method.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn metrics_answer_with_the_cache_off_and_bound_the_method_label(db: PgPool) {
+    let app = TestApp::with(db, |c| c.cache = CacheMode::Off).await;
+    for method in ["FOO1", "FOO2"] {
+        let req = axum::http::Request::builder()
+            .method(method)
+            .uri("/api/nowhere")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        app.send(req).await;
+    }
+    let text = scrape(&app).await;
+    let other = r#"http_requests_total{method="other",route="unmatched",status="404"}"#;
+    assert_eq!(sample(&text, other), Some(2.0), "{text}");
+    assert!(!text.contains("FOO"), "{text}");
+    assert_eq!(sample(&text, "chirp_cache_fences_total"), Some(0.0));
+    assert_eq!(sample(&text, "chirp_redis_up"), Some(0.0));
+    // No object near cache without Redis; the token one answers nothing from memory.
+    let trusted = |c: &str| {
+        sample(
+            &text,
+            &format!(r#"chirp_near_cache_trusted{{cache="{c}"}}"#),
+        )
+    };
+    assert_eq!(trusted("object"), None, "{text}");
+    assert_eq!(trusted("token"), Some(0.0), "{text}");
+}
+
 /// The outbox and fan-out gauges say what Postgres holds: a cache step that did not run (a
 /// crash after the commit) shows as an outbox row until the relay applies it.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
@@ -135,7 +167,7 @@ async fn metrics_show_the_outbox_and_the_fan_out_queue_as_postgres_holds_them(db
         Some(jobs as f64),
         "{text}"
     );
-    assert_eq!(sample(&text, "chirp_postgres_up"), Some(1.0));
+    assert_eq!(sample(&text, "chirp_queues_read"), Some(1.0));
 
     app.relay().await;
     app.drain().await;

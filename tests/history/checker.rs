@@ -18,6 +18,10 @@
 //! - **read your writes, on every process**: a tweet is on its author's timeline and newsfeed
 //!   and readable; a deleted tweet is 404; a new nickname is shown; a revoked token is 401;
 //!   a like shows as liked, a cancel as not, once the write answered;
+//! - **streams deliver exactly once**: each actor also keeps a `streaming/user` client that
+//!   drops its connection at random and resumes with its last `id:` through a random process
+//!   ([`Watcher`]; with every timeline fanned out): it never receives a tweet twice, and after
+//!   a final resume it has received every tweet its newsfeed gained since it first connected;
 //! - no request fails (5xx); counts are exact and `chirp check-cache` is clean at the end.
 //!
 //! A violation prints the seed, the violation and the part of the history that touches the
@@ -40,7 +44,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 use tokio::sync::watch;
 
-use crate::helpers::{Proxy, PubSub, RedisServer, Res, TestApp, unique_prefix, urlencode};
+use crate::helpers::{Proxy, PubSub, RedisServer, Res, Stream, TestApp, unique_prefix, urlencode};
 
 /// Processes sharing one Postgres and one Redis.
 const NODES: usize = 2;
@@ -273,6 +277,9 @@ struct World {
     crash: Vec<std::sync::atomic::AtomicU64>,
     /// The last process's way to Redis.
     proxy: Proxy,
+    /// Follows and unfollows asked for, `(when, reader, author)`: a stream may deliver a
+    /// tweet again after its reader unfollowed and followed its author again.
+    follow_changes: Mutex<Vec<(Instant, i64, i64)>>,
 }
 
 impl World {
@@ -429,6 +436,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
             .map(|_| std::sync::atomic::AtomicU64::new(0))
             .collect(),
         proxy,
+        follow_changes: Mutex::new(Vec::new()),
     });
     let redis = Arc::new(tokio::sync::Mutex::new(redis));
     let faults = tokio::spawn(fault_loop(
@@ -436,6 +444,15 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         redis.clone(),
         StdRng::seed_from_u64(seed ^ 0xfa17),
     ));
+    // Stream clients: one per actor, with timelines fanned out only (see [`Watcher`]).
+    let mut watchers = Vec::new();
+    if !hybrid {
+        for (i, actor) in actors.iter().enumerate() {
+            let watcher = Watcher::new(&world, actor).await;
+            let rng = StdRng::seed_from_u64(seed.wrapping_mul(57).wrapping_add(i as u64));
+            watchers.push(tokio::spawn(watch_loop(world.clone(), watcher, rng)));
+        }
+    }
     let mut handles = Vec::new();
     for (i, actor) in actors.into_iter().enumerate() {
         let world = world.clone();
@@ -452,8 +469,31 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         }
     }
     let _ = faults.await;
+    let mut finished = Vec::new();
+    for w in watchers {
+        match w.await {
+            Ok(w) => finished.push(w),
+            Err(e) => world
+                .record
+                .violate(format!("a stream client panicked: {e}"), vec![]),
+        }
+    }
     if !world.record.failed() {
         quiet_checks(&world, &mut actors).await;
+    }
+    for w in &mut finished {
+        if world.record.failed() {
+            break;
+        }
+        w.last_check(&world).await;
+    }
+    if !finished.is_empty() {
+        let delivered: usize = finished.iter().map(|w| w.events).sum();
+        let sessions: usize = finished.iter().map(|w| w.sessions).sum();
+        eprintln!(
+            "history checker: seed {seed}: stream clients received {delivered} tweets over \
+             {sessions} connections"
+        );
     }
     if hybrid {
         let pulled: (i64, i64) =
@@ -512,6 +552,167 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         }
     }
     report
+}
+
+/// An actor's `streaming/user` client, as a browser's `EventSource`: it connects through a
+/// random process, reads for a random while or until the stream ends (a fault ends it), and
+/// reconnects with the last `id:` it got (`Last-Event-ID`). Checked as events come: **no
+/// tweet twice**, unless its reader unfollowed or followed its author between the two; and at
+/// the end ([`Watcher::last_check`]), after one more resume, **none missed**: every tweet of
+/// the reader's newsfeed rows that were not there when the client first connected has come.
+/// Runs only with every timeline fanned out: pulled tweets are not streamed (docs/API.md),
+/// and an author crossing the threshold moves rows out and back.
+struct Watcher {
+    actor: usize,
+    user: i64,
+    /// Its own session (the actor logs out and in again with its own).
+    token: String,
+    last_id: Option<String>,
+    /// Tweets received, with when.
+    delivered: HashMap<i64, Instant>,
+    /// Tweets of the reader's newsfeed rows when the client first connected.
+    before: Option<HashSet<i64>>,
+    events: usize,
+    sessions: usize,
+}
+
+impl Watcher {
+    async fn new(world: &World, actor: &Actor) -> Self {
+        let body = json!({"username": actor.name, "password": "correct horse"});
+        let res = world.app(0).post("/api/accounts/login/", None, body).await;
+        Watcher {
+            actor: actor.index,
+            user: actor.id,
+            token: res.body["token"].as_str().unwrap_or_default().to_owned(),
+            last_id: None,
+            delivered: HashMap::new(),
+            before: None,
+            events: 0,
+            sessions: 0,
+        }
+    }
+
+    /// The reader's newsfeed's tweets in Postgres.
+    async fn rows(&self, world: &World) -> HashSet<i64> {
+        sqlx::query_scalar::<_, i64>("select tweet_id from newsfeeds where user_id = $1")
+            .bind(self.user)
+            .fetch_all(world.app(0).db())
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .collect()
+    }
+
+    /// One connection through `node`, read for `read_for` (or until it ends, or until no
+    /// event came for `idle`).
+    async fn session(&mut self, world: &World, node: usize, read_for: Duration, idle: Duration) {
+        let app = world.app(node);
+        let uri = "/api/streaming/user/";
+        let opened = Stream::try_open(app, uri, &self.token, self.last_id.as_deref()).await;
+        let mut stream = match opened {
+            Ok(s) => s,
+            Err((status, body)) => {
+                // A 503 (Redis down: streams need the subscription) is an answer; a 500 is not.
+                if status == StatusCode::INTERNAL_SERVER_ERROR {
+                    world.record.violate(
+                        format!("a stream open answered {status}: {body}"),
+                        vec![self.user],
+                    );
+                }
+                return;
+            }
+        };
+        self.sessions += 1;
+        world.record.log(
+            self.actor,
+            node,
+            format!("STREAM open after {:?}", self.last_id),
+            vec![self.user],
+        );
+        if self.before.is_none() {
+            // After the open: a row committed meanwhile is left out of the last check.
+            self.before = Some(self.rows(world).await);
+        }
+        let until = Instant::now() + read_for;
+        while Instant::now() < until {
+            let left = until.saturating_duration_since(Instant::now());
+            let Some(ev) = stream.next(idle.min(left)).await else {
+                break;
+            };
+            if let Some(id) = &ev.id {
+                self.last_id = Some(id.clone());
+            }
+            if ev.kind != "tweet" {
+                continue;
+            }
+            let tweet = ev.data["tweet"]["id"].as_i64().unwrap_or_default();
+            let author = ev.data["tweet"]["user"]["id"].as_i64().unwrap_or_default();
+            self.events += 1;
+            world.record.log(
+                self.actor,
+                node,
+                format!("STREAM tweet {tweet} by {author} (id {:?})", ev.id),
+                vec![self.user, tweet, author],
+            );
+            let now = Instant::now();
+            if let Some(first) = self.delivered.insert(tweet, now) {
+                let refollowed = world.follow_changes.lock().is_ok_and(|changes| {
+                    changes
+                        .iter()
+                        .any(|(at, r, a)| *r == self.user && *a == author && *at >= first)
+                });
+                if !refollowed {
+                    world.record.violate(
+                        format!(
+                            "stream exactly once: tweet {tweet} reached user {}'s stream twice",
+                            self.user
+                        ),
+                        vec![self.user, tweet, author],
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One more resume, read until quiet, then none missed.
+    async fn last_check(&mut self, world: &World) {
+        let Some(before) = self.before.clone() else {
+            return;
+        };
+        self.session(
+            world,
+            0,
+            Duration::from_secs(20),
+            Duration::from_millis(1500),
+        )
+        .await;
+        let missed: Vec<i64> = (self.rows(world).await.into_iter())
+            .filter(|t| !before.contains(t) && !self.delivered.contains_key(t))
+            .collect();
+        if let Some(&tweet) = missed.first() {
+            world.record.violate(
+                format!(
+                    "stream none missed: user {}'s stream never received tweet {tweet} of its \
+                     newsfeed ({} missed)",
+                    self.user,
+                    missed.len()
+                ),
+                vec![self.user, tweet],
+            );
+        }
+    }
+}
+
+/// A [`Watcher`]'s connections until the deadline.
+async fn watch_loop(world: Arc<World>, mut w: Watcher, mut rng: StdRng) -> Watcher {
+    while Instant::now() < world.deadline && !world.record.failed() {
+        let node = rng.random_range(0..NODES);
+        let read_for = Duration::from_millis(rng.random_range(100..3000));
+        w.session(&world, node, read_for, read_for).await;
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+    }
+    w
 }
 
 /// Faults on a schedule, until the deadline; Redis is whole again when it returns.
@@ -831,6 +1032,9 @@ async fn follow_or_unfollow(world: &World, me: &mut Actor, node: usize, rng: &mu
     let follows = me.follows.contains(&target);
     let verb = if follows { "unfollow" } else { "follow" };
     let uri = format!("/api/friendships/{target}/{verb}/");
+    if let Ok(mut changes) = world.follow_changes.lock() {
+        changes.push((Instant::now(), me.id, target));
+    }
     let res = world
         .call(
             me.index,
