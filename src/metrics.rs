@@ -110,7 +110,7 @@ impl Metrics {
         registry.register(Box::new(round_trips.redis.clone()))?;
         registry.register(Box::new(round_trips.postgres.clone()))?;
         if let Some(stats) = cache.stats() {
-            // Only the first registry of a cache observes it (tests build one per state).
+            // A cache reports to the registry of the state built with it (set once).
             let _ = stats.round_trips.set(round_trips);
         }
         Ok(Metrics {
@@ -332,14 +332,17 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
          else 0 (their gauges are then left out).",
         &[],
     )?;
-    let queues = tokio::time::timeout(2 * SCRAPE_QUERY_TIMEOUT, queues(&state.db)).await;
-    let queues = match queues {
-        Ok(Ok(queues)) => Some(queues),
-        Ok(Err(e)) => {
+    // In a task of its own: a scrape that stops waiting must not drop the transaction
+    // between two statements (see `http::run_to_completion`); the statement timeout ends it.
+    let db = state.db.clone();
+    let read = tokio::spawn(async move { queues(&db).await });
+    let queues = match tokio::time::timeout(2 * SCRAPE_QUERY_TIMEOUT, read).await {
+        Ok(Ok(Ok(queues))) => Some(queues),
+        Ok(Ok(Err(e))) => {
             tracing::warn!(error = %e, "metrics: reading the queues failed");
             None
         }
-        Err(_) => None,
+        Ok(Err(_)) | Err(_) => None,
     };
     queues_read.set(&[], f64::from(u8::from(queues.is_some())));
     if let Some((lag, outbox)) = queues {
