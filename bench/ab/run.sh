@@ -19,6 +19,7 @@ DB="chirp_ab_$X"; PREFIX="ab$X"; BIN="${AB_BIN_ROOT:-/tmp}/ab-$X-target/release/
 BASE="http://127.0.0.1:$PORT"
 L=${AB_LOGS:-/tmp/ab-logs}/$X-run$N; mkdir -p "$L"
 TOK=${AB_LOGS:-/tmp/ab-logs}/tokens-$X-run$N.txt
+command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null
 sql() { psql -h 127.0.0.1 -U postgres -d "$DB" -X -q -tA -c "$1"; }
 now() { date -u +%FT%T.%3NZ; }
 log() { echo "[$(now)] $X run$N: $*" | tee -a "$L/run.log"; }
@@ -33,6 +34,7 @@ log "dropped $DB, redis keys left under $PREFIX*: $(redis-cli --scan --pattern "
 DATABASE_URL="postgres://postgres@127.0.0.1:5432/$DB" CHIRP_REDIS_PREFIX="$PREFIX" \
   CHIRP_LISTEN="127.0.0.1:$PORT" CHIRP_RATE_LIMITS=off RUST_LOG=warn "$BIN" serve > "$L/server.log" 2>&1 &
 SPID=$!; echo "$SPID" > "$L/server.pid"
+trap 'kill "$SPID" 2>/dev/null || true' EXIT  # a failed step must not leave the server running
 for i in $(seq 1 300); do
   curl -fs "$BASE/livez" >/dev/null 2>&1 && break
   kill -0 "$SPID" 2>/dev/null || { log "server died"; cat "$L/server.log"; exit 1; }
