@@ -510,15 +510,19 @@ impl Cache {
         }
     }
 
-    /// Records a Postgres read of the cache-aside path (`read`: `first_fill`, `page`,
-    /// `extension`, `hydration`) begun at `started`, in `chirp_postgres_round_trip_seconds`.
-    /// Nothing with `CHIRP_CACHE=off` or before [`crate::metrics::Metrics::new`].
-    pub fn observe_postgres(&self, read: &'static str, started: std::time::Instant) {
+    /// Runs `query`, a Postgres read of the cache-aside path (`read`: `first_fill`, `page`,
+    /// `extension`, `hydration`), and records how long it took, failed or not, in
+    /// `chirp_postgres_round_trip_seconds`. Records nothing with `CHIRP_CACHE=off` or before
+    /// [`crate::metrics::Metrics::new`].
+    pub async fn time_postgres<T>(&self, read: &'static str, query: impl Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = query.await;
         if let Some(round_trips) = self.stats().and_then(|s| s.round_trips.get()) {
             (round_trips.postgres)
                 .with_label_values(&[read])
                 .observe(started.elapsed().as_secs_f64());
         }
+        out
     }
 
     /// A session on the connection (connecting to a cluster at first use), within the short

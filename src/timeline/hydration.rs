@@ -49,10 +49,7 @@ pub(super) async fn hydrate(
         });
     }
     if !misses.is_empty() {
-        let started = std::time::Instant::now();
-        let rows = tweets::rows_by_ids(db, &misses).await;
-        cache.observe_postgres("hydration", started);
-        let rows = rows?;
+        let rows = (cache.time_postgres("hydration", tweets::rows_by_ids(db, &misses))).await?;
         let loaded: Vec<(TweetRecord, TweetCounts)> =
             rows.into_iter().map(|r| (r.record, r.counts)).collect();
         let absent: Vec<i64> = misses

@@ -248,10 +248,8 @@ async fn load_window(
         _ => want,
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
-    let started = std::time::Instant::now();
-    let rows = timeline.page(db, None, None, first + 1).await;
-    cache.observe_postgres("first_fill", started);
-    let mut rows = rows?;
+    let fill = timeline.page(db, None, None, first + 1);
+    let mut rows = cache.time_postgres("first_fill", fill).await?;
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
@@ -334,12 +332,8 @@ async fn extend(
     if room == 0 {
         return;
     }
-    let started = std::time::Instant::now();
-    let read = timeline
-        .entries(db, Some(time::from_micros(below)), room + 1)
-        .await;
-    cache.observe_postgres("extension", started);
-    let mut entries = match read {
+    let read = timeline.entries(db, Some(time::from_micros(below)), room + 1);
+    let mut entries = match cache.time_postgres("extension", read).await {
         Ok(entries) => entries,
         Err(e) => {
             tracing::warn!(error = %e, "growing a cached list failed");
@@ -364,9 +358,6 @@ async fn load_page(
     limit: usize,
     viewer: Option<i64>,
 ) -> sqlx::Result<Vec<Item>> {
-    let started = std::time::Instant::now();
-    let rows = timeline.page(db, lt, gt, limit).await;
-    cache.observe_postgres("page", started);
-    let rows = rows?;
+    let rows = (cache.time_postgres("page", timeline.page(db, lt, gt, limit))).await?;
     with_likes(db, cache, rows, viewer).await
 }

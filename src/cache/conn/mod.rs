@@ -45,8 +45,8 @@ mod topology;
 
 use retry::{atomic, command};
 use split::{Split, split, split_per_master};
-pub use topology::{Master, Node, SlotMap, key_slot};
-use topology::{parse_all_nodes, parse_nodes, placement};
+pub use topology::{Master, Node, SlotMap, key_slot, parse_nodes};
+use topology::{parse_all_nodes, placement};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -62,7 +62,7 @@ pub(super) fn parse_all_nodes(text: &str) -> Vec<Node> {
 }
 
 /// The masters in `CLUSTER NODES` output that serve slots, with their slots.
-pub(super) fn parse_nodes(text: &str) -> Vec<Master> {
+pub fn parse_nodes(text: &str) -> Vec<Master> {
     text.lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
