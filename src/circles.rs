@@ -50,7 +50,7 @@ pub struct CircleRow {
 }
 
 /// The public `Circle` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Circle {
     pub id: i64,
     pub name: String,
@@ -58,6 +58,7 @@ pub struct Circle {
     pub owner: User,
     pub members_count: i64,
     pub tweets_count: i64,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     /// Whether the caller is a member (false for anonymous callers).
@@ -65,7 +66,7 @@ pub struct Circle {
 }
 
 /// One place of a rank: `{"rank", "score", "tweet"}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Ranked {
     /// 1, 2, 3, … (ties broken newest first).
     pub rank: usize,

@@ -17,12 +17,13 @@ use crate::tweets::TweetRow;
 use crate::users::{self, User};
 
 /// The public `Comment` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Comment {
     pub id: i64,
     pub tweet_id: i64,
     pub user: User,
     pub content: String,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     pub likes_count: i64,

@@ -37,6 +37,9 @@ pub enum Command {
     /// Compare every cached list, object and counter with Postgres and list the differences
     /// (exit status 1 if any); see `chirp::check`.
     CheckCache,
+    /// Print the API's OpenAPI 3.1 document (as `GET /api/openapi.json` serves it) and exit;
+    /// needs neither Postgres nor Redis.
+    Openapi,
 }
 
 /// Arguments of `chirp replay` (see `chirp::import::replay`).

@@ -18,9 +18,10 @@ use crate::users::{self, User, UserCountsRow};
 
 /// The public `Friendship` object: the other user, when the friendship began, and whether the
 /// caller follows that user.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Friendship {
     pub user: User,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     pub has_followed: bool,

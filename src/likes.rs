@@ -45,9 +45,10 @@ impl Target {
 }
 
 /// The public like object: `{"user": User, "created_at"}`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Like {
     pub user: User,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
 }

@@ -50,21 +50,23 @@ pub struct ListRow {
 }
 
 /// The public `List` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct List {
     pub id: i64,
     pub name: String,
     pub description: String,
     pub owner: User,
     pub members_count: i64,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
 }
 
 /// A member of a list or circle: `{"user": User, "created_at"}` (when they joined).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Member {
     pub user: User,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
 }

@@ -18,6 +18,9 @@ use crate::config::Config;
 
 /// Largest file accepted, in bytes (5 MiB).
 pub const MAX_FILE_BYTES: usize = 5 * 1024 * 1024;
+/// Longest media key (the path after `/media/`) that can name a file, in bytes; chirp issues
+/// keys of about 60.
+pub const MAX_KEY_BYTES: usize = 200;
 /// Most photos per tweet.
 pub const MAX_PHOTOS: usize = 9;
 /// The image types accepted: `(MIME type, file extension)`.
@@ -203,7 +206,16 @@ impl Media {
     /// # Errors
     /// The store failed.
     pub async fn open(&self, key: &str) -> anyhow::Result<Option<StoredFile>> {
-        if key.is_empty() || key.split('/').any(|s| s == ".." || s.is_empty()) {
+        // Only a key of the shape `put_all` issues (`{dir}/{hex}.{ext}`, ASCII) can name a
+        // file: anything else is no file, never a store error (a name too long for the file
+        // system was a 500).
+        let issued = |s: &str| {
+            !s.is_empty()
+                && s != ".."
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        if key.len() > MAX_KEY_BYTES || !key.split('/').all(issued) {
             return Ok(None);
         }
         let mime = IMAGES

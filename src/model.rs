@@ -34,7 +34,7 @@ pub struct TweetRecord {
 
 /// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon
 /// reduced to the box): `bbox` is `[sw_lon, sw_lat, ne_lon, ne_lat]` in degrees.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Place {
     pub full_name: String,
     pub bbox: [f64; 4],

@@ -37,13 +37,14 @@ impl Verb {
 }
 
 /// The public `Notification` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Notification {
     pub id: i64,
     pub verb: String,
     pub actor: User,
     pub target_type: String,
     pub target_id: i64,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     pub unread: bool,

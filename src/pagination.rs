@@ -106,8 +106,9 @@ impl PageQuery {
 }
 
 /// One page of an endless listing: `{"has_next_page": bool, "results": [...]}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Page<T> {
+    /// Older items exist (with `created_at__gt`: more than 1,000 were newer).
     pub has_next_page: bool,
     pub results: Vec<T>,
 }

@@ -208,6 +208,10 @@ pub async fn main() -> anyhow::Result<()> {
                 .run(shutdown_signal())
                 .await
         }
+        Command::Openapi => {
+            println!("{}", crate::http::openapi::document().to_pretty_json()?);
+            Ok(())
+        }
         Command::Worker => run_worker(cli.config, shutdown_signal()).await,
         Command::Replay(args) => {
             if !(args.rate > 0.0 && args.rate.is_finite()) {

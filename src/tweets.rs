@@ -26,10 +26,11 @@ pub const MAX_CONTENT_CHARS: usize = 280;
 pub const MAX_EAGER_REMOVALS: usize = 1000;
 
 /// The public `Tweet` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Tweet {
     pub id: i64,
     pub user: User,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     pub content: String,

@@ -11,7 +11,7 @@ use crate::model::{UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 
 /// The public `User` object: `{"id", "username", "nickname", "avatar_url"}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct User {
     pub id: i64,
     pub username: String,
@@ -31,13 +31,14 @@ impl From<UserRecord> for User {
 }
 
 /// The public `Profile` object: [`User`] plus counts and the sign-up time.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Profile {
     #[serde(flatten)]
     pub user: User,
     pub followers_count: i64,
     pub followings_count: i64,
     pub tweets_count: i64,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
 }

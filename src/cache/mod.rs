@@ -476,6 +476,13 @@ impl Cache {
         timeout: Duration,
         mode: Mode,
     ) -> Result<(T, Vec<(String, u16)>), CacheUnavailable> {
+        // Nothing to send (a write that changed nothing, such as a chat send refused for a
+        // non-member): no round trip. redis-rs refuses an empty pipeline with a client error,
+        // which must not mark Redis down for every request of the process.
+        if pipe.cmd_iter().next().is_none() {
+            let none = T::from_redis_value(redis::Value::Array(Vec::new()));
+            return none.map(|v| (v, Vec::new())).map_err(|_| CacheUnavailable);
+        }
         let started = std::time::Instant::now();
         let result = query_noting_acks(inner, pipe, timeout, mode == Mode::Durable).await;
         if let Some(round_trips) = inner.stats.round_trips.get() {

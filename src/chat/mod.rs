@@ -70,28 +70,32 @@ pub const POLL_WHILE_DOWN: Duration = Duration::from_millis(100);
 const TOPIC: &str = "chat";
 
 /// The public `Channel` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Channel {
     pub id: i64,
     pub name: String,
     pub members: Vec<User>,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
     pub last_message_id: i64,
     /// Messages after the caller's read marker, not counting the caller's own.
     pub unread_count: i64,
-    /// The last message's `created_at`, or the channel's own (the listing's cursor).
-    #[serde(skip)]
+    /// The last message's `created_at`, or the channel's own: the listing's cursor (page with
+    /// `created_at__lt=<last_activity_at>`).
+    #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "time::serialize")]
     pub last_activity_at: Timestamp,
 }
 
 /// The public `Message` object.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Message {
     pub id: i64,
     pub channel_id: i64,
     pub user: User,
     pub content: String,
+    #[schema(value_type = String, format = DateTime)]
     #[serde(serialize_with = "time::serialize")]
     pub created_at: Timestamp,
 }

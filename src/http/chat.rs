@@ -3,25 +3,91 @@
 
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::chat::{self, Channel, Message, Since};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, PathId, QueryMap};
-use crate::pagination::Page;
+use crate::http::openapi::{self, Duplicate, PageParams, Success};
 use crate::state::AppState;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/chat/channels", get(channels).post(create))
-        .route("/api/chat/channels/{id}/members", post(add_member))
-        .route("/api/chat/channels/{id}/leave", post(leave))
-        .route("/api/chat/channels/{id}/messages", get(poll).post(send))
-        .route("/api/chat/channels/{id}/read", post(read))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(channels, create))
+        .routes(routes!(add_member))
+        .routes(routes!(leave))
+        .routes(routes!(poll, send))
+        .routes(routes!(read))
+}
+
+/// The body of a new channel.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct NewChannel {
+    /// The other members' user ids (in a form: ids separated by commas); the caller is added.
+    /// At most 1,000 members with the caller.
+    #[schema(min_items = 1, max_items = 1000)]
+    member_ids: Vec<i64>,
+    /// Trimmed, at most 50 characters (absent or null: `""`).
+    #[schema(max_length = 50)]
+    name: Option<String>,
+}
+
+/// The body of a new channel member.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct NewChannelMember {
+    /// The user to add (an integer, or a decimal string).
+    user_id: i64,
+}
+
+/// The body of a message.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct NewMessage {
+    /// Trimmed, then 1–2000 characters, without U+0000 (as every text field).
+    #[schema(
+        min_length = 1,
+        max_length = 2000,
+        pattern = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+    )]
+    content: String,
+    /// 1–64 characters, unique per channel and sender: a retry with the same `client_id`
+    /// answers the first message again.
+    #[schema(min_length = 1, max_length = 64)]
+    client_id: Option<String>,
+}
+
+/// The body of a read marker.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct ReadMarker {
+    /// The last message read (the marker never moves back nor past the last message).
+    last_read_id: i64,
+}
+
+/// The answer of a poll or a history: `{"messages": [Message, ...], "has_more"}`.
+#[derive(Serialize, ToSchema)]
+pub struct ChannelMessages {
+    /// Oldest first.
+    pub messages: Vec<Message>,
+    /// More messages exist after these (with `before_id`: before them).
+    pub has_more: bool,
+}
+
+/// `{"unread_count": n}`.
+#[derive(Serialize, ToSchema)]
+pub struct ChannelUnread {
+    /// Messages after the caller's marker that others sent.
+    #[schema(minimum = 0)]
+    pub unread_count: i64,
 }
 
 /// `member_ids`: a JSON array of ids, or (forms) ids separated by commas.
@@ -47,6 +113,11 @@ fn member_ids(fields: &Fields) -> Result<Vec<i64>, ApiError> {
     ids.filter(|ids| !ids.is_empty()).ok_or_else(bad)
 }
 
+/// Creates a channel of the caller and the given users (a direct channel has one other member).
+#[utoipa::path(post, path = "/api/chat/channels", tag = "chat",
+    request_body = NewChannel,
+    security(("bearer" = [])),
+    responses((status = 201, body = Channel, description = "The new channel")))]
 async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -63,35 +134,40 @@ async fn create(
     Ok((StatusCode::CREATED, Json(channel)))
 }
 
+/// The caller's channels, most recently active first.
+///
+/// The cursors page on the channels' `last_activity_at` (the last message's time, or the
+/// channel's creation).
+#[utoipa::path(get, path = "/api/chat/channels", tag = "chat",
+    params(PageParams),
+    security(("bearer" = [])),
+    responses((status = 200, body = openapi::Page<Channel>,
+        description = "A page of channels, each with the caller's `unread_count`")))]
 async fn channels(
     State(state): State<AppState>,
     auth: Auth,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<openapi::Page<Channel>>> {
     let req = query.page()?;
-    let page: Page<Channel> = chat::channels(&state.db, &state.cache, auth.user_id, &req).await?;
-    // The cursor of this listing is a channel's last activity, sent as its `created_at`
-    // would be in other listings: clients page with `created_at__lt=<last_activity_at>`.
-    let results: Vec<Value> = page
-        .results
-        .iter()
-        .map(|c| {
-            let mut v = json!(c);
-            v["last_activity_at"] = json!(crate::time::format(&c.last_activity_at));
-            v
-        })
-        .collect();
-    Ok(Json(
-        json!({"has_next_page": page.has_next_page, "results": results}),
-    ))
+    let page = chat::channels(&state.db, &state.cache, auth.user_id, &req).await?;
+    Ok(Json(page))
 }
 
+/// Adds a user to a channel of the caller's (again: changes nothing).
+///
+/// A new member's read marker starts at the channel's last message.
+#[utoipa::path(post, path = "/api/chat/channels/{id}/members", tag = "chat",
+    params(("id" = i64, Path, description = "The channel (404 unless the caller is a member)")),
+    request_body = NewChannelMember,
+    security(("bearer" = [])),
+    responses((status = 201, body = Duplicate,
+        description = "A member; `duplicate`: whether they were one already")))]
 async fn add_member(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
     fields: Fields,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Duplicate>)> {
     let mut errors = FieldErrors::new();
     let Some(user) = fields.required_id("user_id", &mut errors) else {
         return Err(ApiError::Validation(errors));
@@ -99,19 +175,37 @@ async fn add_member(
     let added = chat::add_member(&state.db, auth.user_id, id, user).await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"success": true, "duplicate": !added})),
+        Json(Duplicate {
+            success: true,
+            duplicate: !added,
+        }),
     ))
 }
 
+/// Leaves a channel; afterwards it is a 404 for the caller.
+#[utoipa::path(post, path = "/api/chat/channels/{id}/leave", tag = "chat",
+    params(("id" = i64, Path, description = "The channel (404 unless the caller is a member)")),
+    security(("bearer" = [])),
+    responses((status = 200, body = Success, description = "Left")))]
 async fn leave(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Success>> {
     chat::leave(&state.db, auth.user_id, id).await?;
-    Ok(Json(json!({"success": true})))
+    Ok(Json(Success { success: true }))
 }
 
+/// Sends a message to a channel of the caller's.
+///
+/// A retry with the same `client_id` (also a concurrent one) answers the first message and
+/// stores no second one. A 201 means stored.
+#[utoipa::path(post, path = "/api/chat/channels/{id}/messages", tag = "chat",
+    params(("id" = i64, Path, description = "The channel (404 unless the caller is a member)")),
+    request_body = NewMessage,
+    security(("bearer" = [])),
+    responses((status = 201, body = Message,
+        description = "The message (the first one, for a retried `client_id`)")))]
 async fn send(
     State(state): State<AppState>,
     auth: Auth,
@@ -133,11 +227,6 @@ async fn send(
             .entry("content".into())
             .or_default()
             .push(too_long(chat::MAX_CONTENT_CHARS)),
-        // Postgres text can not hold U+0000 (and one such send would fail its whole batch).
-        _ if content.as_deref().is_some_and(|c| c.contains('\0')) => errors
-            .entry("content".into())
-            .or_default()
-            .push("Null characters are not allowed.".into()),
         _ => {}
     }
     if client_id
@@ -174,12 +263,33 @@ fn bounded(query: &QueryMap, name: &str, min: i64, max: i64, default: i64) -> Ap
     }
 }
 
+/// A channel's messages: a poll, a long-poll or its history.
+///
+/// Without `since_id` or `before_id`: the messages after the caller's read marker, which moves
+/// to the last one returned; with `since_id`, the messages after it, and nothing moves.
+/// `wait=S` long-polls: with nothing new, the answer comes as soon as a message arrives, or
+/// after S seconds with none. With `before_id` (history): the `limit` messages before it
+/// (`since_id` and `wait` are then ignored).
+#[utoipa::path(get, path = "/api/chat/channels/{id}/messages", tag = "chat",
+    params(
+        ("id" = i64, Path, description = "The channel (404 unless the caller is a member)"),
+        ("since_id" = Option<i64>, Query, minimum = 0,
+            description = "Messages after this id (absent: after the caller's read marker)"),
+        ("before_id" = Option<i64>, Query, minimum = 1,
+            description = "History: the messages before this id"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100,
+            description = "Most messages (default 50)"),
+        ("wait" = Option<i64>, Query, minimum = 0, maximum = 30,
+            description = "Seconds to wait for a message when there is none (default 0)"),
+    ),
+    security(("bearer" = [])),
+    responses((status = 200, body = ChannelMessages, description = "Messages, oldest first")))]
 async fn poll(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ChannelMessages>> {
     let limit = bounded(&query, "limit", 1, 100, 50)? as usize;
     let (messages, has_more) = if query.0.contains_key("before_id") {
         let before = bounded(&query, "before_id", 1, i64::MAX, 1)?;
@@ -193,19 +303,27 @@ async fn poll(
         let wait = Duration::from_secs(wait.unsigned_abs());
         chat::poll(&state.chat, auth.user_id, id, since, limit, wait).await?
     };
-    Ok(Json(json!({"messages": messages, "has_more": has_more})))
+    Ok(Json(ChannelMessages { messages, has_more }))
 }
 
+/// Moves the caller's read marker of a channel forward.
+#[utoipa::path(post, path = "/api/chat/channels/{id}/read", tag = "chat",
+    params(("id" = i64, Path, description = "The channel (404 unless the caller is a member)")),
+    request_body = ReadMarker,
+    security(("bearer" = [])),
+    responses((status = 200, body = ChannelUnread, description = "The unread count after it")))]
 async fn read(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
     fields: Fields,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<ChannelUnread>> {
     let mut errors = FieldErrors::new();
     let Some(last) = fields.required_id("last_read_id", &mut errors) else {
         return Err(ApiError::Validation(errors));
     };
     let unread = chat::mark_read(&state.db, auth.user_id, id, last).await?;
-    Ok(Json(json!({"unread_count": unread})))
+    Ok(Json(ChannelUnread {
+        unread_count: unread,
+    }))
 }

@@ -1,29 +1,55 @@
 //! `/api/circles/`: circles, membership, their tweets and their daily rank.
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use serde_json::{Value, json};
+use serde::Serialize;
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use crate::circles::{self, Circle, CircleRow};
+use crate::circles::{self, Circle, CircleRow, Ranked};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
+use crate::http::openapi::{self, Deleted, Duplicate, PageParams};
 use crate::http::timeline::{JsonBody, owned_timeline_page};
 use crate::lists::{Added, Member};
 use crate::pagination::Page;
 use crate::state::AppState;
 use crate::timeline::Timeline;
+use crate::tweets::Tweet;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/circles", get(all).post(create))
-        .route("/api/circles/{id}", get(detail))
-        .route("/api/circles/{id}/join", post(join))
-        .route("/api/circles/{id}/leave", post(leave))
-        .route("/api/circles/{id}/members", get(members))
-        .route("/api/circles/{id}/tweets", get(circle_tweets))
-        .route("/api/circles/{id}/rank", get(rank))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(all, create))
+        .routes(routes!(detail))
+        .routes(routes!(join))
+        .routes(routes!(leave))
+        .routes(routes!(members))
+        .routes(routes!(circle_tweets))
+        .routes(routes!(rank))
+}
+
+/// The body of a new circle.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct NewCircle {
+    /// Trimmed, then 1–50 characters; unique case-insensitively.
+    #[schema(min_length = 1, max_length = 50, pattern = r"\S")]
+    name: String,
+    /// Trimmed, at most 280 characters (absent or null: `""`).
+    #[schema(max_length = 280)]
+    description: Option<String>,
+}
+
+/// A circle's rank of one day: `{"date", "results": [Ranked]}`.
+#[derive(Serialize, ToSchema)]
+pub struct CircleRank {
+    /// The UTC day, `YYYY-MM-DD`.
+    #[schema(format = Date)]
+    pub date: String,
+    /// The day's tweets by score, ties newest first.
+    pub results: Vec<Ranked>,
 }
 
 async fn object(state: &AppState, row: CircleRow, viewer: Option<i64>) -> ApiResult<Circle> {
@@ -40,6 +66,11 @@ async fn exists(state: &AppState, id: i64) -> ApiResult<()> {
         .ok_or(ApiError::NotFound)
 }
 
+/// Creates a circle; the caller is its owner and first member.
+#[utoipa::path(post, path = "/api/circles", tag = "circles",
+    request_body = NewCircle,
+    security(("bearer" = [])),
+    responses((status = 201, body = Circle, description = "The new circle")))]
 async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -59,6 +90,12 @@ async fn create(
     ))
 }
 
+/// Every circle, newest first.
+#[utoipa::path(get, path = "/api/circles", tag = "circles",
+    params(PageParams),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = openapi::Page<Circle>,
+        description = "A page of circles (`is_member` is the caller's)")))]
 async fn all(
     State(state): State<AppState>,
     caller: MaybeAuth,
@@ -73,6 +110,11 @@ async fn all(
     }))
 }
 
+/// A circle.
+#[utoipa::path(get, path = "/api/circles/{id}", tag = "circles",
+    params(("id" = i64, Path, description = "The circle")),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = Circle, description = "The circle")))]
 async fn detail(
     State(state): State<AppState>,
     caller: MaybeAuth,
@@ -84,27 +126,50 @@ async fn detail(
     Ok(Json(object(&state, row, caller.id()).await?))
 }
 
+/// Joins a circle (again: changes nothing).
+#[utoipa::path(post, path = "/api/circles/{id}/join", tag = "circles",
+    params(("id" = i64, Path, description = "The circle")),
+    security(("bearer" = [])),
+    responses((status = 201, body = Duplicate,
+        description = "A member; `duplicate`: whether they were one already")))]
 async fn join(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
-) -> ApiResult<(StatusCode, Json<Value>)> {
+) -> ApiResult<(StatusCode, Json<Duplicate>)> {
     let duplicate = circles::join(&state.db, auth.user_id, id).await? == Added::Duplicate;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"success": true, "duplicate": duplicate})),
+        Json(Duplicate {
+            success: true,
+            duplicate,
+        }),
     ))
 }
 
+/// Leaves a circle (the owner too, who stays its owner); tweets posted into it stay.
+#[utoipa::path(post, path = "/api/circles/{id}/leave", tag = "circles",
+    params(("id" = i64, Path, description = "The circle")),
+    security(("bearer" = [])),
+    responses((status = 200, body = Deleted,
+        description = "Not a member; `deleted`: 1 if they were one, else 0")))]
 async fn leave(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Deleted>> {
     let deleted = circles::leave(&state.db, auth.user_id, id).await?;
-    Ok(Json(json!({"success": true, "deleted": deleted})))
+    Ok(Json(Deleted {
+        success: true,
+        deleted: u8::from(deleted > 0),
+    }))
 }
 
+/// A circle's members, newest member first.
+#[utoipa::path(get, path = "/api/circles/{id}/members", tag = "circles",
+    params(("id" = i64, Path, description = "The circle"), PageParams),
+    responses((status = 200, body = openapi::Page<Member>,
+        description = "A page of members; `created_at` is when they joined")))]
 async fn members(
     State(state): State<AppState>,
     PathId(id): PathId,
@@ -117,6 +182,12 @@ async fn members(
     ))
 }
 
+/// The tweets posted into a circle, newest first.
+#[utoipa::path(get, path = "/api/circles/{id}/tweets", tag = "circles",
+    params(("id" = i64, Path, description = "The circle"), PageParams),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = openapi::Page<Tweet>,
+        description = "A page of tweets (`has_liked` for a logged-in caller)")))]
 async fn circle_tweets(
     State(state): State<AppState>,
     caller: MaybeAuth,
@@ -127,12 +198,26 @@ async fn circle_tweets(
     owned_timeline_page(&state, Timeline::Circle(id), &req, caller.id()).await
 }
 
+/// A circle's best tweets of one UTC day.
+///
+/// By score = `likes_count + comments_count` at the time of the answer; ranks 1, 2, 3, … with
+/// ties broken newest first.
+#[utoipa::path(get, path = "/api/circles/{id}/rank", tag = "circles",
+    params(
+        ("id" = i64, Path, description = "The circle"),
+        ("date" = Option<String>, Query, format = Date,
+            description = "The UTC day, `YYYY-MM-DD`: today (the default) or up to 30 days back"),
+        ("limit" = Option<i64>, Query, minimum = 1, maximum = 100,
+            description = "Most entries (default 20)"),
+    ),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = CircleRank, description = "The day's rank")))]
 async fn rank(
     State(state): State<AppState>,
     caller: MaybeAuth,
     PathId(id): PathId,
     query: QueryMap,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<CircleRank>> {
     let day = circles::parse_day(query.0.get("date").map(String::as_str))?;
     let limit = match query.0.get("limit").map(|l| l.trim()) {
         None | Some("") => 20,
@@ -151,8 +236,8 @@ async fn rank(
             })?,
     };
     let results = circles::rank(&state.db, &state.cache, id, day, limit, caller.id()).await?;
-    Ok(Json(json!({
-        "date": day.format("%Y-%m-%d").to_string(),
-        "results": results,
-    })))
+    Ok(Json(CircleRank {
+        date: day.format("%Y-%m-%d").to_string(),
+        results,
+    }))
 }

@@ -157,10 +157,19 @@ impl Fields {
         self.0.contains_key(name)
     }
 
-    /// An optional text field: `None` if absent or null; a non-string is an error.
+    /// An optional text field: `None` if absent or null; a non-string is an error, and so is a
+    /// string with U+0000, which Postgres can not store in text (it was a 500; Django REST
+    /// framework refuses it the same way).
     pub fn text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
         match self.0.get(name) {
             None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.contains('\0') => {
+                errors
+                    .entry(name.into())
+                    .or_default()
+                    .push("Null characters are not allowed.".into());
+                None
+            }
             Some(Value::String(s)) => Some(s.clone()),
             Some(_) => {
                 errors

@@ -3,26 +3,33 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::{Json, Router};
+use serde::Serialize;
 use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/livez", get(livez))
-        .route("/metrics", get(metrics))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(livez))
+        .routes(routes!(metrics))
 }
 
-/// `GET /metrics`: this process's metrics in the Prometheus text format
-/// ([`crate::metrics`]).
+/// This process's metrics in the Prometheus text format.
+///
+/// Rendered by [`crate::metrics`]; docs/API.md "Extra endpoints and fields" lists them.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, body = String, content_type = "text/plain",
+        description = "The Prometheus text format (`text/plain; version=0.0.4`)")))]
 async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     let text = state
         .metrics
@@ -32,6 +39,8 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
     Ok(([(CONTENT_TYPE, prometheus::TEXT_FORMAT)], text))
 }
 
+/// The health of this process and its dependencies.
+///
 /// 200 if Postgres answers (503 if not); `redis` is `ok`, `down`, or `off` with
 /// `CHIRP_CACHE=off`. Also reports the cache's counters since start, and this process's chat
 /// send transactions and the messages they stored (their ratio: the group commit's batch size),
@@ -42,6 +51,15 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
 /// the oldest one's age in ms, [`crate::jobs::lag`]; how long the oldest job no runner has
 /// taken has waited, and whether composes are refused for it, [`crate::jobs::Backlog`]; `null`
 /// if Postgres does not answer).
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses(
+        (status = 200, body = Object, description = "Postgres answers. `{\"status\": \"ok\", \
+            \"postgres\": \"ok\", \"redis\": \"ok\" | \"down\" | \"off\", \"fanout\", \"cache\", \
+            \"chat\", \"streams\", \"replica\", \"lease\", \"tokens\", \"near_objects\"}` \
+            (docs/API.md, \"Extra endpoints and fields\")"),
+        (status = 503, body = Object, description = "Postgres does not answer: the same body \
+            with `\"status\": \"error\"`, `\"postgres\": \"down\"` and `\"fanout\": null`"),
+    ))]
 async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
     let probed = state.health.probe(&state).await;
     let (pg_ok, fanout) = match probed.lag {
@@ -180,7 +198,26 @@ impl Probe {
     }
 }
 
+/// `{"status": "ok"}`.
+#[derive(Serialize, ToSchema)]
+pub struct Live {
+    pub status: LiveStatus,
+}
+
+/// Always `ok`.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LiveStatus {
+    Ok,
+}
+
+/// Whether the process answers (a liveness probe).
+///
 /// Always 200 without touching Postgres or Redis: the HTTP stack's ceiling in benchmarks.
-async fn livez() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+#[utoipa::path(get, path = "/livez", tag = "operations",
+    responses((status = 200, body = Live, description = "The process answers")))]
+async fn livez() -> Json<Live> {
+    Json(Live {
+        status: LiveStatus::Ok,
+    })
 }

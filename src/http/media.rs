@@ -1,6 +1,5 @@
 //! `/media/{key}`: the stored photos and avatars, streamed with their content type.
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::HeaderValue;
@@ -8,19 +7,46 @@ use axum::http::header::{
     CACHE_CONTROL, CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS,
 };
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::AppState;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route("/media/{*key}", get(file))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new().routes(routes!(file))
 }
 
+/// A stored file's bytes.
+#[derive(utoipa::ToSchema)]
+#[schema(value_type = String, format = Binary)]
+#[allow(dead_code)] // the body is streamed from the store; this is its schema
+struct FileBytes(Vec<u8>);
+
+/// A stored photo or avatar.
+///
 /// The file's bytes, streamed from the store, with its content type and length, immutable
 /// caching (keys are random and never reused), `X-Content-Type-Options: nosniff` (a browser
 /// never runs a file as anything but the image type it was stored as) and an inline content
 /// disposition with its file name.
+#[utoipa::path(get, path = "/media/{*key}", tag = "media",
+    params(("key" = String, Path,
+        description = "The file's key: the rest of a `photo_urls` or `avatar_url` path after \
+            `/media/`, such as `photos/{random}.jpg` or `avatars/{user id}/{random}.png`")),
+    responses((status = 200,
+        description = "The file's bytes, with the content type of its extension",
+        content(
+            (inline(FileBytes) = "image/jpeg"),
+            (inline(FileBytes) = "image/png"),
+            (inline(FileBytes) = "image/gif"),
+            (inline(FileBytes) = "image/webp"),
+            (inline(FileBytes) = "application/octet-stream"),
+        ),
+        headers(
+            ("Cache-Control" = String, description = "`public, max-age=31536000, immutable`"),
+            ("Content-Disposition" = String, description = "`inline; filename=\"{name}\"`"),
+            ("X-Content-Type-Options" = String, description = "`nosniff`"),
+        ))))]
 async fn file(State(state): State<AppState>, Path(key): Path<String>) -> ApiResult<Response> {
     let file = state.media.open(&key).await?.ok_or(ApiError::NotFound)?;
     let name = key.rsplit('/').next().unwrap_or("file");

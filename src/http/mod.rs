@@ -14,6 +14,7 @@ pub mod lists;
 pub mod media;
 pub mod newsfeeds;
 pub mod notifications;
+pub mod openapi;
 pub mod serve;
 pub mod streams;
 pub mod timeline;
@@ -34,6 +35,7 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
 use tower_http::trace::TraceLayer;
+use utoipa_axum::router::OpenApiRouter;
 
 use crate::error::ApiError;
 use crate::state::AppState;
@@ -53,9 +55,9 @@ pub fn app(state: AppState) -> NormalizePath<Router> {
     NormalizePathLayer::trim_trailing_slash().layer(router(state))
 }
 
-/// Every route and layer (paths without the trailing slash; see [`app`]).
-pub fn router(state: AppState) -> Router {
-    Router::new()
+/// Every route, each with its OpenAPI operation ([`openapi`]).
+pub fn routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .merge(accounts::router())
         .merge(users::router())
         .merge(tweets::router())
@@ -70,6 +72,13 @@ pub fn router(state: AppState) -> Router {
         .merge(health::router())
         .merge(chat::router())
         .merge(streams::router())
+        .merge(openapi::router())
+}
+
+/// Every route and layer (paths without the trailing slash; see [`app`]).
+pub fn router(state: AppState) -> Router {
+    let (router, _) = routes().split_for_parts();
+    router
         .fallback(|| async { ApiError::NotFound })
         .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
         .layer(middleware::from_fn_with_state(

@@ -8,15 +8,16 @@ use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::{CACHE_CONTROL, CONNECTION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot, watch};
+use utoipa::{IntoParams, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::cache::Cache;
 use crate::error::{ApiError, ApiResult};
@@ -26,18 +27,48 @@ use crate::state::AppState;
 use crate::streams::{self, Cursor, Ended, Event, Filter, Predicates, Registration, Token};
 use crate::time;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/api/streaming/statuses/sample", get(sample))
-        .route(
-            "/api/streaming/statuses/filter",
-            get(filter_get).post(filter_post),
-        )
-        .route("/api/streaming/user", get(user))
-        .route("/demo", get(demo))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(sample))
+        .routes(routes!(filter_get, filter_post))
+        .routes(routes!(user))
+        .routes(routes!(demo))
 }
 
-/// `/demo/`: a page that shows the caller's live timeline (`streaming/user`) in a browser.
+/// The `format` parameter of every stream.
+#[derive(IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // read by the handlers from [`QueryMap`] ([`format`]); this is its schema
+struct FormatParam {
+    /// `sse` (server-sent events; also when absent or empty) or `ndjson` (one JSON object per
+    /// line).
+    #[param(inline)]
+    format: Option<Format>,
+}
+
+/// The predicates of `statuses/filter`: at least one; a tweet that matches any is sent.
+#[derive(IntoParams, ToSchema)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // read by the handlers as [`QueryMap`] or [`Fields`]; this is their schema
+struct FilterParams {
+    /// At most 400 comma-separated phrases of at most 60 characters; a phrase matches when all
+    /// its space-separated words occur in the text (any case). In a JSON body, also an array.
+    track: Option<String>,
+    /// At most 5000 comma-separated positive user ids: tweets by them. In a JSON body, also an
+    /// array.
+    follow: Option<String>,
+    /// At most 25 boxes `sw_lon,sw_lat,ne_lon,ne_lat,...` (lon -180–180, lat -90–90, sw not
+    /// north or east of ne): tweets whose coordinates fall in a box, or whose place's bbox
+    /// overlaps one. In a JSON body, also an array.
+    locations: Option<String>,
+}
+
+/// A page that shows the caller's live timeline in a browser.
+///
+/// `/demo/`: it reads `streaming/user` with a token pasted into it.
+#[utoipa::path(get, path = "/demo", tag = "streams",
+    responses((status = 200, body = String, content_type = "text/html",
+        description = "An HTML page")))]
 async fn demo() -> impl IntoResponse {
     (
         [(
@@ -55,6 +86,14 @@ pub const MAX_BOXES: usize = 25;
 /// Most characters of one `track` phrase.
 pub const MAX_PHRASE_CHARS: usize = 60;
 
+/// What every stream's 200 answers.
+const STREAM: &str = "A stream: server-sent events, or NDJSON with `format=ndjson`. Events: \
+    `{\"event\": \"tweet\", \"tweet\": Tweet}`, `{\"event\": \"delete\", \"tweet_id\", \
+    \"user_id\"}`, and last `{\"event\": \"warning\", \"code\": \"FALLING_BEHIND\", \
+    \"message\"}` or `{\"event\": \"disconnect\", \"code\": \"UNAVAILABLE\" | \"SHUTDOWN\", \
+    \"message\"}`; `:` heartbeats (empty lines in NDJSON). SSE `id:` is the tweet id, or the \
+    resume token on `streaming/user` (whose NDJSON tweet lines carry it as `\"id\"`).";
+
 /// How long a new stream waits for this process's subscription to stand before a 503.
 const SUBSCRIBE_WAIT: Duration = Duration::from_secs(3);
 
@@ -69,7 +108,8 @@ const DELETES_KEPT: usize = 256;
 const MAX_RESUME_AGE: chrono::TimeDelta = chrono::TimeDelta::days(30);
 
 /// How the events are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[schema(as = StreamFormat, rename_all = "lowercase")]
 enum Format {
     Sse,
     Ndjson,
@@ -83,6 +123,19 @@ fn format(params: &HashMap<String, String>) -> ApiResult<Format> {
     }
 }
 
+/// A sample of all new tweets.
+///
+/// Deterministic per caller: a tweet is sent when `id mod 100` is one of the `percent`
+/// consecutive residues from `(caller_id × 37) mod 100`; deletes of sent tweets too.
+#[utoipa::path(get, path = "/api/streaming/statuses/sample", tag = "streams",
+    params(
+        FormatParam,
+        ("percent" = Option<i32>, Query, minimum = 1, maximum = 100,
+            description = "How many hundredths of the tweets to send (default 1)"),
+    ),
+    security(("bearer" = [])),
+    responses((status = 200, description = STREAM,
+        content((String = "text/event-stream"), (String = "application/x-ndjson")))))]
 async fn sample(
     State(state): State<AppState>,
     auth: Auth,
@@ -109,6 +162,15 @@ async fn sample(
     .await
 }
 
+/// New tweets that match a filter.
+///
+/// Tweets that match any of the predicates, as they are posted, and deletes of tweets that
+/// matched.
+#[utoipa::path(get, path = "/api/streaming/statuses/filter", tag = "streams",
+    params(FormatParam, FilterParams),
+    security(("bearer" = [])),
+    responses((status = 200, description = STREAM,
+        content((String = "text/event-stream"), (String = "application/x-ndjson")))))]
 async fn filter_get(
     State(state): State<AppState>,
     auth: Auth,
@@ -118,6 +180,17 @@ async fn filter_get(
     open_filter(&state, &auth, conn, &query.0).await
 }
 
+/// New tweets that match a filter given in the body.
+///
+/// As `GET`, with the predicates in a form or JSON body (lists may be JSON arrays); a body
+/// field wins over the query parameter of the same name.
+#[utoipa::path(post, path = "/api/streaming/statuses/filter", tag = "streams",
+    params(FormatParam),
+    request_body(content = FilterParams,
+        description = "The predicates (the query may carry them too; a body field wins)"),
+    security(("bearer" = [])),
+    responses((status = 200, description = STREAM,
+        content((String = "text/event-stream"), (String = "application/x-ndjson")))))]
 async fn filter_post(
     State(state): State<AppState>,
     auth: Auth,
@@ -247,6 +320,22 @@ fn predicates(params: &HashMap<String, String>) -> ApiResult<Predicates> {
     Ok(p)
 }
 
+/// The caller's live newsfeed.
+///
+/// Every tweet as it enters the caller's newsfeed and deletes of tweets in it. With
+/// `Last-Event-ID` or `since`, first everything in the newsfeed after it (at most 30 days
+/// back), then live.
+#[utoipa::path(get, path = "/api/streaming/user", tag = "streams",
+    params(
+        FormatParam,
+        ("since" = Option<String>, Query, format = DateTime,
+            description = "Resume after this `NewsFeed.created_at` (RFC 3339)"),
+        ("Last-Event-ID" = Option<String>, Header, nullable = false,
+            description = "Resume after this event: its resume token (wins over `since`)"),
+    ),
+    security(("bearer" = [])),
+    responses((status = 200, description = STREAM,
+        content((String = "text/event-stream"), (String = "application/x-ndjson")))))]
 async fn user(
     State(state): State<AppState>,
     auth: Auth,

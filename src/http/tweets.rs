@@ -1,17 +1,19 @@
 //! `/api/tweets/`: a user's tweets, posting, detail and deletion.
 
+use axum::Json;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
 use serde::Serialize;
-use serde_json::{Value, json};
+use utoipa::ToSchema;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use crate::circles;
 use crate::comments::{self, Comment};
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::UPLOAD_BODY_BYTES;
 use crate::http::extract::{Auth, Fields, MaybeAuth, PathId, QueryMap};
+use crate::http::openapi::{Detail, Page, PageParams, Success};
 use crate::http::timeline::{JsonBody, owned_timeline_page};
 use crate::likes::{self, Like};
 use crate::media::{self, Media};
@@ -21,17 +23,17 @@ use crate::state::AppState;
 use crate::timeline::Timeline;
 use crate::tweets::{self, NewTweet, Tweet};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/api/tweets",
-            get(list)
-                .post(create)
-                .layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
-        )
-        .route("/api/tweets/{id}", get(detail).delete(remove))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
+        .routes(routes!(detail, remove))
 }
 
+/// A user's tweets, newest first.
+#[utoipa::path(get, path = "/api/tweets", tag = "tweets",
+    params(("user_id" = i64, Query, description = "The author (404 if no such user)"), PageParams),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = Page<Tweet>, description = "A page; `has_liked` is the caller's")))]
 async fn list(
     State(state): State<AppState>,
     caller: MaybeAuth,
@@ -42,6 +44,52 @@ async fn list(
     owned_timeline_page(&state, Timeline::UserTweets(user_id), &req, caller.id()).await
 }
 
+/// The body of a new tweet.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct TweetBody {
+    /// 1–280 characters after trimming.
+    #[schema(min_length = 1)]
+    content: String,
+    /// The circle to post into (the caller must be a member); absent, null or "": none.
+    circle_id: Option<i64>,
+    /// Longitude in degrees, with `lat`.
+    #[schema(minimum = -180.0, maximum = 180.0)]
+    lon: Option<f64>,
+    /// Latitude in degrees, with `lon`.
+    #[schema(minimum = -90.0, maximum = 90.0)]
+    lat: Option<f64>,
+}
+
+/// The multipart form of a new tweet: the fields, and up to 9 photos.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct TweetUpload {
+    #[schema(min_length = 1)]
+    content: String,
+    circle_id: Option<i64>,
+    #[schema(minimum = -180.0, maximum = 180.0)]
+    lon: Option<f64>,
+    #[schema(minimum = -90.0, maximum = 90.0)]
+    lat: Option<f64>,
+    /// 0–9 images (JPEG, PNG, GIF or WebP by content, ≤ 5 MiB, ≤ 8192 px a side each), in
+    /// order; repeat the part.
+    #[schema(value_type = Option<Vec<String>>, format = Binary)]
+    files: Option<Vec<Vec<u8>>>,
+}
+
+/// Posts a tweet; it is fanned out to the author's followers (or pulled, for a large account).
+#[utoipa::path(post, path = "/api/tweets", tag = "tweets",
+    security(("bearer" = [])),
+    request_body(content(
+        (TweetBody = "application/json"),
+        (TweetBody = "application/x-www-form-urlencoded"),
+        (TweetUpload = "multipart/form-data"),
+    )),
+    responses(
+        (status = 201, body = Tweet, description = "The new tweet"),
+        (status = 403, body = Detail, description = "Not a member of `circle_id`"),
+    ))]
 async fn create(
     State(state): State<AppState>,
     auth: Auth,
@@ -111,7 +159,7 @@ async fn create(
 const DETAIL_NEWEST: usize = 20;
 
 /// `TweetDetail`: the tweet with its newest comments and likes.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct TweetDetail {
     #[serde(flatten)]
     tweet: Tweet,
@@ -119,6 +167,11 @@ struct TweetDetail {
     likes: Vec<Like>,
 }
 
+/// A tweet with its newest 20 comments and 20 likes.
+#[utoipa::path(get, path = "/api/tweets/{id}", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet")),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = TweetDetail, description = "The tweet")))]
 async fn detail(
     State(state): State<AppState>,
     caller: MaybeAuth,
@@ -162,12 +215,20 @@ async fn detail(
     }))
 }
 
+/// Deletes the caller's tweet (with its comments, likes and photos).
+#[utoipa::path(delete, path = "/api/tweets/{id}", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, body = Success, description = "Deleted"),
+        (status = 403, body = Detail, description = "Not the caller's tweet"),
+    ))]
 async fn remove(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,
-) -> ApiResult<Json<Value>> {
+) -> ApiResult<Json<Success>> {
     let tweet = tweets::delete(&state.db, &state.cache, auth.user_id, id).await?;
     state.media.delete_urls(&tweet.photo_urls).await;
-    Ok(Json(json!({"success": true})))
+    Ok(Json(Success { success: true }))
 }

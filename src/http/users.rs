@@ -1,12 +1,15 @@
 //! `/api/users/{id}`: profiles.
 
+use axum::Json;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use utoipa::ToSchema;
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
 use crate::error::{ApiError, ApiResult, FieldErrors};
 use crate::http::UPLOAD_BODY_BYTES;
 use crate::http::extract::{Auth, Fields, PathId};
+use crate::http::openapi::Detail;
 use crate::media::Media;
 use crate::state::AppState;
 use crate::users::{self, Profile, ProfileEdit};
@@ -16,16 +19,15 @@ pub const MAX_NICKNAME: usize = 50;
 /// Longest avatar URL, in bytes.
 pub const MAX_AVATAR_URL: usize = 500;
 
-pub fn router() -> Router<AppState> {
-    Router::new().route(
-        "/api/users/{id}",
-        get(profile)
-            .patch(update)
-            .put(update)
-            .layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)),
-    )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(profile, update).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
 }
 
+/// A user's profile.
+#[utoipa::path(get, path = "/api/users/{id}", tag = "users",
+    params(("id" = i64, Path, description = "The user's id")),
+    responses((status = 200, body = Profile, description = "The profile")))]
 async fn profile(State(state): State<AppState>, PathId(id): PathId) -> ApiResult<Json<Profile>> {
     users::profile(&state.db, &state.cache, id)
         .await?
@@ -42,6 +44,45 @@ fn is_http_url(url: &str) -> bool {
     !host.is_empty() && !url.chars().any(|c| c.is_whitespace() || c.is_control())
 }
 
+/// The body of a profile edit: an absent field is left alone, `null` or `""` clears it.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct ProfileBody {
+    /// At most 50 characters after trimming.
+    #[schema(max_length = 50)]
+    nickname: Option<String>,
+    /// An http(s) URL of at most 500 bytes.
+    #[schema(max_length = 500)]
+    avatar_url: Option<String>,
+}
+
+/// The multipart form of a profile edit: the fields, and an uploaded avatar.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct ProfileUpload {
+    #[schema(max_length = 50)]
+    nickname: Option<String>,
+    #[schema(max_length = 500)]
+    avatar_url: Option<String>,
+    /// One image (JPEG, PNG, GIF or WebP by content, ≤ 5 MiB, ≤ 8192 px a side); it wins over
+    /// `avatar_url`.
+    #[schema(value_type = Option<String>, format = Binary)]
+    avatar: Option<Vec<u8>>,
+}
+
+/// Edits the caller's profile (`PUT` is the same as `PATCH`).
+#[utoipa::path(method(patch, put), path = "/api/users/{id}", tag = "users",
+    params(("id" = i64, Path, description = "The user's id (the caller's)")),
+    security(("bearer" = [])),
+    request_body(content(
+        (ProfileBody = "application/json"),
+        (ProfileBody = "application/x-www-form-urlencoded"),
+        (ProfileUpload = "multipart/form-data"),
+    )),
+    responses(
+        (status = 200, body = Profile, description = "The edited profile"),
+        (status = 403, body = Detail, description = "Not the caller's profile"),
+    ))]
 async fn update(
     State(state): State<AppState>,
     auth: Auth,

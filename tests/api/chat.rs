@@ -586,3 +586,27 @@ async fn a_lost_backlog_append_is_read_from_postgres_and_repaired(db: PgPool) {
     assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), vec![1, 2, 3, 4]);
     assert_eq!(ids(&app.get(&uri, Some(&tb)).await.body), Vec::<i64>::new());
 }
+
+/// Found by the schema fuzzer (scripts/fuzz-api): a send refused because the caller is not a
+/// member stores nothing, and its batch's cache step was an empty pipeline, which redis-rs
+/// refuses with a client error, so the process marked Redis down and served every request
+/// from Postgres until it answered again. Now nothing goes to Redis and nothing is marked.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_refused_send_does_not_mark_redis_down(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (_, tb) = app.signup("bob").await;
+    let (carol, _) = app.signup("carol").await;
+    let room = channel(&app, &ta, &[alice, carol]).await;
+    let res = app
+        .post(
+            &format!("/api/chat/channels/{room}/messages/"),
+            Some(&tb),
+            json!({"content": "let me in"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND, "{}", res.body);
+    let health = app.get("/healthz", None).await.body;
+    assert_eq!(health["redis"], "ok", "{health}");
+    assert_eq!(health["cache"]["errors"], 0, "{health}");
+}

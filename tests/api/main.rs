@@ -23,6 +23,7 @@ mod media;
 mod metrics;
 mod near;
 mod notifications;
+mod openapi;
 mod outbox;
 mod pagination;
 mod races;

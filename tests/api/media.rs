@@ -485,3 +485,20 @@ async fn a_replaced_avatar_is_the_one_postgres_held_whatever_the_cache_says(db: 
     let new = second["avatar_url"].as_str().unwrap();
     assert_eq!(fetch(&app, new).await.0, StatusCode::OK);
 }
+
+/// Found by the schema fuzzer (scripts/fuzz-api): a media key longer than the file system's
+/// name limit was a 500 (the store's open failed); a key chirp can not have issued (too long,
+/// or with characters outside `[A-Za-z0-9._-]`) is a 404 without touching the store.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_key_chirp_never_issues_is_a_404(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let long = "%F0%9D%91%BB".repeat(40);
+    for key in [
+        format!("photos/{long}.jpg"),
+        "photos/a%20b.jpg".to_owned(),
+        "x".repeat(300),
+    ] {
+        let res = app.get(&format!("/media/{key}"), None).await;
+        assert_eq!(res.status, StatusCode::NOT_FOUND, "{key}: {}", res.body);
+    }
+}
