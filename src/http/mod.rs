@@ -21,16 +21,20 @@ pub mod timeline;
 pub mod tweets;
 pub mod users;
 
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::StatusCode;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use tower::Layer;
+use tower::{Layer, Service};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
@@ -38,6 +42,7 @@ use tower_http::trace::TraceLayer;
 use utoipa_axum::router::OpenApiRouter;
 
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::state::AppState;
 use crate::trace::TraceId;
 
@@ -101,11 +106,11 @@ pub fn router(state: AppState) -> Router {
         )
         .layer(middleware::from_fn(json_errors))
         .layer(cors(&state.config.cors_origins))
-        // One layer for both (each outer layer clones the stack inside it per request).
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            trace_and_measure,
-        ))
+        // Outermost, for both: hand-written, as a `from_fn` layer boxes and clones the whole
+        // stack inside it on every request (BENCHMARKS.md, round 22).
+        .layer(Observe {
+            metrics: state.metrics.clone(),
+        })
         .with_state(state)
 }
 
@@ -117,37 +122,102 @@ pub fn router(state: AppState) -> Router {
 /// task) and in the `x-trace-id` response header. The request counts in `http_requests_total`
 /// and `http_request_duration_seconds` by its route's pattern (never its path: ids would make a
 /// series per tweet) and its method (only the standard ones: any token is a method to hyper).
-async fn trace_and_measure(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let started = std::time::Instant::now();
-    // Several `traceparent` headers are invalid (W3C Trace Context): a trace of our own.
-    let mut parents = req.headers().get_all("traceparent").iter();
-    let trace = match (parents.next(), parents.next()) {
-        (Some(v), None) => v.to_str().ok().and_then(TraceId::from_traceparent),
-        _ => None,
+/// Applied with `Router::layer`, so it runs once the route has matched ([`MatchedPath`]).
+#[derive(Clone)]
+struct Observe {
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Layer<S> for Observe {
+    type Service = Observed<S>;
+
+    fn layer(&self, inner: S) -> Observed<S> {
+        Observed {
+            inner,
+            metrics: self.metrics.clone(),
+        }
     }
-    .unwrap_or_else(TraceId::random);
-    req.extensions_mut().insert(trace);
-    const STANDARD: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
-    let method = (STANDARD.iter().copied())
-        .find(|m| *m == req.method().as_str())
-        .unwrap_or("other");
-    let route = req.extensions().get::<MatchedPath>().cloned();
-    let mut res = next.run(req).await;
-    state.metrics.record(
-        method,
-        route.as_ref().map(MatchedPath::as_str),
-        res.status().as_u16(),
-        started.elapsed(),
-    );
-    if let Ok(value) = HeaderValue::from_str(&trace.to_string()) {
-        res.headers_mut()
-            .insert(HeaderName::from_static("x-trace-id"), value);
+}
+
+/// The service of [`Observe`].
+#[derive(Clone)]
+struct Observed<S> {
+    inner: S,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Service<Request> for Observed<S>
+where
+    S: Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = ObservedFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
     }
-    res
+
+    fn call(&mut self, mut req: Request) -> Self::Future {
+        let started = Instant::now();
+        // Several `traceparent` headers are invalid (W3C Trace Context): a trace of our own.
+        let mut parents = req.headers().get_all("traceparent").iter();
+        let trace = match (parents.next(), parents.next()) {
+            (Some(v), None) => v.to_str().ok().and_then(TraceId::from_traceparent),
+            _ => None,
+        }
+        .unwrap_or_else(TraceId::random);
+        req.extensions_mut().insert(trace);
+        const STANDARD: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+        let method = (STANDARD.iter().copied())
+            .find(|m| *m == req.method().as_str())
+            .unwrap_or("other");
+        let route = req.extensions().get::<MatchedPath>().cloned();
+        ObservedFuture {
+            inner: self.inner.call(req),
+            started,
+            trace,
+            method,
+            route,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The answer of an [`Observed`] request: records it when the inner service answers.
+    struct ObservedFuture<F> {
+        #[pin]
+        inner: F,
+        started: Instant,
+        trace: TraceId,
+        method: &'static str,
+        route: Option<MatchedPath>,
+        metrics: Arc<Metrics>,
+    }
+}
+
+impl<F, E> Future for ObservedFuture<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let mut res = std::task::ready!(this.inner.poll(cx))?;
+        this.metrics.record(
+            this.method,
+            this.route.as_ref().map(MatchedPath::as_str),
+            res.status().as_u16(),
+            this.started.elapsed(),
+        );
+        if let Ok(value) = HeaderValue::from_str(&this.trace.to_string()) {
+            res.headers_mut()
+                .insert(HeaderName::from_static("x-trace-id"), value);
+        }
+        Poll::Ready(Ok(res))
+    }
 }
 
 /// The span of a request (debug level, as tower-http's default): method, URI, trace id.
