@@ -18,9 +18,6 @@ use crate::config::Config;
 
 /// Largest file accepted, in bytes (5 MiB).
 pub const MAX_FILE_BYTES: usize = 5 * 1024 * 1024;
-/// Longest media key (the path after `/media/`) that can name a file, in bytes; chirp issues
-/// keys of about 60.
-pub const MAX_KEY_BYTES: usize = 200;
 /// Most photos per tweet.
 pub const MAX_PHOTOS: usize = 9;
 /// The image types accepted: `(MIME type, file extension)`.
@@ -206,22 +203,12 @@ impl Media {
     /// # Errors
     /// The store failed.
     pub async fn open(&self, key: &str) -> anyhow::Result<Option<StoredFile>> {
-        // Only a key of the shape `put_all` issues (`{dir}/{hex}.{ext}`, ASCII) can name a
-        // file: anything else is no file, never a store error (a name too long for the file
-        // system was a 500).
-        let issued = |s: &str| {
-            !s.is_empty()
-                && s != ".."
-                && s.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        };
-        if key.len() > MAX_KEY_BYTES || !key.split('/').all(issued) {
+        // Only a key that `put_all` can have issued names a file; anything else is no file,
+        // never a store error (a name too long for the file system, or a path through a file,
+        // was a 500).
+        let Some(mime) = issued_mime(key) else {
             return Ok(None);
-        }
-        let mime = IMAGES
-            .iter()
-            .find(|(_, ext)| key.ends_with(&format!(".{ext}")))
-            .map_or("application/octet-stream", |(mime, _)| *mime);
+        };
         match self.store.get(&Path::from(key)).await {
             Ok(found) => Ok(Some(StoredFile {
                 size: found.meta.size,
@@ -232,6 +219,20 @@ impl Media {
             Err(e) => Err(e).context("reading a media file"),
         }
     }
+}
+
+/// The MIME type of `key` if it has a shape that [`Media::put_all`] issues:
+/// `photos/{32 hex}.{ext}` or `avatars/{user id}/{32 hex}.{ext}`, with the extension of one of
+/// the [`IMAGES`].
+fn issued_mime(key: &str) -> Option<&'static str> {
+    let (dir, file) = key.rsplit_once('/')?;
+    let user_dir = dir
+        .strip_prefix("avatars/")
+        .is_some_and(|id| (1..=19).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_digit()));
+    let (name, ext) = file.split_once('.')?;
+    let random = name.len() == 32 && name.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let (mime, _) = IMAGES.iter().find(|(_, e)| *e == ext)?;
+    ((dir == "photos" || user_dir) && random).then_some(*mime)
 }
 
 /// An EXIF block (TIFF, big-endian) that holds only the orientation of `exif` (another EXIF

@@ -25,8 +25,8 @@ use std::time::Duration;
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry,
-    TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry, TextEncoder,
 };
 
 use crate::state::AppState;
@@ -120,16 +120,23 @@ impl Metrics {
         })
     }
 
-    /// Records one answered request: `route` is the matched path (`None`: no route matched).
-    pub fn record(&self, method: &str, route: Option<&str>, status: u16, took: Duration) {
+    /// The series that count and time requests of `method` on `route` (the matched path;
+    /// `None`: no route matched) answered with `status`. Looking them up hashes the labels; a
+    /// caller that records many such requests keeps them ([`crate::http`]'s `Observe` layer
+    /// does, per route).
+    pub fn request_series(
+        &self,
+        method: &str,
+        route: Option<&str>,
+        status: u16,
+    ) -> (IntCounter, Histogram) {
         let route = route.unwrap_or("unmatched");
         let mut code = itoa::Buffer::new();
-        self.requests
-            .with_label_values(&[method, route, code.format(status)])
-            .inc();
-        self.durations
-            .with_label_values(&[method, route])
-            .observe(took.as_secs_f64());
+        (
+            self.requests
+                .with_label_values(&[method, route, code.format(status)]),
+            self.durations.with_label_values(&[method, route]),
+        )
     }
 
     /// The text exposition of every metric of this process, read now.

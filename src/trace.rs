@@ -74,6 +74,19 @@ fn hex(s: &str, n: usize) -> bool {
     s.len() == n && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
+impl TraceId {
+    /// The id as an `x-trace-id` header value: 32 lowercase hex digits, written without
+    /// `fmt` (this runs on every request).
+    pub fn header_value(&self) -> Option<axum::http::HeaderValue> {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0u8; 32];
+        for (i, digit) in digits.iter_mut().enumerate() {
+            *digit = HEX[((self.0 >> (124 - 4 * i)) & 0xf) as usize];
+        }
+        axum::http::HeaderValue::from_bytes(&digits).ok()
+    }
+}
+
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:032x}", self.0)
@@ -83,6 +96,19 @@ impl fmt::Display for TraceId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_header_value_is_the_display_form() {
+        for id in [
+            TraceId(1),
+            TraceId(u128::MAX),
+            TraceId::random(),
+            TraceId(0x0123_4567_89ab_cdef << 64),
+        ] {
+            let header = id.header_value().expect("a header value");
+            assert_eq!(header.to_str().expect("ASCII"), id.to_string());
+        }
+    }
 
     #[test]
     fn a_traceparent_gives_its_trace_id_and_a_bad_one_none() {

@@ -479,9 +479,12 @@ impl Cache {
         // Nothing to send (a write that changed nothing, such as a chat send refused for a
         // non-member): no round trip. redis-rs refuses an empty pipeline with a client error,
         // which must not mark Redis down for every request of the process.
-        if pipe.cmd_iter().next().is_none() {
+        if pipe.is_empty() {
             let none = T::from_redis_value(redis::Value::Array(Vec::new()));
-            return none.map(|v| (v, Vec::new())).map_err(|_| CacheUnavailable);
+            return none.map(|v| (v, Vec::new())).map_err(|e| {
+                tracing::error!(error = %e, "an empty cache pipeline whose caller wants replies");
+                CacheUnavailable
+            });
         }
         let started = std::time::Instant::now();
         let result = query_noting_acks(inner, pipe, timeout, mode == Mode::Durable).await;

@@ -76,7 +76,7 @@ async fn signup(
     let mut errors = FieldErrors::new();
     let username = fields.required_text("username", &mut errors);
     let email = fields.required_text("email", &mut errors);
-    let password = fields.required_text("password", &mut errors);
+    let password = fields.required_secret("password", &mut errors);
     let (username, email, password) =
         accounts::validate_signup(username, email, password, &mut errors)
             .ok_or(ApiError::Validation(errors))?;
@@ -105,7 +105,7 @@ async fn signup(
 async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Response> {
     let mut errors = FieldErrors::new();
     let username = fields.required_text("username", &mut errors);
-    let password = fields.required_text("password", &mut errors);
+    let password = fields.required_secret("password", &mut errors);
     let (Some(username), Some(password)) = (username, password) else {
         return Err(ApiError::Validation(errors));
     };

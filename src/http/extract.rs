@@ -161,9 +161,13 @@ impl Fields {
     /// string with U+0000, which Postgres can not store in text (it was a 500; Django REST
     /// framework refuses it the same way).
     pub fn text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
+        self.string(name, false, errors)
+    }
+
+    fn string(&self, name: &str, nul_ok: bool, errors: &mut FieldErrors) -> Option<String> {
         match self.0.get(name) {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) if s.contains('\0') => {
+            Some(Value::String(s)) if !nul_ok && s.contains('\0') => {
                 errors
                     .entry(name.into())
                     .or_default()
@@ -202,6 +206,14 @@ impl Fields {
     pub fn required_text(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
         self.present(name, false, errors)
             .then(|| self.text(name, errors))
+            .flatten()
+    }
+
+    /// A required secret (a password): [`Fields::required_text`], but U+0000 is allowed, as it
+    /// always was: a secret is hashed, never stored as text.
+    pub fn required_secret(&self, name: &str, errors: &mut FieldErrors) -> Option<String> {
+        self.present(name, false, errors)
+            .then(|| self.string(name, true, errors))
             .flatten()
     }
 

@@ -40,7 +40,6 @@ struct FileBytes(Vec<u8>);
             (inline(FileBytes) = "image/png"),
             (inline(FileBytes) = "image/gif"),
             (inline(FileBytes) = "image/webp"),
-            (inline(FileBytes) = "application/octet-stream"),
         ),
         headers(
             ("Cache-Control" = String, description = "`public, max-age=31536000, immutable`"),

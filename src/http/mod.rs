@@ -23,7 +23,7 @@ pub mod users;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,7 @@ use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
+use prometheus::{Histogram, IntCounter};
 use tower::{Layer, Service};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -122,7 +123,9 @@ pub fn router(state: AppState) -> Router {
 /// task) and in the `x-trace-id` response header. The request counts in `http_requests_total`
 /// and `http_request_duration_seconds` by its route's pattern (never its path: ids would make a
 /// series per tweet) and its method (only the standard ones: any token is a method to hyper).
-/// Applied with `Router::layer`, so it runs once the route has matched ([`MatchedPath`]).
+/// Applied with `Router::layer`, so it runs once the route has matched ([`MatchedPath`]), and
+/// each route's handler of each method gets its own service, which keeps the series of the
+/// first (method, status) it answers ([`Series`]) instead of looking them up every time.
 #[derive(Clone)]
 struct Observe {
     metrics: Arc<Metrics>,
@@ -135,6 +138,7 @@ impl<S> Layer<S> for Observe {
         Observed {
             inner,
             metrics: self.metrics.clone(),
+            series: Arc::new(OnceLock::new()),
         }
     }
 }
@@ -144,6 +148,16 @@ impl<S> Layer<S> for Observe {
 struct Observed<S> {
     inner: S,
     metrics: Arc<Metrics>,
+    series: Arc<OnceLock<Series>>,
+}
+
+/// The request series of one (method, route, status), kept by the service of one route.
+struct Series {
+    method: &'static str,
+    route: Option<MatchedPath>,
+    status: u16,
+    count: IntCounter,
+    duration: Histogram,
 }
 
 impl<S> Service<Request> for Observed<S>
@@ -180,6 +194,7 @@ where
             method,
             route,
             metrics: self.metrics.clone(),
+            series: self.series.clone(),
         }
     }
 }
@@ -194,6 +209,7 @@ pin_project_lite::pin_project! {
         method: &'static str,
         route: Option<MatchedPath>,
         metrics: Arc<Metrics>,
+        series: Arc<OnceLock<Series>>,
     }
 }
 
@@ -206,13 +222,33 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let mut res = std::task::ready!(this.inner.poll(cx))?;
-        this.metrics.record(
-            this.method,
-            this.route.as_ref().map(MatchedPath::as_str),
-            res.status().as_u16(),
-            this.started.elapsed(),
-        );
-        if let Ok(value) = HeaderValue::from_str(&this.trace.to_string()) {
+        let took = this.started.elapsed().as_secs_f64();
+        let (method, status) = (*this.method, res.status().as_u16());
+        let route = this.route.as_ref().map(MatchedPath::as_str);
+        let kept = this.series.get().filter(|s| {
+            s.method == method
+                && s.status == status
+                && s.route.as_ref().map(MatchedPath::as_str) == route
+        });
+        match kept {
+            Some(series) => {
+                series.count.inc();
+                series.duration.observe(took);
+            }
+            None => {
+                let (count, duration) = this.metrics.request_series(method, route, status);
+                count.inc();
+                duration.observe(took);
+                let _ = this.series.set(Series {
+                    method,
+                    route: this.route.take(),
+                    status,
+                    count,
+                    duration,
+                });
+            }
+        }
+        if let Some(value) = this.trace.header_value() {
             res.headers_mut()
                 .insert(HeaderName::from_static("x-trace-id"), value);
         }

@@ -24,6 +24,7 @@ use utoipa::{IntoParams, Modify, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::error::ApiError;
 use crate::state::AppState;
 
 /// The document's fixed part: title, description, tags, the bearer scheme and the error bodies.
@@ -181,10 +182,18 @@ pub fn document() -> &'static OpenApi {
 /// This document as JSON.
 #[utoipa::path(get, path = "/api/openapi.json", tag = "operations",
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
-async fn openapi_json() -> impl IntoResponse {
+async fn openapi_json() -> Result<impl IntoResponse, ApiError> {
     static JSON: OnceLock<String> = OnceLock::new();
-    let json = JSON.get_or_init(|| document().to_pretty_json().unwrap_or_default());
-    ([(CONTENT_TYPE, "application/json")], json.as_str())
+    let json = match JSON.get() {
+        Some(json) => json,
+        None => {
+            let json = document().to_pretty_json().map_err(|e| {
+                ApiError::Internal(anyhow::Error::new(e).context("serializing the document"))
+            })?;
+            JSON.get_or_init(|| json)
+        }
+    };
+    Ok(([(CONTENT_TYPE, "application/json")], json.as_str()))
 }
 
 /// A documentation page for this document (Scalar; its script comes from a CDN).

@@ -610,3 +610,33 @@ async fn a_refused_send_does_not_mark_redis_down(db: PgPool) {
     assert_eq!(health["redis"], "ok", "{health}");
     assert_eq!(health["cache"]["errors"], 0, "{health}");
 }
+
+/// A `Channel` carries `last_activity_at` in every answer (the contract's object): at creation
+/// it is the channel's `created_at`, and after a message the listing gives that message's time,
+/// the listing's cursor.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_channel_carries_its_last_activity_in_every_answer(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (alice, ta) = app.signup("alice").await;
+    let (bob, _) = app.signup("bob").await;
+    let res = app
+        .post(
+            "/api/chat/channels/",
+            Some(&ta),
+            json!({"member_ids": [alice, bob]}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    assert_eq!(
+        res.body["last_activity_at"], res.body["created_at"],
+        "{}",
+        res.body
+    );
+    let room = res.body["id"].as_i64().expect("id");
+    let said = say(&app, &ta, room, "hello").await;
+    let list = app.get("/api/chat/channels/", Some(&ta)).await.body;
+    assert_eq!(
+        list["results"][0]["last_activity_at"], said["created_at"],
+        "{list}"
+    );
+}

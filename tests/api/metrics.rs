@@ -48,6 +48,14 @@ async fn metrics_count_requests_by_route_pattern_and_lookups_by_cache_kind(db: P
         app.get("/api/nowhere", None).await.status,
         StatusCode::NOT_FOUND
     );
+    // One route's service keeps the series of the first answer it records: other statuses and
+    // methods (HEAD is answered by the GET handler) must still count as themselves.
+    let gone = app.get("/api/tweets/999999999", None).await;
+    assert_eq!(gone.status, StatusCode::NOT_FOUND);
+    let head = axum::http::Request::head(format!("/api/tweets/{tweet}"))
+        .body(axum::body::Body::empty())
+        .expect("a request");
+    assert_eq!(app.send(head).await.status, StatusCode::OK);
 
     let text = scrape(&app).await;
     for family in [
@@ -73,8 +81,12 @@ async fn metrics_count_requests_by_route_pattern_and_lookups_by_cache_kind(db: P
     }
     let detail = r#"http_requests_total{method="GET",route="/api/tweets/{id}",status="200"}"#;
     assert_eq!(sample(&text, detail), Some(2.0), "{text}");
-    let took = r#"http_request_duration_seconds_count{method="GET",route="/api/tweets/{id}"}"#;
-    assert_eq!(sample(&text, took), Some(2.0), "{text}");
+    let missing = r#"http_requests_total{method="GET",route="/api/tweets/{id}",status="404"}"#;
+    assert_eq!(sample(&text, missing), Some(1.0), "{text}");
+    let head = r#"http_requests_total{method="HEAD",route="/api/tweets/{id}",status="200"}"#;
+    assert_eq!(sample(&text, head), Some(1.0), "{text}");
+    let took_all = r#"http_request_duration_seconds_count{method="GET",route="/api/tweets/{id}"}"#;
+    assert_eq!(sample(&text, took_all), Some(3.0), "{text}");
     let lost = r#"http_requests_total{method="GET",route="unmatched",status="404"}"#;
     assert_eq!(sample(&text, lost), Some(1.0), "{text}");
     assert!(
