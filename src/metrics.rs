@@ -3,8 +3,8 @@
 //! metrics): two servers in one test process keep separate figures.
 //!
 //! Three sources:
-//! - **Recorded as they happen** ([`Metrics::record`]): `http_requests_total` by method, route
-//!   (the router's matched path, `unmatched` for none) and status, and
+//! - **Recorded as they happen** ([`Metrics::request_series`]): `http_requests_total` by
+//!   method, route (the router's matched path, `unmatched` for none) and status, and
 //!   `http_request_duration_seconds` by method and route (until the response's head: a
 //!   stream's duration is its start).
 //! - **Round trips** ([`RoundTrips`], observed by the cache layer): every Redis pipeline of
