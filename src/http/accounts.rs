@@ -96,12 +96,15 @@ async fn signup(
     ))
 }
 
-/// A login: a new token. Failures count against the username's `login` limit as well as the client's
-/// `auth` one; over it, the username's logins are a 429 before any password is hashed.
+/// A login: a new token.
+///
+/// Failures count against the username's `login` limit as well as the client's `auth` one;
+/// over it, the username's logins are a 429 before any password is hashed.
 #[utoipa::path(post, path = "/api/accounts/login", tag = "accounts",
     request_body = LoginBody,
     responses((status = 200, body = Session,
-        description = "Logged in; a wrong pair is a 400 `Failure` (username and password does not match)")))]
+        description = "Logged in; a wrong pair is a 400 `Failure` \
+            (username and password does not match)")))]
 async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Response> {
     let mut errors = FieldErrors::new();
     let username = fields.required_text("username", &mut errors);

@@ -56,7 +56,8 @@ async fn follow(
 #[utoipa::path(post, path = "/api/friendships/{id}/unfollow", tag = "friendships",
     params(("id" = i64, Path, description = "The user to unfollow (not the caller: 400)")),
     security(("bearer" = [])),
-    responses((status = 200, body = Deleted, description = "`deleted`: 1 if the caller followed them")))]
+    responses((status = 200, body = Deleted,
+        description = "`deleted`: 1 if the caller followed them")))]
 async fn unfollow(
     State(state): State<AppState>,
     auth: Auth,

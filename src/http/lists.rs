@@ -78,7 +78,8 @@ async fn create(
 /// The lists a user owns, newest first.
 #[utoipa::path(get, path = "/api/lists", tag = "lists",
     params(PageParams, ("user_id" = i64, Query, description = "The owner (404 if no such user)")),
-    responses((status = 200, body = openapi::Page<List>, description = "A page of the user's lists")))]
+    responses((status = 200, body = openapi::Page<List>,
+        description = "A page of the user's lists")))]
 async fn by_owner(State(state): State<AppState>, query: QueryMap) -> ApiResult<Json<Page<List>>> {
     let owner = query.required_id("user_id")?;
     let req = query.page()?;

@@ -181,7 +181,8 @@ pub fn document() -> &'static OpenApi {
 
 /// This document as JSON.
 #[utoipa::path(get, path = "/api/openapi.json", tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+    responses((status = 200, description = "The OpenAPI 3.1 document",
+        content_type = "application/json")))]
 async fn openapi_json() -> Result<impl IntoResponse, ApiError> {
     static JSON: OnceLock<String> = OnceLock::new();
     let json = match JSON.get() {
@@ -210,11 +211,12 @@ async fn docs() -> Html<&'static str> {
 
 /// Adds what every operation shares (docs/API.md "General"): the `x-trace-id` header on every
 /// answer; 401 (a bad token is refused on every route), 429 and 503 (rate limits and the
-/// request time limit, not on the probes) and 500 everywhere; 404 where the path or the query has an id;
-/// 400 where there are parameters (a path id: following oneself) or a body; 413 and 415 where there is a body, and a JSON
-/// body's schema also as a form and a multipart body. Operation ids become unique
-/// (`<tag>_<handler>`, and `_<method>` for a handler of two methods), the [`LINKS`] go on their
-/// answers, and the wildcard media path becomes an OpenAPI template.
+/// request time limit, not on the probes) and 500 everywhere; 404 where the path or the query
+/// names an id; 400 where there are parameters (a path id too: following oneself) or a body;
+/// 413 and 415 where there is a body, and a JSON body's schema also as a form and a multipart
+/// body. Operation ids become unique (`<tag>_<handler>`, and `_<method>` for a handler of two
+/// methods), the [`LINKS`] go on their answers, and the wildcard media path becomes an
+/// OpenAPI template.
 pub fn finish(mut api: OpenApi) -> OpenApi {
     let paths = std::mem::take(&mut api.paths.paths);
     for (path, mut item) in paths {

@@ -33,7 +33,8 @@ pub fn router() -> OpenApiRouter<AppState> {
 #[utoipa::path(get, path = "/api/tweets", tag = "tweets",
     params(("user_id" = i64, Query, description = "The author (404 if no such user)"), PageParams),
     security((), ("bearer" = [])),
-    responses((status = 200, body = Page<Tweet>, description = "A page; `has_liked` is the caller's")))]
+    responses((status = 200, body = Page<Tweet>,
+        description = "A page; `has_liked` is the caller's")))]
 async fn list(
     State(state): State<AppState>,
     caller: MaybeAuth,

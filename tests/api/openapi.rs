@@ -189,7 +189,7 @@ fn the_document_is_consistent() {
             }
         }
     }
-    assert!(links.len() >= 20, "{links:?}");
+    assert_eq!(links.len(), 21, "every link of openapi::LINKS: {links:?}");
     for (from, to) in &links {
         assert!(
             ids.contains(to),
