@@ -673,9 +673,6 @@ impl Cache {
     /// head that still named the deleted tweets), so the reader's retry reads the list again.
     /// Best effort.
     pub async fn apply_best_effort(&self, updates: &[Update]) {
-        if updates.is_empty() {
-            return;
-        }
         if let Some((pipe, repairs)) = self.plan(updates) {
             let _ = self.run::<()>(&pipe).await;
             if let Some(near) = self.near_objects() {

@@ -14,6 +14,7 @@ use std::sync::OnceLock;
 use axum::http::header::CONTENT_TYPE;
 use axum::response::{Html, IntoResponse};
 use serde::Serialize;
+use utoipa::openapi::header::Header;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn, PathItem};
 use utoipa::openapi::response::{Response, ResponseBuilder};
@@ -326,6 +327,16 @@ fn operations(item: &mut PathItem) -> impl Iterator<Item = (&'static str, &mut O
     .filter_map(|(method, op)| Some((method, op?)))
 }
 
+/// A response header of one JSON type.
+fn header(of: Type, description: &str) -> RefOr<Header> {
+    RefOr::T(
+        HeaderBuilder::new()
+            .schema(Some(ObjectBuilder::new().schema_type(of)))
+            .description(Some(description))
+            .build(),
+    )
+}
+
 fn detail(description: &str) -> Response {
     ResponseBuilder::new()
         .description(description)
@@ -401,12 +412,7 @@ fn complete(op: &mut Operation, has_path_id: bool, probe: bool) {
         let mut limited = detail("Rate limited; retry after `Retry-After` seconds");
         limited.headers.insert(
             "Retry-After".into(),
-            RefOr::T(
-                HeaderBuilder::new()
-                    .schema(Some(ObjectBuilder::new().schema_type(Type::Integer)))
-                    .description(Some("Seconds to wait"))
-                    .build(),
-            ),
+            header(Type::Integer, "Seconds to wait"),
         );
         add("429", limited);
         add(
@@ -419,12 +425,7 @@ fn complete(op: &mut Operation, has_path_id: bool, probe: bool) {
         if let RefOr::T(response) = response {
             response.headers.insert(
                 "x-trace-id".into(),
-                RefOr::T(
-                    HeaderBuilder::new()
-                        .schema(Some(ObjectBuilder::new().schema_type(Type::String)))
-                        .description(Some("The request's trace id (32 hex digits)"))
-                        .build(),
-                ),
+                header(Type::String, "The request's trace id (32 hex digits)"),
             );
         }
     }
