@@ -12,8 +12,10 @@
 use std::fmt;
 use std::future::Future;
 
+use tokio::task::futures::TaskLocalFuture;
+
 tokio::task_local! {
-    static CURRENT: TraceId;
+    static CURRENT: Option<TraceId>;
 }
 
 /// A 128-bit trace id, written as 32 lowercase hex digits (W3C Trace Context's trace-id).
@@ -57,15 +59,20 @@ impl TraceId {
 
     /// The id of the task running now (a request's handler, or a job), if it has one.
     pub fn current() -> Option<Self> {
-        CURRENT.try_with(|t| *t).ok()
+        CURRENT.try_with(|t| *t).ok().flatten()
     }
 
-    /// Runs `fut` with `trace` as [`TraceId::current`] (as it is, with `None`).
-    pub async fn scope<F: Future>(trace: Option<TraceId>, fut: F) -> F::Output {
-        match trace {
-            Some(t) => CURRENT.scope(t, fut).await,
-            None => fut.await,
-        }
+    /// `fut`, run with `trace` as [`TraceId::current`] whenever it is polled. Not an `async fn`:
+    /// the future is moved once, into tokio's wrapper (a request's future is moved on every
+    /// layer it passes, BENCHMARKS.md round 24).
+    pub fn scope<F: Future>(trace: Option<TraceId>, fut: F) -> TaskLocalFuture<Option<Self>, F> {
+        CURRENT.scope(trace, fut)
+    }
+
+    /// Calls `f` with `trace` as [`TraceId::current`] (for the synchronous part of a
+    /// request's layers: spans are made when a service is called, not polled).
+    pub fn sync_scope<R>(trace: Option<TraceId>, f: impl FnOnce() -> R) -> R {
+        CURRENT.sync_scope(trace, f)
     }
 }
 

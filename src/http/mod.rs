@@ -35,6 +35,7 @@ use axum::http::{HeaderName, HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use prometheus::{Histogram, IntCounter};
+use tokio::task::futures::TaskLocalFuture;
 use tower::{Layer, Service};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -119,8 +120,9 @@ pub fn router(state: AppState) -> Router {
 /// the metrics ([`crate::metrics`]).
 ///
 /// The trace id is the caller's W3C `traceparent` trace-id if it sent exactly one valid one,
-/// else a random one; it goes in the request's extensions (for its span and its handler's
-/// task) and in the `x-trace-id` response header. The request counts in `http_requests_total`
+/// else a random one; it is [`TraceId::current`] while the inner layers are called and polled
+/// (for the request's span and its handler's task) and goes in the `x-trace-id` response
+/// header. The request counts in `http_requests_total`
 /// and `http_request_duration_seconds` by its route's pattern (never its path: ids would make a
 /// series per tweet) and its method (only the standard ones: any token is a method to hyper).
 /// Applied with `Router::layer`, so it runs once the route has matched ([`MatchedPath`]), and
@@ -172,7 +174,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request) -> Self::Future {
+    fn call(&mut self, req: Request) -> Self::Future {
         let started = Instant::now();
         // Several `traceparent` headers are invalid (W3C Trace Context): a trace of our own.
         let mut parents = req.headers().get_all("traceparent").iter();
@@ -181,14 +183,16 @@ where
             _ => None,
         }
         .unwrap_or_else(TraceId::random);
-        req.extensions_mut().insert(trace);
         const STANDARD: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
         let method = (STANDARD.iter().copied())
             .find(|m| *m == req.method().as_str())
             .unwrap_or("other");
         let route = req.extensions().get::<MatchedPath>().cloned();
+        // The inner layers' `call`s (the span is made there) and polls see the trace id as
+        // `TraceId::current`: a task-local, not the request's extensions (whose map grows).
+        let inner = TraceId::sync_scope(Some(trace), || self.inner.call(req));
         ObservedFuture {
-            inner: self.inner.call(req),
+            inner: TraceId::scope(Some(trace), inner),
             started,
             trace,
             method,
@@ -203,7 +207,7 @@ pin_project_lite::pin_project! {
     /// The answer of an [`Observed`] request: records it when the inner service answers.
     struct ObservedFuture<F> {
         #[pin]
-        inner: F,
+        inner: TaskLocalFuture<Option<TraceId>, F>,
         started: Instant,
         trace: TraceId,
         method: &'static str,
@@ -258,7 +262,7 @@ where
 
 /// The span of a request (debug level, as tower-http's default): method, URI, trace id.
 fn request_span(req: &Request) -> tracing::Span {
-    let trace = req.extensions().get::<TraceId>().copied();
+    let trace = TraceId::current();
     tracing::debug_span!(
         "request",
         method = %req.method(),
@@ -308,7 +312,8 @@ fn cors(origins: &[String]) -> tower::util::Either<CorsLayer, tower::layer::util
 /// inside its transaction), and the post-commit cache step always runs. The client just does
 /// not get the answer. A panic in the handler is a 500.
 async fn run_to_completion(req: Request, next: Next) -> Response {
-    let trace = req.extensions().get::<TraceId>().copied();
+    // A spawned task does not inherit task-locals: the trace id goes along explicitly.
+    let trace = TraceId::current();
     match tokio::spawn(TraceId::scope(trace, next.run(req))).await {
         Ok(res) => res,
         Err(e) => {
