@@ -12,7 +12,9 @@
 //! - user objects and tweet and user counts: not older than the row's version, and equal at
 //!   the same version (a relay's floor `"{version}|"` is a miss and passes);
 //! - tokens: the user of the live token, or the tombstone exactly when no token has the hash;
-//! - liked sets: every tweet the user likes, and no other live tweet.
+//! - liked sets: every tweet the user likes, and no other live tweet;
+//! - hidden sets (mutes and blocks): not older than `users.hidden_version`, and equal to
+//!   Postgres's at the same version.
 //!
 //! Generations, ranks, chat backlogs, rate limits and acknowledgements are counted as not
 //! compared.
@@ -47,6 +49,7 @@ enum Kind {
     UserCounts(i64),
     Token(Vec<u8>),
     Liked(i64),
+    Hidden(i64),
     /// Generations, ranks, backlogs, limits, acknowledgements, the epoch.
     Other,
 }
@@ -65,6 +68,7 @@ impl Kind {
             Kind::UserCounts(_) => "user counts",
             Kind::Token(_) => "tokens",
             Kind::Liked(_) => "liked sets",
+            Kind::Hidden(_) => "hidden sets",
             Kind::Other => "not compared",
         }
     }
@@ -99,6 +103,7 @@ fn classify(prefix: &str, key: &str) -> Kind {
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
         ("liked", Some(b'u')) => id("u").map_or(Kind::Other, Kind::Liked),
+        ("hidden", Some(b'u')) => id("u").map_or(Kind::Other, Kind::Hidden),
         ("token", Some(b'k')) => tag
             .strip_prefix('k')
             .and_then(from_hex)
@@ -353,6 +358,20 @@ async fn compare(
                         _ => {}
                     }
                 }
+                (Kind::Hidden(user), Stored::Text(v)) => {
+                    let row = crate::blocks::load_hidden(db, *user).await?;
+                    match crate::blocks::Hidden::decode(&v) {
+                        None if v.ends_with('|') => {}
+                        None => differ(key, format!("unreadable value {v:?}")),
+                        Some(cached) if cached.version < row.version => {
+                            differ(key, format!("version {} < {}", cached.version, row.version))
+                        }
+                        Some(cached) if cached.version == row.version && cached != row => {
+                            differ(key, "set differs from Postgres's".into())
+                        }
+                        Some(_) => {}
+                    }
+                }
                 (Kind::Liked(user), Stored::Set(members)) => {
                     if let Some(d) = compare_liked(db, *user, &members).await? {
                         differ(key, d);
@@ -516,6 +535,7 @@ mod tests {
         assert_eq!(classify(p, "p:{u4}:user"), Kind::User(4));
         assert_eq!(classify(p, "p:{u4}:cnt"), Kind::UserCounts(4));
         assert_eq!(classify(p, "p:{u4}:liked"), Kind::Liked(4));
+        assert_eq!(classify(p, "p:{u4}:hidden"), Kind::Hidden(4));
         assert_eq!(
             classify(p, "p:{kab01}:token"),
             Kind::Token(vec![0xab, 0x01])

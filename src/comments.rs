@@ -82,14 +82,20 @@ pub async fn create(
     let created =
         db::with_unique_timestamp(&["comments_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
-            let exists: Option<i32> =
+            let tweet_author: Option<i64> =
             // The lock the count update needs, taken first (the order of tweet deletes).
-            sqlx::query_scalar("select 1 from tweets where id = $1 for no key update")
+            sqlx::query_scalar("select user_id from tweets where id = $1 for no key update")
                 .bind(tweet_id)
                 .fetch_optional(&mut *tx)
                 .await?;
-            if exists.is_none() {
-                return Ok(None);
+            let Some(tweet_author) = tweet_author else {
+                return Ok(Err(ApiError::field("tweet_id", "No such tweet.")));
+            };
+            // A block either way refuses (crate::blocks).
+            if tweet_author != author.id
+                && crate::blocks::blocked_either_way(&mut tx, tweet_author, author.id).await?
+            {
+                return Ok(Err(ApiError::Forbidden));
             }
             let row: CommentRow = sqlx::query_as(
             "insert into comments (tweet_id, user_id, content, created_at) values ($1, $2, $3, $4)
@@ -112,11 +118,11 @@ pub async fn create(
             .await?;
             let staged = cache.stage(&mut tx, &tweet.counts_updates()).await?;
             tx.commit().await?;
-            Ok(Some((row, staged)))
+            Ok(Ok((row, staged)))
         })
         .await
         .context("inserting the comment")?;
-    let (row, staged) = created.ok_or_else(|| ApiError::field("tweet_id", "No such tweet."))?;
+    let (row, staged) = created?;
     cache.finish(db, staged).await;
     Ok(Comment {
         id: row.id,

@@ -90,9 +90,14 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
             .fetch_optional(&mut *tx)
             .await?;
             let Some(created_at) = inserted else {
-                return Ok((Followed::Duplicate, None));
+                return Ok((Some(Followed::Duplicate), None));
             };
             let updates = shift_counts(&mut tx, me, target, 1).await?;
+            // Both users' rows are locked now: a block of either committed before is seen
+            // here (and refuses), one after deletes this friendship (crate::blocks).
+            if crate::blocks::blocked_either_way(&mut tx, me, target).await? {
+                return Ok((None, None));
+            }
             notifications::notify(&mut tx, target, me, Verb::Followed, target).await?;
             let job = Job::Backfill {
                 follower: me,
@@ -113,14 +118,14 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
             .execute(&mut *tx)
             .await?;
             tx.commit().await?;
-            Ok((Followed::New(created_at), Some(staged)))
+            Ok((Some(Followed::New(created_at)), Some(staged)))
         })
         .await
         .context("inserting the friendship")?;
     if let Some(staged) = outcome.1 {
         cache.finish(db, staged).await;
     }
-    Ok(outcome.0)
+    outcome.0.ok_or(ApiError::Forbidden)
 }
 
 /// `me` stops following `target`; queues the newsfeed unmerge. Returns rows deleted (0 or 1).
@@ -133,26 +138,38 @@ pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiRe
     let mut tx = db.begin().await?;
     // Waits for the fan-out batches of `target` in flight (see `newsfeeds::fanout`).
     crate::newsfeeds::lock_followers(&mut tx, target, true).await?;
-    let deleted =
-        sqlx::query("delete from friendships where from_user_id = $1 and to_user_id = $2")
-            .bind(me)
-            .bind(target)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-    let mut updates = Vec::new();
-    if deleted > 0 {
-        updates = shift_counts(&mut tx, me, target, -1).await?;
-        let job = Job::Unmerge {
-            follower: me,
-            followee: target,
-        };
-        jobs::enqueue(&mut tx, &job).await?;
-    }
+    let (deleted, updates) = remove_edge(&mut tx, me, target).await?;
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the unfollow")?;
     cache.finish(db, staged).await;
     Ok(deleted)
+}
+
+/// Deletes the friendship `follower` → `followee` if there is one, with its counts and its
+/// newsfeed unmerge job: rows deleted (0 or 1) and the counts' cache updates. The caller holds
+/// [`crate::newsfeeds::lock_followers`] of `followee`, exclusive (an unfollow, a block).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn remove_edge(
+    tx: &mut sqlx::PgConnection,
+    follower: i64,
+    followee: i64,
+) -> sqlx::Result<(u64, Vec<Update>)> {
+    let deleted =
+        sqlx::query("delete from friendships where from_user_id = $1 and to_user_id = $2")
+            .bind(follower)
+            .bind(followee)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+    if deleted == 0 {
+        return Ok((0, Vec::new()));
+    }
+    let updates = shift_counts(&mut *tx, follower, followee, -1).await?;
+    let job = Job::Unmerge { follower, followee };
+    jobs::enqueue(&mut *tx, &job).await?;
+    Ok((deleted, updates))
 }
 
 /// Which listing.

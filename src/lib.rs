@@ -2,6 +2,7 @@
 //! fan-out-on-write newsfeeds. See docs/ARCHITECTURE.md for the architecture and docs/API.md for the API.
 
 pub mod accounts;
+pub mod blocks;
 pub mod cache;
 pub mod chat;
 pub mod check;

@@ -114,6 +114,11 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
     let owner = lock_object(&mut tx, target)
         .await?
         .ok_or_else(no_such_object)?;
+    // A block either way refuses (crate::blocks); the object's row lock orders this read
+    // after a block that committed first.
+    if owner != user.id && crate::blocks::blocked_either_way(&mut tx, owner, user.id).await? {
+        return Err(ApiError::Forbidden);
+    }
     let (insert, existing) = match target {
         Target::Tweet(_) => (
             "insert into tweet_likes (tweet_id, user_id, created_at) values ($1, $2, $3)

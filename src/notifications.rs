@@ -131,7 +131,9 @@ pub async fn forget_comment(tx: &mut PgConnection, id: i64) -> sqlx::Result<()> 
         .map(|_| ())
 }
 
-/// A page of `me`'s notifications, newest first (only unread ones with `unread_only`).
+/// A page of `me`'s notifications, newest first (only unread ones with `unread_only`), but
+/// those caused by accounts `me` must not see ([`crate::blocks`]: read in the same query, so a
+/// mute hides them from the moment it answers).
 pub async fn list(
     db: &PgPool,
     cache: &Cache,
@@ -143,6 +145,9 @@ pub async fn list(
         "select id, actor_id, verb, target_type, target_id, created_at, unread from notifications
          where recipient_id = $1 and (unread or not $2)
            and created_at < coalesce($3, 'infinity') and created_at > coalesce($4, '-infinity')
+           and actor_id not in (select target_id from mutes where user_id = $1
+                                union all select target_id from blocks where user_id = $1
+                                union all select user_id from blocks where target_id = $1)
          order by created_at desc limit $5",
     )
     .bind(me)
@@ -176,10 +181,15 @@ async fn objects(db: &PgPool, cache: &Cache, rows: Vec<Row>) -> sqlx::Result<Vec
 
 /// How many of `me`'s notifications are unread.
 pub async fn unread_count(db: &PgPool, me: i64) -> sqlx::Result<i64> {
-    sqlx::query_scalar("select count(*) from notifications where recipient_id = $1 and unread")
-        .bind(me)
-        .fetch_one(db)
-        .await
+    sqlx::query_scalar(
+        "select count(*) from notifications where recipient_id = $1 and unread
+           and actor_id not in (select target_id from mutes where user_id = $1
+                                union all select target_id from blocks where user_id = $1
+                                union all select user_id from blocks where target_id = $1)",
+    )
+    .bind(me)
+    .fetch_one(db)
+    .await
 }
 
 /// Marks every notification of `me` read; returns how many were unread.

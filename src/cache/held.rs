@@ -33,6 +33,9 @@ pub enum NearId {
     Counts(i64),
     Head(ListKey),
     Likes(i64),
+    /// A viewer's hidden set (`v42`, [`super::hidden::Hidden`]): changed by a mute or block,
+    /// whose outbox repair (a versioned write) evicts it the same way.
+    Hidden(i64),
 }
 
 impl NearKey for NearId {
@@ -43,6 +46,7 @@ impl NearKey for NearId {
             NearId::Counts(id) => format!("c{id}"),
             NearId::Head(list) => format!("h{}", list.owner),
             NearId::Likes(user) => format!("l{user}"),
+            NearId::Hidden(user) => format!("v{user}"),
         }
     }
     fn from_message(text: &str) -> Option<Self> {
@@ -51,6 +55,7 @@ impl NearKey for NearId {
             ("u", id) => id.parse().ok().map(NearId::User),
             ("c", id) => id.parse().ok().map(NearId::Counts),
             ("l", id) => id.parse().ok().map(NearId::Likes),
+            ("v", id) => id.parse().ok().map(NearId::Hidden),
             ("h", tag) => {
                 let (letter, id) = tag.split_at_checked(1)?;
                 ListKey::held_head(Some((letter, id.parse().ok()?)), None).map(NearId::Head)
@@ -70,6 +75,9 @@ impl NearId {
         if let Some(user) = Keys::parse_liked(key) {
             return Some(NearId::Likes(user));
         }
+        if let Some(user) = Keys::parse_hidden(key) {
+            return Some(NearId::Hidden(user));
+        }
         match Keys::parse_object(key)? {
             (Object::Tweet, id) => Some(NearId::Tweet(id)),
             (Object::User, id) => Some(NearId::User(id)),
@@ -86,6 +94,7 @@ pub enum NearObject {
     Counts(TweetCounts),
     Head(std::sync::Arc<super::lists::Head>),
     Likes(std::sync::Arc<HeldLikes>),
+    Hidden(std::sync::Arc<super::hidden::Hidden>),
 }
 
 /// What a range read found in this process's memory ([`Cache::held_for_range`]).
@@ -227,6 +236,7 @@ mod tests {
             NearId::Head(ListKey::timeline(keys::Owner::Circle(3), "items")),
             NearId::Head(ListKey::timeline(keys::Owner::List(7), "items")),
             NearId::Likes(42),
+            NearId::Hidden(42),
         ] {
             assert_eq!(NearId::from_message(&id.to_message()), Some(id));
         }
@@ -244,6 +254,7 @@ mod tests {
         );
         assert_eq!(NearId::of_key(&keys.user_counts(42)), None);
         assert_eq!(NearId::of_key(&keys.liked(42)), Some(NearId::Likes(42)));
+        assert_eq!(NearId::of_key(&keys.hidden(42)), Some(NearId::Hidden(42)));
         assert_eq!(
             NearId::of_key(&keys.list(ListKey::new(keys::Owner::User(42), "home"))),
             None

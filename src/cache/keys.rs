@@ -21,6 +21,7 @@
 //! | `{p}:{ch5}:msgs` | sorted set | chat channel 5's recent backlog: member `"{id}\|{user_id}\|{created_at µs}\|{content}"`, score = message id |
 //! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
 //! | `{p}:{u42}:liked` | set | ids of the tweets user 42 liked, plus the marker `-1` (an integer, so the set stays an intset) |
+//! | `{p}:{u42}:hidden` | string | whom user 42 must not see: `"{hidden_version}\|h{,id}...;{,id}..."` (muted or blocked either way; then those who block 42), see [`super::hidden`] |
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
@@ -315,6 +316,19 @@ impl Keys {
         self.list(ListKey::new(Owner::User(user_id), LIKED))
     }
 
+    /// `{p}:{u<id>}:hidden`: whom the user must not see ([`super::hidden`]).
+    pub fn hidden(&self, user_id: i64) -> String {
+        self.tagged("u", user_id, HIDDEN)
+    }
+
+    /// The user whose hidden set a key names (any prefix); `None` for any other key.
+    pub fn parse_hidden(key: &str) -> Option<i64> {
+        match Self::parse_tagged(key)? {
+            ("u", id, HIDDEN) => Some(id),
+            _ => None,
+        }
+    }
+
     /// `{p}:{u<id>}:wrote`: the user wrote recently ([`super::writers`]).
     pub fn wrote(&self, user_id: i64) -> String {
         self.tagged("u", user_id, "wrote")
@@ -386,6 +400,9 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The name of a user's liked set.
 pub const LIKED: &str = "liked";
+
+/// The name of a user's hidden set ([`Keys::hidden`]).
+pub const HIDDEN: &str = "hidden";
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,7 @@ pub mod conn;
 pub mod counts;
 pub mod epoch;
 pub mod held;
+pub mod hidden;
 pub mod hydration;
 pub mod keys;
 pub mod lease;

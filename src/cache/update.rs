@@ -79,6 +79,11 @@ pub enum Update {
     /// liking it (`false`): drop the set (a like and a cancel may reach Redis in either order;
     /// a dropped set is reloaded with the next read).
     Liked { user: i64, tweet: i64, liked: bool },
+    /// Write through `user`'s hidden set, committed with its version (a mute or block).
+    Hidden {
+        user: i64,
+        hidden: super::hidden::Hidden,
+    },
 }
 
 /// What the outbox relay does for a key when the post-commit step did not confirm: each is safe
@@ -294,6 +299,9 @@ impl Update {
                 pipe,
                 vec![Repair::versioned(keys.tweet_counts(*id), counts)],
             ),
+            Update::Hidden { user, hidden } => {
+                direct(pipe, vec![Repair::versioned(keys.hidden(*user), hidden)])
+            }
             Update::UserCounts { id, counts } => {
                 direct(pipe, vec![Repair::versioned(keys.user_counts(*id), counts)])
             }

@@ -1,6 +1,7 @@
 //! The HTTP API: one router per module, merged here, with the layers every route shares.
 
 pub mod accounts;
+pub mod blocks;
 pub mod chat;
 pub mod circles;
 pub mod client_ip;
@@ -36,7 +37,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use prometheus::{Histogram, IntCounter};
 use tokio::task::futures::TaskLocalFuture;
-use tower::{Layer, Service};
+use tower::{Layer, Service, ServiceBuilder};
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 use tower_http::normalize_path::{NormalizePath, NormalizePathLayer};
@@ -67,6 +68,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(<openapi::ApiDoc as utoipa::OpenApi>::openapi())
         .merge(accounts::router())
         .merge(users::router())
+        .merge(blocks::router())
         .merge(tweets::router())
         .merge(newsfeeds::router())
         .merge(friendships::router())
@@ -87,32 +89,38 @@ pub fn router(state: AppState) -> Router {
     let (router, _) = routes().split_for_parts();
     router
         .fallback(|| async { ApiError::NotFound })
-        .layer(middleware::from_fn_with_state(state.clone(), limits::limit))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            extract::authenticate,
-        ))
-        .layer(middleware::from_fn_with_state(
-            state.clone(),
-            client_ip::resolve,
-        ))
-        .layer(middleware::from_fn(run_to_completion))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(middleware::from_fn(time_limit))
-        .layer(CatchPanicLayer::new())
-        // 5xx are logged once, by ApiError (with the error chain), not again by the trace layer.
+        // One `Router::layer` of the whole stack, outermost first: axum wraps each route in a
+        // boxed `Route` per `layer` call and clones that box on every request, so eleven calls
+        // cost eleven clones and futures per request (BENCHMARKS.md, round 24).
         .layer(
-            TraceLayer::new_for_http()
-                .make_span_with(request_span)
-                .on_failure(()),
+            ServiceBuilder::new()
+                // Outermost: hand-written, as a `from_fn` layer boxes and clones the whole
+                // stack inside it on every request (BENCHMARKS.md, round 22).
+                .layer(Observe {
+                    metrics: state.metrics.clone(),
+                })
+                .layer(cors(&state.config.cors_origins))
+                .layer(middleware::from_fn(json_errors))
+                // 5xx are logged once, by ApiError (with the error chain), not again here.
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(request_span)
+                        .on_failure(()),
+                )
+                .layer(CatchPanicLayer::new())
+                .layer(middleware::from_fn(time_limit))
+                .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+                .layer(middleware::from_fn(run_to_completion))
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    client_ip::resolve,
+                ))
+                .layer(middleware::from_fn_with_state(
+                    state.clone(),
+                    extract::authenticate,
+                ))
+                .layer(middleware::from_fn_with_state(state.clone(), limits::limit)),
         )
-        .layer(middleware::from_fn(json_errors))
-        .layer(cors(&state.config.cors_origins))
-        // Outermost, for both: hand-written, as a `from_fn` layer boxes and clones the whole
-        // stack inside it on every request (BENCHMARKS.md, round 22).
-        .layer(Observe {
-            metrics: state.metrics.clone(),
-        })
         .with_state(state)
 }
 

@@ -4,6 +4,7 @@ use axum::extract::State;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::blocks;
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, QueryMap};
 use crate::http::openapi::{NewsFeed, Page, PageParams};
@@ -15,7 +16,8 @@ pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list))
 }
 
-/// The caller's newsfeed: their own tweets and those of everyone they follow.
+/// The caller's newsfeed: their own tweets and those of everyone they follow, but those of
+/// the accounts the caller mutes or blocks or that block the caller.
 ///
 /// A page of `NewsFeed` objects `{"id", "created_at", "tweet": Tweet}` (the id is the newsfeed
 /// row's, `created_at` the entry's: its tweet's, or later for an entry that arrived behind newer
@@ -27,6 +29,10 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<JsonBody> {
     let req = query.page()?;
     let (db, cache, pulled) = (&state.db, &state.cache, &state.pull_authors);
-    let items = newsfeeds::read(db, cache, pulled, auth.user_id, &req).await?;
+    let hidden = blocks::hidden(db, cache, Some(auth.user_id)).await?;
+    let items = blocks::visible_page(&hidden, &req, |page| async move {
+        newsfeeds::read(db, cache, pulled, auth.user_id, &page).await
+    })
+    .await?;
     Ok(timeline_body(items, &req, true))
 }

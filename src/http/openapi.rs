@@ -47,6 +47,7 @@ use crate::state::AppState;
         (name = "tweets", description = "Tweets and a user's timeline"),
         (name = "newsfeeds", description = "The caller's home timeline (fan-out-on-write, hybrid)"),
         (name = "friendships", description = "Follows"),
+        (name = "blocks", description = "Mutes and blocks (private to their owner)"),
         (name = "comments"), (name = "likes"), (name = "lists"), (name = "circles"),
         (name = "notifications"), (name = "media"),
         (name = "chat", description = "Poll-based chat channels"),

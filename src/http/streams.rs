@@ -671,7 +671,7 @@ impl Session {
                 // Before the events: ready once a period, so it is never starved by them.
                 _ = self.heartbeat.tick() => self.heartbeat().await,
                 event = self.rx.recv() => match event {
-                    Some(event) => self.event(event),
+                    Some(event) => self.event(event).await,
                     None => self.done = true,
                 },
             }
@@ -714,15 +714,19 @@ impl Session {
         };
         match read {
             Ok((tweets, last, more)) => {
+                let Some(hidden) = self.hidden().await else {
+                    return;
+                };
                 for (tweet, id, at) in tweets {
                     let tweet_id = tweet.id;
+                    let hides = hidden.hides(tweet.user.id);
                     let Ok(json) = serde_json::to_string(&serde_json::json!({
                         "event": "tweet",
                         "tweet": tweet,
                     })) else {
                         continue;
                     };
-                    self.tweet(tweet_id, &json, Some((id, at)), source);
+                    self.tweet(tweet_id, &json, Some((id, at)), source, hides);
                 }
                 if let Some(cursor) = &mut self.cursor {
                     if let Some((id, at)) = last {
@@ -747,13 +751,34 @@ impl Session {
         }
     }
 
-    fn event(&mut self, event: Event) {
+    /// Whom this stream's user must not see ([`crate::blocks`]: read for each event or page,
+    /// from this process's memory when warm, so a mute holds from the moment it answers);
+    /// `None` if that could not be read (the stream then ends: it can not tell).
+    async fn hidden(&mut self) -> Option<std::sync::Arc<crate::blocks::Hidden>> {
+        let (db, cache) = (&self.state.db, &self.state.cache);
+        match crate::blocks::hidden(db, cache, Some(self.user_id)).await {
+            Ok(hidden) => Some(hidden),
+            Err(e) => {
+                tracing::error!(error = %e, "reading a stream's hidden set failed");
+                self.disconnect("UNAVAILABLE", "Reading your mutes failed; reconnect.");
+                None
+            }
+        }
+    }
+
+    async fn event(&mut self, event: Event) {
         match event {
             Event::Tweet {
                 tweet_id,
+                author,
                 data,
                 row,
-            } => self.tweet(tweet_id, &data, row, Source::Live),
+            } => {
+                if let Some(hidden) = self.hidden().await {
+                    let hides = hidden.hides(author);
+                    self.tweet(tweet_id, &data, row, Source::Live, hides);
+                }
+            }
             Event::Delete { tweet_id, data } => {
                 if self.deleted.len() == DELETES_KEPT {
                     self.deleted.pop_front();
@@ -766,8 +791,16 @@ impl Session {
 
     /// A tweet event. On `streaming/user` it carries `row` = (newsfeed row id, entry time µs),
     /// is placed in the cursor as `source` says, and its `id:` is the resume token; elsewhere
-    /// `id:` is the tweet id.
-    fn tweet(&mut self, tweet_id: i64, data: &str, row: Option<(i64, i64)>, source: Source) {
+    /// `id:` is the tweet id. A `hidden` one (its author is hidden from this user) moves the
+    /// cursor as if sent but is not written.
+    fn tweet(
+        &mut self,
+        tweet_id: i64,
+        data: &str,
+        row: Option<(i64, i64)>,
+        source: Source,
+        hidden: bool,
+    ) {
         if self.deleted.contains(&tweet_id) {
             return; // its delete came first
         }
@@ -792,7 +825,9 @@ impl Session {
             },
             _ => Some(tweet_id.to_string()),
         };
-        self.frame("tweet", id.as_deref(), data);
+        if !hidden {
+            self.frame("tweet", id.as_deref(), data);
+        }
     }
 
     fn frame(&mut self, kind: &str, id: Option<&str>, data: &str) {

@@ -4,6 +4,7 @@
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::blocks;
 use crate::error::{ApiError, ApiResult};
 use crate::pagination::{Page, PageRequest};
 use crate::state::AppState;
@@ -39,17 +40,34 @@ impl IntoResponse for JsonBody {
 
 /// A page of a timeline that has an owner to check (a user's tweets, a list, a circle): 404 if
 /// the page is empty and the owner does not exist. Only an empty page asks (see
-/// [`Timeline::owner_exists`]).
+/// [`Timeline::owner_exists`]). A list's or circle's page leaves out the accounts the viewer
+/// must not see ([`blocks::visible_page`]); a user's own tweets are 404 to the accounts they
+/// block (and shown, muted or not, to everyone else, as a profile is).
 ///
 /// # Errors
-/// 404 for an unknown owner; Postgres failed.
+/// 404 for an unknown owner or one who blocks the viewer; Postgres failed.
 pub(crate) async fn owned_timeline_page(
     state: &AppState,
     timeline: Timeline,
     req: &PageRequest,
     viewer: Option<i64>,
 ) -> ApiResult<JsonBody> {
-    let items = timeline::read(&state.db, &state.cache, timeline, req, viewer).await?;
+    let (db, cache) = (&state.db, &state.cache);
+    let items = match timeline {
+        Timeline::UserTweets(owner) => {
+            if blocks::blocks_viewer(db, cache, owner, viewer).await? {
+                return Err(ApiError::NotFound);
+            }
+            timeline::read(db, cache, timeline, req, viewer).await?
+        }
+        _ => {
+            let hidden = blocks::hidden(db, cache, viewer).await?;
+            blocks::visible_page(&hidden, req, |page| async move {
+                timeline::read(db, cache, timeline, &page, viewer).await
+            })
+            .await?
+        }
+    };
     if items.is_empty() && !timeline.owner_exists(&state.db, &state.cache).await? {
         return Err(ApiError::NotFound);
     }

@@ -182,6 +182,9 @@ async fn detail(
         .await?
         .ok_or(ApiError::NotFound)?;
     let viewer = caller.id();
+    if crate::blocks::blocks_viewer(&state.db, &state.cache, record.user_id, viewer).await? {
+        return Err(ApiError::NotFound);
+    }
     let has_liked = counts.likes > 0
         && !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
             .await?

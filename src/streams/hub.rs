@@ -20,6 +20,8 @@ pub enum Event {
     /// `streaming/user`.
     Tweet {
         tweet_id: i64,
+        /// The tweet's author (a session leaves out those its user must not see).
+        author: i64,
         data: Arc<str>,
         row: Option<(i64, i64)>,
     },
@@ -331,6 +333,7 @@ impl Hub {
                     } else {
                         Event::Tweet {
                             tweet_id: wire.about.tweet_id,
+                            author: wire.about.user_id,
                             data: data.clone(),
                             row: None,
                         }
@@ -343,6 +346,7 @@ impl Hub {
             for c in clients.users.get(reader).into_iter().flatten() {
                 let event = Event::Tweet {
                     tweet_id: wire.about.tweet_id,
+                    author: wire.about.user_id,
                     data: data.clone(),
                     row: Some((*id, *at)),
                 };

@@ -15,8 +15,13 @@ async fn busy_app(db: PgPool) -> (TestApp, i64, i64, String, String) {
     let app = TestApp::new(db).await;
     let (alice, ta) = app.signup("alice").await;
     let (bob, tb) = app.signup("bob").await;
-    let (_, tc) = app.signup("carol").await;
+    let (carol, tc) = app.signup("carol").await;
     app.follow(&tb, alice).await;
+    let mute = format!("/api/users/{carol}/mute/");
+    assert_eq!(
+        app.post(&mute, Some(&tb), json!({})).await.status,
+        StatusCode::OK
+    );
     let first = app.tweet(&ta, "first").await["id"].as_i64().unwrap();
     let gone = app.tweet(&ta, "deleted soon").await["id"].as_i64().unwrap();
     app.tweet(&ta, "third").await;
@@ -67,6 +72,7 @@ async fn the_checker_finds_no_difference_after_real_traffic(db: PgPool) {
         "user objects",
         "tokens",
         "liked sets",
+        "hidden sets",
     ] {
         assert!(
             report.checked.get(kind).copied().unwrap_or(0) > 0,
@@ -98,6 +104,14 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
         .query_async(&mut redis)
         .await
         .unwrap();
+    // A hidden set older than bob's mute (as if a slow reader had put it back).
+    let hidden = app.keys().hidden(bob);
+    let _: () = redis::cmd("SET")
+        .arg(&hidden)
+        .arg("0|h;")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
 
     let report = chirp::check::run(app.db(), &app.state.cache)
         .await
@@ -106,13 +120,13 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
     let feed = app.list_key(Timeline::Newsfeed(bob));
     let own = app.list_key(Timeline::UserTweets(alice));
     let tweet = app.keys().tweet(lost);
-    for key in [&feed, &own, &counts_key, &tweet] {
+    for key in [&feed, &own, &counts_key, &tweet, &hidden] {
         assert!(
             differing.contains(&key.as_str()),
             "{key} not reported: {report}"
         );
     }
-    assert_eq!(report.differences.len(), 4, "{report}");
+    assert_eq!(report.differences.len(), 5, "{report}");
 
     // The relay repairs the lost write; the two planted values need the invalidation a write
     // would have staged.
@@ -122,11 +136,13 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
         .query_async(&mut redis)
         .await
         .unwrap();
-    let _: () = redis::cmd("DEL")
-        .arg(&tweet)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    for key in [&tweet, &hidden] {
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+    }
     let report = chirp::check::run(app.db(), &app.state.cache)
         .await
         .expect("check");

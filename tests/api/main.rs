@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod accounts;
+mod blocks;
 mod cache;
 mod chat;
 mod check;
