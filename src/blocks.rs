@@ -22,11 +22,12 @@ pub use crate::cache::hidden::Hidden;
 use crate::cache::{Cache, Update};
 use crate::db;
 use crate::error::{ApiError, ApiResult};
+use crate::friendships;
 use crate::lists::{self, Member};
 use crate::pagination::{Page, PageRequest};
 use crate::time::Timestamp;
 use crate::timeline::Item;
-use crate::{friendships, users};
+use crate::users::{self, User};
 
 /// Which relation: a mute (hides) or a block (hides both ways, removes follows, refuses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,14 +95,14 @@ pub async fn set(
     relation: Relation,
     on: bool,
 ) -> ApiResult<bool> {
-    if !users::exists(db, target).await? {
-        return Err(ApiError::NotFound);
-    }
     if me == target {
         return Err(ApiError::field(
             "user_id",
             "You can not do this to yourself.",
         ));
+    }
+    if !users::exists(db, target).await? {
+        return Err(ApiError::NotFound);
     }
     let staged = db::with_unique_timestamp(&[relation.created_key()], |now| async move {
         change(db, cache, me, target, relation, on, now).await
@@ -244,8 +245,18 @@ pub async fn blocked_either_way(conn: &mut PgConnection, a: i64, b: i64) -> sqlx
     .await
 }
 
-/// A page of the accounts `me` mutes or blocks, newest first: `{"user": User, "created_at"}`
-/// (when the mute or block began: the cursor), as list members.
+/// A muted or blocked account in the caller's listing: the User object with `created_at`,
+/// when the mute or block began (the listing's cursor: a User has no time of its own).
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct Related {
+    #[serde(flatten)]
+    pub user: User,
+    #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "crate::time::serialize")]
+    pub created_at: Timestamp,
+}
+
+/// A page of the accounts `me` mutes or blocks, newest first ([`Related`]).
 ///
 /// # Errors
 /// Postgres failed.
@@ -255,7 +266,7 @@ pub async fn list(
     me: i64,
     relation: Relation,
     req: &PageRequest,
-) -> sqlx::Result<Page<Member>> {
+) -> sqlx::Result<Page<Related>> {
     let rows: Vec<(i64, Timestamp)> = sqlx::query_as(relation.list_sql())
         .bind(me)
         .bind(req.lt)
@@ -263,7 +274,11 @@ pub async fn list(
         .bind(req.want() as i64)
         .fetch_all(db)
         .await?;
-    lists::member_page(db, cache, rows, req).await
+    let page = lists::member_page(db, cache, rows, req).await?;
+    Ok(page.map(|m: Member| Related {
+        user: m.user,
+        created_at: m.created_at,
+    }))
 }
 
 /// Most entries one read of a filtered page asks for (a refresh's page).

@@ -114,8 +114,9 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
     let owner = lock_object(&mut tx, target)
         .await?
         .ok_or_else(no_such_object)?;
-    // A block either way refuses (crate::blocks); the object's row lock orders this read
-    // after a block that committed first.
+    // A block either way refuses (crate::blocks): this statement sees every block committed
+    // before it (read committed); one committed after it leaves this like, as any like made
+    // before a block.
     if owner != user.id && crate::blocks::blocked_either_way(&mut tx, owner, user.id).await? {
         return Err(ApiError::Forbidden);
     }

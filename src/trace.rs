@@ -62,9 +62,8 @@ impl TraceId {
         CURRENT.try_with(|t| *t).ok().flatten()
     }
 
-    /// `fut`, run with `trace` as [`TraceId::current`] whenever it is polled. Not an `async fn`:
-    /// the future is moved once, into tokio's wrapper (a request's future is moved on every
-    /// layer it passes, BENCHMARKS.md round 24).
+    /// `fut`, run with `trace` as [`TraceId::current`] whenever it is polled (tokio's
+    /// task-local future, with no `async fn` around it).
     pub fn scope<F: Future>(trace: Option<TraceId>, fut: F) -> TaskLocalFuture<Option<Self>, F> {
         CURRENT.scope(trace, fut)
     }

@@ -7,7 +7,7 @@
 //! value per viewer, never a fan-out row, so cached pages, Postgres pages and streams all read
 //! the same set (docs/decisions/0021-read-time-visibility.md). The value is versioned by
 //! `users.hidden_version`, bumped in the transaction of every mute and block that changes it,
-//! and written with [`scripts::SET_IF_NEWER`] by writers and by readers that load it from
+//! and written with [`super::scripts::SET_IF_NEWER`] by writers and by readers that load it from
 //! Postgres, so a slow reader can not put back an older set; the writer's outbox repair evicts
 //! it from every process's memory before the mute answers ([`super::near`]).
 
@@ -72,7 +72,7 @@ impl Versioned for Hidden {
     }
 
     fn encode(&self) -> String {
-        let mut out = String::with_capacity(24 + 12 * self.hidden.len());
+        let mut out = String::with_capacity(24 + 12 * (self.hidden.len() + self.blocked_by.len()));
         out.push_str(itoa::Buffer::new().format(self.version));
         out.push_str("|h");
         for id in self.hidden.iter() {

@@ -8,11 +8,10 @@ use utoipa::ToSchema;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::blocks::{self, Relation};
+use crate::blocks::{self, Related, Relation};
 use crate::error::ApiResult;
 use crate::http::extract::{Auth, PathId, QueryMap};
 use crate::http::openapi::{self, PageParams};
-use crate::lists::Member;
 use crate::pagination::Page;
 use crate::state::AppState;
 
@@ -120,14 +119,14 @@ async fn unblock(
 #[utoipa::path(get, path = "/api/mutes", tag = "blocks",
     params(PageParams),
     security(("bearer" = [])),
-    responses((status = 200, body = openapi::Page<Member>,
-        description = "A page of `{\"user\": User, \"created_at\"}`; `created_at` is when the \
-            mute began (the cursor)")))]
+    responses((status = 200, body = openapi::Page<Related>,
+        description = "A page of User objects, each with `created_at`: when the mute began \
+            (the cursor)")))]
 async fn mutes(
     State(state): State<AppState>,
     auth: Auth,
     query: QueryMap,
-) -> ApiResult<Json<Page<Member>>> {
+) -> ApiResult<Json<Page<Related>>> {
     let req = query.page()?;
     let page = blocks::list(&state.db, &state.cache, auth.user_id, Relation::Mute, &req).await?;
     Ok(Json(page))
@@ -137,14 +136,14 @@ async fn mutes(
 #[utoipa::path(get, path = "/api/blocks", tag = "blocks",
     params(PageParams),
     security(("bearer" = [])),
-    responses((status = 200, body = openapi::Page<Member>,
-        description = "A page of `{\"user\": User, \"created_at\"}`; `created_at` is when the \
-            block began (the cursor)")))]
+    responses((status = 200, body = openapi::Page<Related>,
+        description = "A page of User objects, each with `created_at`: when the block began \
+            (the cursor)")))]
 async fn blocks(
     State(state): State<AppState>,
     auth: Auth,
     query: QueryMap,
-) -> ApiResult<Json<Page<Member>>> {
+) -> ApiResult<Json<Page<Related>>> {
     let req = query.page()?;
     let page = blocks::list(&state.db, &state.cache, auth.user_id, Relation::Block, &req).await?;
     Ok(Json(page))

@@ -66,6 +66,13 @@ async fn list(
     let tweet_id = query.required_id("tweet_id")?;
     let req = query.page()?;
     let (db, cache, req) = (&state.db, &state.cache, &req);
+    // The comments of a tweet whose author blocks the caller are 404, as the tweet is.
+    if caller.id().is_some()
+        && let Some((tweet, ..)) = crate::tweets::load(db, cache, tweet_id).await?
+        && crate::blocks::blocks_viewer(db, cache, tweet.user_id, caller.id()).await?
+    {
+        return Err(crate::error::ApiError::NotFound);
+    }
     let page = state
         .replica
         .read_with(db, caller.id(), |read| async move {

@@ -779,12 +779,21 @@ impl Session {
                     self.tweet(tweet_id, &data, row, Source::Live, hides);
                 }
             }
-            Event::Delete { tweet_id, data } => {
+            Event::Delete {
+                tweet_id,
+                author,
+                data,
+            } => {
                 if self.deleted.len() == DELETES_KEPT {
                     self.deleted.pop_front();
                 }
                 self.deleted.push_back(tweet_id);
-                self.frame("delete", None, &data);
+                // A hidden account's delete names it: not sent either.
+                if let Some(hidden) = self.hidden().await
+                    && !hidden.hides(author)
+                {
+                    self.frame("delete", None, &data);
+                }
             }
         }
     }

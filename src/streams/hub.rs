@@ -26,7 +26,12 @@ pub enum Event {
         row: Option<(i64, i64)>,
     },
     /// `{"event": "delete", "tweet_id", "user_id"}`.
-    Delete { tweet_id: i64, data: Arc<str> },
+    Delete {
+        tweet_id: i64,
+        /// The tweet's author (a session leaves out those its user must not see).
+        author: i64,
+        data: Arc<str>,
+    },
 }
 
 /// Why the hub ended a stream.
@@ -328,6 +333,7 @@ impl Hub {
                     let event = if is_delete {
                         Event::Delete {
                             tweet_id: wire.about.tweet_id,
+                            author: wire.about.user_id,
                             data: data.clone(),
                         }
                     } else {
@@ -357,6 +363,7 @@ impl Hub {
             for c in clients.users.get(reader).into_iter().flatten() {
                 let event = Event::Delete {
                     tweet_id: wire.about.tweet_id,
+                    author: wire.about.user_id,
                     data: data.clone(),
                 };
                 c.offer(event, &self.stats);
