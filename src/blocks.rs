@@ -166,16 +166,31 @@ async fn change(
     Ok(Some(staged))
 }
 
+/// The ids a user must not see, as SQL: those the user (`$user`, a parameter such as `"$1"`)
+/// mutes or blocks and those who block the user. The one definition of a hidden set, for its
+/// cached form ([`load`]) and for reads that filter in SQL (notifications). A macro, so queries
+/// stay `&'static str`.
+#[macro_export]
+macro_rules! hidden_accounts_of {
+    ($user:literal) => {
+        concat!(
+            "select target_id from mutes where user_id = ",
+            $user,
+            " union all select target_id from blocks where user_id = ",
+            $user,
+            " union all select user_id from blocks where target_id = ",
+            $user
+        )
+    };
+}
+
 /// `user`'s hidden set as Postgres has it (one query).
 async fn load(conn: &mut PgConnection, user: i64) -> sqlx::Result<Hidden> {
-    let (version, hidden, blocked_by): (i64, Vec<i64>, Vec<i64>) = sqlx::query_as(
-        "select u.hidden_version,
-                array(select target_id from mutes where user_id = u.id
-                      union select target_id from blocks where user_id = u.id
-                      union select user_id from blocks where target_id = u.id),
-                array(select user_id from blocks where target_id = u.id)
-         from users u where u.id = $1",
-    )
+    let (version, hidden, blocked_by): (i64, Vec<i64>, Vec<i64>) = sqlx::query_as(concat!(
+        "select hidden_version, array(",
+        hidden_accounts_of!("$1"),
+        "), array(select user_id from blocks where target_id = $1) from users where id = $1",
+    ))
     .bind(user)
     .fetch_optional(conn)
     .await?

@@ -141,15 +141,14 @@ pub async fn list(
     unread_only: bool,
     req: &PageRequest,
 ) -> sqlx::Result<Page<Notification>> {
-    let rows: Vec<Row> = sqlx::query_as(
+    let rows: Vec<Row> = sqlx::query_as(concat!(
         "select id, actor_id, verb, target_type, target_id, created_at, unread from notifications
          where recipient_id = $1 and (unread or not $2)
            and created_at < coalesce($3, 'infinity') and created_at > coalesce($4, '-infinity')
-           and actor_id not in (select target_id from mutes where user_id = $1
-                                union all select target_id from blocks where user_id = $1
-                                union all select user_id from blocks where target_id = $1)
-         order by created_at desc limit $5",
-    )
+           and actor_id not in (",
+        crate::hidden_accounts_of!("$1"),
+        ") order by created_at desc limit $5",
+    ))
     .bind(me)
     .bind(unread_only)
     .bind(req.lt)
@@ -181,12 +180,12 @@ async fn objects(db: &PgPool, cache: &Cache, rows: Vec<Row>) -> sqlx::Result<Vec
 
 /// How many of `me`'s notifications are unread.
 pub async fn unread_count(db: &PgPool, me: i64) -> sqlx::Result<i64> {
-    sqlx::query_scalar(
+    sqlx::query_scalar(concat!(
         "select count(*) from notifications where recipient_id = $1 and unread
-           and actor_id not in (select target_id from mutes where user_id = $1
-                                union all select target_id from blocks where user_id = $1
-                                union all select user_id from blocks where target_id = $1)",
-    )
+           and actor_id not in (",
+        crate::hidden_accounts_of!("$1"),
+        ")",
+    ))
     .bind(me)
     .fetch_one(db)
     .await
