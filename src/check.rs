@@ -98,7 +98,7 @@ fn classify(prefix: &str, key: &str) -> Kind {
         ("items", Some(b'c')) => {
             id("c").map_or(Kind::Other, |c| Kind::Timeline(Timeline::Circle(c)))
         }
-        ("tweet", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
+        ("tweetv", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
         ("cnt", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
@@ -308,6 +308,8 @@ async fn compare(
                         (Cached::Hit(c), Some(row)) if c != CachedTweet::of(&row.record) => {
                             differ(key, "object differs from the row".into())
                         }
+                        // A floor (a late edit's repair): a miss for readers.
+                        (Cached::Miss, _) if v.ends_with('|') => {}
                         (Cached::Miss, _) => differ(key, format!("unreadable value {v:?}")),
                         _ => {}
                     }
@@ -530,7 +532,12 @@ mod tests {
             classify(p, "p:{c3}:items"),
             Kind::Timeline(Timeline::Circle(3))
         );
-        assert_eq!(classify(p, "p:{t9}:tweet"), Kind::Tweet(9));
+        assert_eq!(classify(p, "p:{t9}:tweetv"), Kind::Tweet(9));
+        assert_eq!(
+            classify(p, "p:{t9}:tweet"),
+            Kind::Other,
+            "an older build's key"
+        );
         assert_eq!(classify(p, "p:{t9}:cnt"), Kind::TweetCounts(9));
         assert_eq!(classify(p, "p:{u4}:user"), Kind::User(4));
         assert_eq!(classify(p, "p:{u4}:cnt"), Kind::UserCounts(4));

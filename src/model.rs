@@ -6,8 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::time::Timestamp;
 
-/// A tweet as stored and cached (the tweet object cache holds this as JSON). Immutable until it
-/// is deleted; then its cache key holds a tombstone.
+/// A tweet as stored and cached ([`crate::cache::objects::CachedTweet`]). Its text changes only
+/// by an edit, which bumps `edit_version` (the cached object's version); once deleted, its
+/// cache key holds a tombstone.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
 pub struct TweetRecord {
     pub id: i64,
@@ -30,6 +31,12 @@ pub struct TweetRecord {
     #[sqlx(default)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub place: Option<sqlx::types::Json<Place>>,
+    /// When its text was last edited; `None` if never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edited_at: Option<Timestamp>,
+    /// How many times it was edited (0: as posted): the version of its cached object.
+    #[serde(default)]
+    pub edit_version: i64,
 }
 
 /// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon

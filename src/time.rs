@@ -53,6 +53,14 @@ pub fn serialize<S: Serializer>(t: &Timestamp, s: S) -> Result<S::Ok, S::Error> 
     s.serialize_str(&format(t))
 }
 
+/// Serde `serialize_with` for an optional timestamp: [`fn@format`], or `null`.
+pub fn serialize_option<S: Serializer>(t: &Option<Timestamp>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&format(t)),
+        None => s.serialize_none(),
+    }
+}
+
 /// Parses a cursor parameter: any RFC 3339 timestamp, including its space-separated form
 /// (`2026-11-21 09:16:11.005227Z`, which RFC 3339 allows in place of `T`). A `+` offset that
 /// arrived unescaped in a query string (and so was decoded as a space) is accepted too.

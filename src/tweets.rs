@@ -25,6 +25,10 @@ pub const MAX_CONTENT_CHARS: usize = 280;
 /// in the request: the tombstone hides it, and each reader's next read drops the entry.
 pub const MAX_EAGER_REMOVALS: usize = 1000;
 
+/// How long after posting a tweet's text can be edited (Twitter's and Mastodon's edit window
+/// is of the same order).
+pub const EDIT_WINDOW: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
 /// The public `Tweet` object.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Tweet {
@@ -45,6 +49,10 @@ pub struct Tweet {
     pub coordinates: Option<Vec<f64>>,
     /// `{"full_name", "bbox": [sw_lon, sw_lat, ne_lon, ne_lat]}`, or null.
     pub place: Option<Place>,
+    /// When its text was last edited (`PATCH /api/tweets/{id}/`), or null.
+    #[schema(value_type = Option<String>, format = DateTime)]
+    #[serde(serialize_with = "time::serialize_option")]
+    pub edited_at: Option<Timestamp>,
 }
 
 /// What a new tweet says besides its author: text (validated), circle, photos and location.
@@ -73,6 +81,7 @@ impl Tweet {
             photo_urls: record.photo_urls,
             coordinates: record.coordinates,
             place: record.place.map(|p| p.0),
+            edited_at: record.edited_at,
         }
     }
 
@@ -225,7 +234,7 @@ impl Serialize for TweetJson {
 macro_rules! returning_tweet_row {
     () => {
         " returning id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                    likes_count, comments_count, counts_version"
+                    edited_at, edit_version, likes_count, comments_count, counts_version"
     };
 }
 
@@ -338,7 +347,7 @@ pub async fn create(
                                      coordinates, place, pulled)
                  values ($1, $2, $3, $4, $5, $6, $7, $8)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
-                           place",
+                           place, edited_at, edit_version",
             )
             .bind(author)
             .bind(&new.content)
@@ -453,7 +462,8 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place
+        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
+                edited_at, edit_version
          from tweets where id = $1 for update",
     )
     .bind(id)
@@ -529,6 +539,137 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     Ok(tweet)
 }
 
+/// One version of a tweet's text (`GET /api/tweets/{id}/history/`).
+#[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
+pub struct TweetVersion {
+    /// 0: as posted; each edit adds one (the tweet's `edit_version`).
+    pub version: i64,
+    pub content: String,
+    /// When this text was written: the tweet's `created_at` for version 0, else its edit's.
+    #[schema(value_type = String, format = DateTime)]
+    #[serde(serialize_with = "time::serialize")]
+    pub created_at: Timestamp,
+}
+
+/// Replaces the text of tweet `id` of user `me` by `content` (validated), within
+/// [`EDIT_WINDOW`] of posting: the replaced text is kept in `tweet_edits`, `edit_version` goes
+/// up by one and `edited_at` is set. After the commit the new object is written through to
+/// Redis (`SET_IF_NEWER`: no reader that loaded the old text can put it back) and evicted from
+/// every process's near cache before this returns ([`Update::TweetEdited`]); then the `edit`
+/// stream event goes out. Timeline lists hold ids only, so nothing else changes. The same text
+/// again changes nothing (and is not a new version).
+///
+/// Returns the tweet as it now is, with its counts.
+///
+/// # Errors
+/// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author, a 400 on
+/// `content` if the window has passed.
+#[tracing::instrument(name = "tweets::edit", skip(db, cache, content))]
+pub async fn edit(
+    db: &PgPool,
+    cache: &Cache,
+    me: i64,
+    id: i64,
+    content: &str,
+) -> ApiResult<(TweetRecord, TweetCounts)> {
+    let mut tx = db.begin().await?;
+    // `for no key update`: does not wait for fan-out batches (they hold a key share), which
+    // read the text anew ([`crate::newsfeeds::fanout_jobs`]); two edits take turns.
+    let row: Option<TweetRow> = sqlx::query_as(
+        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
+                edited_at, edit_version, likes_count, comments_count, counts_version
+         from tweets where id = $1 for no key update",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let old = match row {
+        None => return Err(ApiError::NotFound),
+        Some(t) if t.record.user_id != me => return Err(ApiError::Forbidden),
+        Some(t) => t,
+    };
+    if chrono::Utc::now() - old.record.created_at > EDIT_WINDOW {
+        return Err(ApiError::field(
+            "content",
+            "A tweet can only be edited within an hour of posting.",
+        ));
+    }
+    if old.record.content == content {
+        return Ok((old.record, old.counts));
+    }
+    sqlx::query(
+        "insert into tweet_edits (tweet_id, version, content, created_at) values ($1, $2, $3, $4)",
+    )
+    .bind(id)
+    .bind(old.record.edit_version)
+    .bind(&old.record.content)
+    .bind(old.record.edited_at.unwrap_or(old.record.created_at))
+    .execute(&mut *tx)
+    .await
+    .context("keeping the replaced text")?;
+    // Edit times of one tweet only go up, whatever the clocks.
+    let new: TweetRow = sqlx::query_as(concat!(
+        "update tweets set content = $2, edit_version = edit_version + 1,
+             edited_at = greatest(clock_timestamp(),
+                                  coalesce(edited_at, created_at) + interval '1 microsecond')
+         where id = $1",
+        returning_tweet_row!()
+    ))
+    .bind(id)
+    .bind(content)
+    .fetch_one(&mut *tx)
+    .await
+    .context("editing the tweet")?;
+    let readers: Vec<i64> = sqlx::query_scalar("select user_id from newsfeeds where tweet_id = $1")
+        .bind(id)
+        .fetch_all(&mut *tx)
+        .await
+        .context("reading the tweet's readers")?;
+    let updates = [Update::TweetEdited {
+        tweet: new.record.clone(),
+    }];
+    let staged = cache.stage(&mut tx, &updates).await?;
+    tx.commit().await.context("committing the edit")?;
+    cache.finish(db, staged).await;
+    if cache.enabled() {
+        let author = users::load_many(db, cache, &[me]).await?.remove(&me);
+        if let Some(author) = author {
+            let tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
+            streams::publish_edited(cache, &tweet, &new.record, &old.record.content, &readers)
+                .await;
+        }
+    }
+    Ok((new.record, new.counts))
+}
+
+/// The versions of tweet `id`'s text, oldest first, and its author; `None` if there is no such
+/// tweet. One statement, so the versions are of one snapshot.
+pub async fn history(db: &PgPool, id: i64) -> sqlx::Result<Option<(i64, Vec<TweetVersion>)>> {
+    let rows: Vec<(i64, i64, String, Timestamp)> = sqlx::query_as(
+        "select t.user_id, e.version, e.content, e.created_at
+         from tweets t join tweet_edits e on e.tweet_id = t.id where t.id = $1
+         union all
+         select user_id, edit_version, content, coalesce(edited_at, created_at)
+         from tweets where id = $1
+         order by 2",
+    )
+    .bind(id)
+    .fetch_all(db)
+    .await?;
+    let Some(&(author, ..)) = rows.first() else {
+        return Ok(None);
+    };
+    let versions = rows
+        .into_iter()
+        .map(|(_, version, content, created_at)| TweetVersion {
+            version,
+            content,
+            created_at,
+        })
+        .collect();
+    Ok(Some((author, versions)))
+}
+
 /// The list entry `id` (a newsfeed row, or the tweet itself) of `tweet`: its member holds the
 /// sub-second part of the tweet's time.
 fn entry_of(id: i64, tweet_id: i64, tweet: &TweetRecord) -> ListEntry {
@@ -545,7 +686,7 @@ fn entry_of(id: i64, tweet_id: i64, tweet: &TweetRecord) -> ListEntry {
 pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
     sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                likes_count, comments_count, counts_version
+                edited_at, edit_version, likes_count, comments_count, counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)
@@ -686,6 +827,8 @@ mod tests {
                 photo_urls: Vec::new(),
                 coordinates: None,
                 place: None,
+                edited_at: None,
+                edit_version: 0,
             };
             let spliced = TweetJson::Spliced {
                 user: UserJson::Json("{}".to_owned()),

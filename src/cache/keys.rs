@@ -25,7 +25,7 @@
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
-//! | `{p}:{t17}:tweet` | string | the tweet object JSON, or the tombstone `-` once deleted |
+//! | `{p}:{t17}:tweetv` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v`: versioned; older builds' `tweet` keys expire with their TTL) |
 //! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
 //! | `{p}:{bus}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
@@ -154,7 +154,7 @@ pub struct Keys {
 /// The kinds of per-object cache entries that hydration reads in bulk ([`Keys::pipe_mget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
-    /// A tweet object, `{p}:{t17}:tweet`.
+    /// A tweet object, `{p}:{t17}:tweetv`.
     Tweet,
     /// A tweet's counts, `{p}:{t17}:cnt`.
     TweetCounts,
@@ -166,7 +166,7 @@ impl Object {
     /// The hash tag's letter and the key's name.
     fn parts(self) -> (&'static str, &'static str) {
         match self {
-            Object::Tweet => ("t", "tweet"),
+            Object::Tweet => ("t", "tweetv"),
             Object::TweetCounts => ("t", "cnt"),
             Object::User => ("u", "user"),
         }
@@ -448,7 +448,7 @@ mod tests {
         assert_eq!(keys.liked(42), "p:{u42}:liked");
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
-        assert_eq!(keys.tweet(7), "p:{t7}:tweet");
+        assert_eq!(keys.tweet(7), "p:{t7}:tweetv");
         assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
         for object in [Object::Tweet, Object::TweetCounts, Object::User] {
             let ids = [7, 1_234_567_890_123, 42];

@@ -1,5 +1,5 @@
-//! Per-object caches used for hydration: tweet objects (immutable until deleted, then a
-//! tombstone) with their counts, user objects (versioned, so a slow reader can not put back an
+//! Per-object caches used for hydration: tweet objects (versioned by their edits; a tombstone
+//! once deleted) with their counts, user objects (versioned, so a slow reader can not put back an
 //! old profile) and bearer tokens (tombstoned on logout). Liked sets are [`super::liked`],
 //! what each process holds [`super::held`], a page's one-round-trip read
 //! [`super::hydration`].
@@ -27,19 +27,23 @@ pub enum Cached<T> {
     Hit(T),
 }
 
-/// A tweet object as cached: its author, and its public fields (which never change) as ready
-/// JSON object members in the order of the public `Tweet`:
-/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null`.
+/// A tweet object as cached: its author, version and public fields as ready JSON object
+/// members in the order of the public `Tweet`:
+/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null`.
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
-/// Stored as `"3|{user_id}|{created_at µs}|{members}"` (the timestamp, so a timeline page takes
-/// each item's time from its tweet instead of asking Redis for its list entry's score); the
-/// older `"2|{user_id}|{members}"` and plain-JSON [`TweetRecord`] values are still read.
+/// Stored as `"{version}|{user_id}|{created_at µs}|{members}"`, `version` being the tweet's
+/// `edit_version`: every write of it is a `SET_IF_NEWER` ([`super::scripts::SET_IF_NEWER`]),
+/// so a reader that loaded the text before an edit can not put it back over the edited one,
+/// and the tombstone of a deleted tweet is final. (The timestamp, so a timeline page takes each
+/// item's time from its tweet instead of asking Redis for its list entry's score.)
 #[derive(Debug, Clone, PartialEq)]
 pub struct CachedTweet {
     pub id: i64,
     pub user_id: i64,
     pub created_at: crate::time::Timestamp,
+    /// The tweet's `edit_version` (0: never edited).
+    pub version: i64,
     /// Shared: a near-cached tweet is cloned into every page that lists it.
     pub members: std::sync::Arc<str>,
 }
@@ -55,6 +59,8 @@ struct PublicFields<'a> {
     photo_urls: &'a [String],
     coordinates: Option<&'a [f64]>,
     place: Option<&'a crate::model::Place>,
+    #[serde(serialize_with = "crate::time::serialize_option")]
+    edited_at: Option<crate::time::Timestamp>,
 }
 
 impl CachedTweet {
@@ -68,6 +74,7 @@ impl CachedTweet {
             photo_urls: &tweet.photo_urls,
             coordinates: tweet.coordinates.as_deref(),
             place: tweet.place.as_ref().map(|p| &p.0),
+            edited_at: tweet.edited_at,
         };
         // Serialising plain strings, numbers and `Place` can not fail.
         let json = serde_json::to_string(&fields).unwrap_or_else(|_| "{}".to_owned());
@@ -80,45 +87,37 @@ impl CachedTweet {
             id: tweet.id,
             user_id: tweet.user_id,
             created_at: tweet.created_at,
+            version: tweet.edit_version,
             members,
         }
     }
 
     /// The typed tweet (parses the members); `None` if they do not parse.
     pub fn record(&self) -> Option<TweetRecord> {
-        let json = format!("{{\"user_id\":{},{}}}", self.user_id, self.members);
+        let json = format!(
+            "{{\"user_id\":{},\"edit_version\":{},{}}}",
+            self.user_id, self.version, self.members
+        );
         serde_json::from_str(&json).ok()
     }
 
-    fn encode(&self) -> String {
+    /// The stored value.
+    pub(crate) fn encode(&self) -> String {
         format!(
-            "3|{}|{}|{}",
+            "{}|{}|{}|{}",
+            self.version,
             self.user_id,
             crate::time::to_micros(self.created_at),
             self.members
         )
     }
 
-    /// A stored value (the members are copied once, into the shared buffer).
-    fn decode(value: String) -> Option<Self> {
-        if value.starts_with('{') {
-            return serde_json::from_str::<TweetRecord>(&value)
-                .ok()
-                .map(|t| CachedTweet::of(&t));
-        }
+    /// A stored value (the members are copied once, into the shared buffer); `None` for a
+    /// floor (`"{version}|"`, see [`super::update::Repair::SetIfNewer`]) or garbage.
+    fn decode(value: &str) -> Option<Self> {
         let (version, rest) = value.split_once('|')?;
         let (user, rest) = rest.split_once('|')?;
-        let (created_at, members) = match version {
-            "3" => {
-                let (micros, members) = rest.split_once('|')?;
-                (
-                    Some(crate::time::from_micros(micros.parse().ok()?)),
-                    members,
-                )
-            }
-            "2" => (None, rest),
-            _ => return None,
-        };
+        let (micros, members) = rest.split_once('|')?;
         // `"id":` leads the members.
         let id = members
             .strip_prefix("\"id\":")?
@@ -126,26 +125,14 @@ impl CachedTweet {
             .next()?
             .parse()
             .ok()?;
-        let user_id = user.parse().ok()?;
-        let created_at = match created_at {
-            Some(t) => t,
-            None => created_at_member(members)?,
-        };
         Some(CachedTweet {
             id,
-            user_id,
-            created_at,
+            user_id: user.parse().ok()?,
+            created_at: crate::time::from_micros(micros.parse().ok()?),
+            version: version.parse().ok()?,
             members: members.into(),
         })
     }
-}
-
-/// The `created_at` member of a tweet's public members (the format that did not store it
-/// apart): `"created_at":"2025-11-23T12:13:20.123456Z"` follows `"id":…,`.
-fn created_at_member(members: &str) -> Option<crate::time::Timestamp> {
-    let (_, rest) = members.split_once(",\"created_at\":\"")?;
-    let (text, _) = rest.split_once('"')?;
-    crate::time::parse_cursor(text)
 }
 
 /// A user object as cached: the stored `UserRecord` JSON (see [`encode_user`]), shared by every
@@ -251,22 +238,20 @@ impl Cache {
         Ok((f.tweets, f.counts))
     }
 
-    /// Caches tweets and counts loaded from Postgres (`SET NX`: a tombstone written meanwhile
-    /// wins; counts only if newer) and tombstones for ids Postgres did not have. Best effort.
+    /// Caches tweets and counts loaded from Postgres unless a newer version (or a tombstone)
+    /// is cached, and tombstones for ids Postgres did not have. Best effort.
     pub async fn put_tweets(&self, rows: &[(TweetRecord, TweetCounts)], missing: &[i64]) {
         let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
             return;
         };
         let mut pipe = redis::pipe();
+        let mut versioned = Vec::with_capacity(2 * rows.len());
         for (tweet, counts) in rows {
-            pipe_put_tweet(&mut pipe, keys, tweet, ttl);
-            self.pipe_put_versioned(
-                &mut pipe,
-                keys.tweet_counts(tweet.id),
-                counts.version,
-                counts.encode(),
-            );
+            let cached = CachedTweet::of(tweet);
+            versioned.push((keys.tweet(tweet.id), cached.version, cached.encode()));
+            versioned.push((keys.tweet_counts(tweet.id), counts.version, counts.encode()));
         }
+        self.pipe_put_versioned_many(&mut pipe, versioned);
         for id in missing {
             pipe.cmd("SET")
                 .arg(keys.tweet(*id))
@@ -291,10 +276,15 @@ impl Cache {
     ) -> Result<bool, CacheUnavailable> {
         let inner = self.live()?;
         let mut pipe = redis::pipe();
-        let mut versioned = Vec::with_capacity(2 * objects.len());
+        let mut versioned = Vec::with_capacity(3 * objects.len());
         let mut authors = HashSet::new();
         for o in objects {
-            pipe_put_cached_tweet(&mut pipe, &inner.keys, &o.tweet, inner.ttl_secs);
+            let tweet = (
+                inner.keys.tweet(o.tweet.id),
+                o.tweet.version,
+                o.tweet.encode(),
+            );
+            versioned.push(tweet);
             let counts = (
                 inner.keys.tweet_counts(o.tweet.id),
                 o.counts.version,
@@ -398,25 +388,23 @@ impl Cache {
     }
 }
 
-/// `SET tweet json NX EX ttl`: caches a tweet object unless the key exists (a tombstone wins).
+/// `SET_IF_NEWER tweet version value ttl`: caches a tweet object unless a newer version or a
+/// tombstone is cached.
 pub(crate) fn pipe_put_tweet(
     pipe: &mut redis::Pipeline,
     keys: &Keys,
     tweet: &TweetRecord,
     ttl: u64,
 ) {
-    pipe_put_cached_tweet(pipe, keys, &CachedTweet::of(tweet), ttl);
-}
-
-/// [`pipe_put_tweet`] of a tweet already in its cached form.
-fn pipe_put_cached_tweet(pipe: &mut redis::Pipeline, keys: &Keys, tweet: &CachedTweet, ttl: u64) {
-    pipe.cmd("SET")
-        .arg(keys.tweet(tweet.id))
-        .arg(tweet.encode())
-        .arg("NX")
-        .arg("EX")
-        .arg(ttl)
-        .ignore();
+    let cached = CachedTweet::of(tweet);
+    pipe.invoke_script(
+        super::scripts::SET_IF_NEWER
+            .key(keys.tweet(tweet.id))
+            .arg(cached.version)
+            .arg(cached.encode())
+            .arg(ttl),
+    )
+    .ignore();
 }
 
 /// A stored tweet object value as the read path takes it (for the consistency checker).
@@ -434,7 +422,7 @@ pub(super) fn decode_tweet(v: Option<String>) -> Cached<CachedTweet> {
     match v {
         None => Cached::Miss,
         Some(t) if t == TOMBSTONE => Cached::Deleted,
-        Some(value) => CachedTweet::decode(value).map_or(Cached::Miss, Cached::Hit),
+        Some(value) => CachedTweet::decode(&value).map_or(Cached::Miss, Cached::Hit),
     }
 }
 
@@ -460,8 +448,8 @@ mod tests {
     use crate::model::Place;
 
     #[test]
-    fn a_cached_tweet_round_trips_and_reads_the_older_format() {
-        let tweet = TweetRecord {
+    fn a_cached_tweet_round_trips_with_its_version() {
+        let mut tweet = TweetRecord {
             id: 17,
             user_id: 42,
             content: "say \"hi\" | ok, 1,2".to_owned(),
@@ -473,6 +461,8 @@ mod tests {
                 full_name: "New York, NY".to_owned(),
                 bbox: [-74.3, 40.5, -73.7, 40.9],
             })),
+            edited_at: None,
+            edit_version: 0,
         };
         let cached = CachedTweet::of(&tweet);
         assert!(
@@ -482,23 +472,35 @@ mod tests {
             "{}",
             cached.members
         );
+        assert!(cached.members.ends_with(r#","edited_at":null"#));
         assert_eq!(cached.record(), Some(tweet.clone()));
         let stored = cached.encode();
         assert!(
-            stored.starts_with("3|42|1763900000123456|\"id\":17,"),
+            stored.starts_with("0|42|1763900000123456|\"id\":17,"),
             "{stored}"
         );
-        assert_eq!(CachedTweet::decode(stored.clone()), Some(cached.clone()));
-        let v2 = format!("2|42|{}", cached.members);
-        assert_eq!(CachedTweet::decode(v2), Some(cached.clone()));
-        let older = serde_json::to_string(&tweet).unwrap();
-        assert_eq!(CachedTweet::decode(older), Some(cached));
-        assert_eq!(CachedTweet::decode("3|1|x".to_owned()), None);
-        assert_eq!(CachedTweet::decode("3|1|x|\"id\":1,".to_owned()), None);
-        assert_eq!(
-            CachedTweet::decode("2|1|\"id\":1,\"content\":\"\"".to_owned()),
-            None
+        assert_eq!(CachedTweet::decode(&stored), Some(cached));
+
+        tweet.content = "edited".to_owned();
+        tweet.edited_at = Some(crate::time::from_micros(1_763_900_060_000_001));
+        tweet.edit_version = 2;
+        let edited = CachedTweet::of(&tweet);
+        assert!(
+            edited
+                .members
+                .ends_with(r#","edited_at":"2025-11-23T12:14:20.000001Z""#),
+            "{}",
+            edited.members
         );
+        assert_eq!(edited.record(), Some(tweet.clone()));
+        let stored = edited.encode();
+        assert!(stored.starts_with("2|42|"), "{stored}");
+        assert_eq!(CachedTweet::decode(&stored), Some(edited));
+
+        assert_eq!(CachedTweet::decode("3|1|x"), None);
+        assert_eq!(CachedTweet::decode("3|"), None, "a floor is a miss");
+        assert_eq!(CachedTweet::decode("3|1|x|\"id\":1,"), None);
+        assert_eq!(CachedTweet::decode("2|1|\"id\":1,\"content\":\"\""), None);
         assert!(matches!(decode_tweet(Some("-".into())), Cached::Deleted));
     }
 

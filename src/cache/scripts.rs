@@ -241,7 +241,8 @@ return 1
 /// `SET_IF_NEWER key | version value ttl`: stores a versioned object (`"{version}|..."`) unless
 /// the cached one is as new or newer, so a slow reader can not put back an old profile or count.
 /// A cached *floor* `"{version}|"` (no payload; readers take it for a miss, see
-/// [`super::update::Repair::SetIfNewer`]) refuses only older versions.
+/// [`super::update::Repair::SetIfNewer`]) refuses only older versions; a tombstone `-` (a
+/// deleted tweet's object) refuses every version.
 pub static SET_IF_NEWER: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{SET_VERSIONED}
@@ -266,10 +267,12 @@ return n
     ))
 });
 
-/// `set_versioned(key, version, value, ttl)` → 1 if stored: the rule of [`SET_IF_NEWER`].
+/// `set_versioned(key, version, value, ttl)` → 1 if stored: the rule of [`SET_IF_NEWER`]. A
+/// tombstone `-` (a deleted tweet) is final.
 const SET_VERSIONED: &str = r#"
 local function set_versioned(key, version, value, ttl)
   local cur = redis.call('GET', key)
+  if cur == '-' then return 0 end
   if cur then
     local v, rest = string.match(cur, '^(%d+)|(.*)$')
     v = tonumber(v)

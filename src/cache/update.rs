@@ -58,6 +58,9 @@ pub enum Update {
     },
     /// Replace a tweet object by its tombstone and drop its counts.
     TweetDeleted { id: i64 },
+    /// Write through an edited tweet object with its new `edit_version` (never over a newer
+    /// version or a tombstone); every process's near cache drops the old one.
+    TweetEdited { tweet: TweetRecord },
     /// Write through a user object with its new version.
     UserChanged { user: UserRecord },
     /// Write through a tweet's counts committed with their version.
@@ -284,6 +287,17 @@ impl Update {
                     },
                 ],
             ),
+            Update::TweetEdited { tweet } => {
+                let cached = super::objects::CachedTweet::of(tweet);
+                direct(
+                    pipe,
+                    vec![Repair::SetIfNewer {
+                        key: keys.tweet(tweet.id),
+                        version: cached.version,
+                        value: cached.encode(),
+                    }],
+                )
+            }
             Update::UserChanged { user } => direct(
                 pipe,
                 encode_user(user)

@@ -795,6 +795,20 @@ impl Session {
                     self.frame("delete", None, &data);
                 }
             }
+            // The edited tweet, in place of what was sent before: no cursor of its own (a
+            // resumed stream reads the rows, which show the text as it is then).
+            Event::Edit {
+                tweet_id,
+                author,
+                data,
+            } => {
+                if !self.deleted.contains(&tweet_id)
+                    && let Some(hidden) = self.hidden().await
+                    && !hidden.hides(author)
+                {
+                    self.frame("edit", None, &data);
+                }
+            }
         }
     }
 

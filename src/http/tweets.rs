@@ -1,4 +1,4 @@
-//! `/api/tweets/`: a user's tweets, posting, detail and deletion.
+//! `/api/tweets/`: a user's tweets, posting, detail, edits (and their history) and deletion.
 
 use axum::Json;
 use axum::extract::{DefaultBodyLimit, State};
@@ -26,7 +26,8 @@ use crate::tweets::{self, NewTweet, Tweet};
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list, create).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
-        .routes(routes!(detail, remove))
+        .routes(routes!(detail, remove, edit))
+        .routes(routes!(history))
 }
 
 /// A user's tweets, newest first.
@@ -216,6 +217,78 @@ async fn detail(
         tweet: Tweet::new(record, author.into(), &counts, has_liked),
         comments,
         likes,
+    }))
+}
+
+/// The body of an edit.
+#[derive(ToSchema)]
+#[allow(dead_code)] // read by the handler as [`Fields`]; this is its schema
+struct TweetEdit {
+    /// The new text: 1–280 characters after trimming.
+    #[schema(min_length = 1, max_length = 280, pattern = r"\S")]
+    content: String,
+}
+
+/// Edits the text of the caller's tweet, within an hour of posting.
+///
+/// Invalid content, or more than an hour after posting: 400 naming `content`. From the moment this answers, every process serves the new text (pages, detail, streams);
+/// open streams get an `edit` event. The same text again changes nothing.
+#[utoipa::path(patch, path = "/api/tweets/{id}", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet")),
+    security(("bearer" = [])),
+    request_body = TweetEdit,
+    responses(
+        (status = 200, body = Tweet, description = "The edited tweet"),
+        (status = 403, body = Detail, description = "Not the caller's tweet"),
+    ))]
+async fn edit(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(id): PathId,
+    fields: Fields,
+) -> ApiResult<Json<Tweet>> {
+    let mut errors = FieldErrors::new();
+    let content = match fields.required_text("content", &mut errors) {
+        Some(raw) => tweets::validate_content(&raw).map_err(|m| ApiError::field("content", m))?,
+        None => return Err(ApiError::Validation(errors)),
+    };
+    let (record, counts) =
+        tweets::edit(&state.db, &state.cache, auth.user_id, id, &content).await?;
+    let has_liked = counts.likes > 0
+        && !likes::liked_tweets(&state.db, &state.cache, Some(auth.user_id), &[id])
+            .await?
+            .is_empty();
+    let author = auth.user(&state).await?;
+    Ok(Json(Tweet::new(record, author, &counts, has_liked)))
+}
+
+/// A tweet's versions.
+#[derive(Serialize, ToSchema)]
+struct TweetHistory {
+    tweet_id: i64,
+    /// Every text the tweet had, oldest (as posted, version 0) first; the last is its text now.
+    versions: Vec<tweets::TweetVersion>,
+}
+
+/// The versions of a tweet's text, oldest first.
+#[utoipa::path(get, path = "/api/tweets/{id}/history", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet")),
+    security((), ("bearer" = [])),
+    responses((status = 200, body = TweetHistory, description = "Its versions")))]
+async fn history(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    PathId(id): PathId,
+) -> ApiResult<Json<TweetHistory>> {
+    let (author, versions) = tweets::history(&state.db, id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    if crate::blocks::blocks_viewer(&state.db, &state.cache, author, caller.id()).await? {
+        return Err(ApiError::NotFound);
+    }
+    Ok(Json(TweetHistory {
+        tweet_id: id,
+        versions,
     }))
 }
 

@@ -92,7 +92,7 @@ pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
         "truncate users, auth_tokens, tweets, friendships, newsfeeds, feed_heads, jobs, cache_outbox,
                   comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
                   circles, circle_members, notifications, chat_channels, chat_members,
-                  chat_messages, mutes, blocks restart identity",
+                  chat_messages, mutes, blocks, tweet_edits restart identity",
     )
     .execute(&mut *conn)
     .await?;

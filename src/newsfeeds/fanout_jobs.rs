@@ -58,16 +58,17 @@ pub async fn fanout(
     }
     // The tweet object the streams send with each batch (cache-aside; `None`: deleted, or the
     // cache is off and there are no streams).
-    let object: Option<Arc<(Tweet, TweetRecord)>> = if worker.cache.enabled() {
-        tweets::load(&worker.db, &worker.cache, tweet_id)
-            .await?
-            .map(|(record, counts, author)| {
-                let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
-                Arc::new((tweet, record))
-            })
-    } else {
-        None
+    let load_object = async || -> anyhow::Result<Option<Arc<(Tweet, TweetRecord)>>> {
+        if !worker.cache.enabled() {
+            return Ok(None);
+        }
+        let loaded = tweets::load(&worker.db, &worker.cache, tweet_id).await?;
+        Ok(loaded.map(|(record, counts, author)| {
+            let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+            Arc::new((tweet, record))
+        }))
     };
+    let mut object = load_object().await?;
     // The previous batch's cache step, overlapping this batch's insert.
     let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
     // Batches rolled back by the pull clock's check (see crate::hybrid).
@@ -75,16 +76,23 @@ pub async fn fanout(
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
-        let tweet: Option<(i64, Timestamp, bool)> = sqlx::query_as(
-            "select user_id, created_at, pulled from tweets where id = $1 for key share",
+        let tweet: Option<(i64, Timestamp, bool, i64)> = sqlx::query_as(
+            "select user_id, created_at, pulled, edit_version from tweets
+             where id = $1 for key share",
         )
         .bind(tweet_id)
         .fetch_optional(&mut *tx)
         .await
         .context("locking the tweet")?;
-        let Some((author, created_at, pulled)) = tweet else {
+        let Some((author, created_at, pulled, version)) = tweet else {
             break; // deleted meanwhile
         };
+        // Edited since the object was read: the streams get the text as it is now. (An edit
+        // that commits after this read and publishes before this batch does is replaced by
+        // each process's hub, see crate::streams::Hub.)
+        if object.as_ref().is_some_and(|o| o.1.edit_version < version) {
+            object = load_object().await?;
+        }
         if pulled {
             break; // its readers pull it (see crate::hybrid)
         }

@@ -97,6 +97,7 @@ mod tests {
             tweet_id: 1,
             user_id: 1,
             text: text.into(),
+            version: 0,
             coordinates: None,
             bbox: None,
         };
@@ -116,6 +117,7 @@ mod tests {
             tweet_id: 1,
             user_id: 1,
             text: String::new(),
+            version: 0,
             coordinates,
             bbox,
         };
@@ -134,6 +136,7 @@ mod tests {
                     tweet_id: *id,
                     user_id: 1,
                     text: String::new(),
+                    version: 0,
                     coordinates: None,
                     bbox: None,
                 };

@@ -32,6 +32,52 @@ pub enum Event {
         author: i64,
         data: Arc<str>,
     },
+    /// `{"event": "edit", "tweet": Tweet}`: the tweet as edited.
+    Edit {
+        tweet_id: i64,
+        /// The tweet's author (a session leaves out those its user must not see).
+        author: i64,
+        data: Arc<str>,
+    },
+}
+
+/// Edits this process's hub saw last, at most: a tweet event of an older text that arrives
+/// after its edit (a fan-out batch that read the text before the edit committed and published
+/// after it) carries the edited tweet instead. Edits happen within an hour of posting, while
+/// the fan-out runs.
+const EDITS_KEPT: usize = 4096;
+
+/// The newest edits seen ([`EDITS_KEPT`]): tweet id → (edit version, Tweet JSON, text).
+#[derive(Debug, Default)]
+struct RecentEdits {
+    by_id: HashMap<i64, (i64, Arc<str>, String)>,
+    order: std::collections::VecDeque<i64>,
+}
+
+impl RecentEdits {
+    fn remember(&mut self, id: i64, version: i64, tweet: &str, text: &str) {
+        if self.by_id.get(&id).is_some_and(|(v, ..)| *v >= version) {
+            return;
+        }
+        if self
+            .by_id
+            .insert(id, (version, tweet.into(), text.to_owned()))
+            .is_none()
+        {
+            self.order.push_back(id);
+            if self.order.len() > EDITS_KEPT
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.by_id.remove(&oldest);
+            }
+        }
+    }
+
+    /// The newer edit of tweet `id` than `version`, if one was seen: (Tweet JSON, text).
+    fn newer(&self, id: i64, version: i64) -> Option<(Arc<str>, String)> {
+        let (v, tweet, text) = self.by_id.get(&id)?;
+        (*v > version).then(|| (tweet.clone(), text.clone()))
+    }
 }
 
 /// Why the hub ended a stream.
@@ -132,6 +178,8 @@ pub struct Hub {
     generation: AtomicU64,
     /// Messages on their way to the dispatch task ([`Hub::new`]).
     inbox: std::sync::OnceLock<mpsc::Sender<String>>,
+    /// Only the dispatch task uses it.
+    edits: Mutex<RecentEdits>,
     pub stats: HubStats,
 }
 
@@ -305,32 +353,62 @@ impl Hub {
 
     fn dispatch(&self, text: &str) {
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
-        let wire: Wire = match serde_json::from_str(text) {
+        let mut wire: Wire = match serde_json::from_str(text) {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(error = %e, "unreadable stream message");
                 return;
             }
         };
-        let data: Arc<str> = match &wire.tweet {
-            Some(tweet) => format!(r#"{{"event":"tweet","tweet":{}}}"#, tweet.get()).into(),
-            None => format!(
+        let mut tweet_json: Option<Arc<str>> = wire.tweet.as_ref().map(|t| t.get().into());
+        {
+            let mut edits = self.edits.lock().unwrap_or_else(|p| p.into_inner());
+            let about = &mut wire.about;
+            match (&wire.edit, &tweet_json) {
+                (Some(_), Some(tweet)) => {
+                    edits.remember(about.tweet_id, about.version, tweet, &about.text)
+                }
+                (None, Some(_)) => {
+                    if let Some((tweet, text)) = edits.newer(about.tweet_id, about.version) {
+                        tweet_json = Some(tweet);
+                        about.text = text;
+                    }
+                }
+                _ => {}
+            }
+        }
+        let data: Arc<str> = match (&tweet_json, &wire.edit) {
+            (Some(tweet), None) => format!(r#"{{"event":"tweet","tweet":{tweet}}}"#).into(),
+            (Some(tweet), Some(_)) => format!(r#"{{"event":"edit","tweet":{tweet}}}"#).into(),
+            (None, _) => format!(
                 r#"{{"event":"delete","tweet_id":{},"user_id":{}}}"#,
                 wire.about.tweet_id, wire.about.user_id
             )
             .into(),
         };
+        // The same tweet as it read before an edit: a filter that kept it then is told.
+        let before = wire.edit.as_ref().map(|old| super::About {
+            text: old.clone(),
+            ..wire.about.clone()
+        });
+        let is_edit = wire.edit.is_some() && tweet_json.is_some();
         let is_delete = wire.tweet.is_none();
         let clients = self.lock();
         if wire.public {
-            let mut text_words = None;
+            let (mut text_words, mut before_words) = (None, None);
             for c in clients.public.values() {
-                let keeps = c
-                    .filter
-                    .as_ref()
-                    .is_some_and(|f| f.keeps(&wire.about, &mut text_words));
+                let keeps = c.filter.as_ref().is_some_and(|f| {
+                    f.keeps(&wire.about, &mut text_words)
+                        || (before.as_ref()).is_some_and(|b| f.keeps(b, &mut before_words))
+                });
                 if keeps {
-                    let event = if is_delete {
+                    let event = if is_edit {
+                        Event::Edit {
+                            tweet_id: wire.about.tweet_id,
+                            author: wire.about.user_id,
+                            data: data.clone(),
+                        }
+                    } else if is_delete {
                         Event::Delete {
                             tweet_id: wire.about.tweet_id,
                             author: wire.about.user_id,
@@ -361,10 +439,19 @@ impl Hub {
         }
         for reader in &wire.readers {
             for c in clients.users.get(reader).into_iter().flatten() {
-                let event = Event::Delete {
-                    tweet_id: wire.about.tweet_id,
-                    author: wire.about.user_id,
-                    data: data.clone(),
+                let (tweet_id, author, data) =
+                    (wire.about.tweet_id, wire.about.user_id, data.clone());
+                let event = match is_edit {
+                    true => Event::Edit {
+                        tweet_id,
+                        author,
+                        data,
+                    },
+                    false => Event::Delete {
+                        tweet_id,
+                        author,
+                        data,
+                    },
                 };
                 c.offer(event, &self.stats);
             }

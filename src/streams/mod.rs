@@ -55,6 +55,10 @@ pub struct About {
     pub tweet_id: i64,
     pub user_id: i64,
     pub text: String,
+    /// The tweet's `edit_version` (a late arrival of an older text is replaced by the edit
+    /// the hub saw, see [`Hub`]).
+    #[serde(default)]
+    pub version: i64,
     /// `[lon, lat]`.
     pub coordinates: Option<[f64; 2]>,
     /// The place's `[sw_lon, sw_lat, ne_lon, ne_lat]`.
@@ -67,6 +71,7 @@ impl About {
             tweet_id: record.id,
             user_id: record.user_id,
             text: record.content.clone(),
+            version: record.edit_version,
             coordinates: record
                 .coordinates
                 .as_deref()
@@ -89,9 +94,12 @@ struct Wire {
     /// Arrivals: `(reader, newsfeed row id, entry time µs)`.
     #[serde(default)]
     rows: Vec<(i64, i64, i64)>,
-    /// Deletes: the readers whose newsfeed had the tweet.
+    /// Deletes and edits: the readers whose newsfeed had the tweet.
     #[serde(default)]
     readers: Vec<i64>,
+    /// An edit: the text it replaced (`tweet` is the edited Tweet object).
+    #[serde(default)]
+    edit: Option<String>,
 }
 
 /// Publishes a new tweet (after its commit): to `statuses/*` and, as the author's own
@@ -136,6 +144,36 @@ pub async fn publish_deleted(cache: &Cache, record: &TweetRecord, readers: &[i64
     }
 }
 
+/// Publishes an edit (after its commit): `{"event": "edit", "tweet": Tweet}` to `statuses/*`
+/// clients whose filter keeps the tweet's new or its `old_text`, and to the `streaming/user` of
+/// each of `readers` (whose newsfeed has the tweet), in messages of at most 5,000 readers.
+pub async fn publish_edited(
+    cache: &Cache,
+    tweet: &Tweet,
+    record: &TweetRecord,
+    old_text: &str,
+    readers: &[i64],
+) {
+    let mut chunks: Vec<&[i64]> = readers.chunks(READERS_PER_MESSAGE).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    for (i, chunk) in chunks.into_iter().enumerate() {
+        let edit = Some(old_text.to_owned());
+        let public = i == 0;
+        send(
+            cache,
+            About::of(record),
+            Some(tweet),
+            public,
+            &[],
+            chunk,
+            edit,
+        )
+        .await;
+    }
+}
+
 async fn publish(
     cache: &Cache,
     about: About,
@@ -143,6 +181,18 @@ async fn publish(
     public: bool,
     rows: &[(i64, i64, i64)],
     readers: &[i64],
+) {
+    send(cache, about, tweet, public, rows, readers, None).await;
+}
+
+async fn send(
+    cache: &Cache,
+    about: About,
+    tweet: Option<&Tweet>,
+    public: bool,
+    rows: &[(i64, i64, i64)],
+    readers: &[i64],
+    edit: Option<String>,
 ) {
     if !cache.enabled() {
         return;
@@ -160,6 +210,7 @@ async fn publish(
         public,
         rows: rows.to_vec(),
         readers: readers.to_vec(),
+        edit,
     };
     let Ok(text) = serde_json::to_string(&wire) else {
         return;

@@ -376,7 +376,7 @@ pub struct Item {
 macro_rules! feed_row_columns {
     () => {
         " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
-          t.likes_count, t.comments_count, t.counts_version,
+          t.edited_at, t.edit_version, t.likes_count, t.comments_count, t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at, t.created_at as tweet_created_at "
     };
@@ -393,6 +393,8 @@ pub struct FeedRow {
     pub photo_urls: Vec<String>,
     pub coordinates: Option<Vec<f64>>,
     pub place: Option<sqlx::types::Json<Place>>,
+    pub edited_at: Option<Timestamp>,
+    pub edit_version: i64,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -428,6 +430,8 @@ impl FeedRow {
             photo_urls: self.photo_urls,
             coordinates: self.coordinates,
             place: self.place,
+            edited_at: self.edited_at,
+            edit_version: self.edit_version,
         };
         let author = UserRecord {
             id: self.author_id,
@@ -460,6 +464,8 @@ impl From<FeedRow> for Item {
                 photo_urls: r.photo_urls,
                 coordinates: r.coordinates,
                 place: r.place,
+                edited_at: r.edited_at,
+                edit_version: r.edit_version,
             })),
             author: AuthorBody::Record(Box::new(UserRecord {
                 id: r.author_id,

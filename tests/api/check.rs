@@ -1,7 +1,7 @@
 //! The consistency checker (`chirp check-cache`): clean after real traffic, and it names every
 //! kind of difference a lost or wrong cache write leaves.
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use chirp::cache::AfterCommit;
 use chirp::timeline::Timeline;
 use serde_json::json;
@@ -84,6 +84,9 @@ async fn the_checker_finds_no_difference_after_real_traffic(db: PgPool) {
 #[sqlx::test]
 async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombstone(db: PgPool) {
     let (app, alice, bob, ta, _) = busy_app(db).await;
+    let edited = app.tweet(&ta, "before the edit").await["id"]
+        .as_i64()
+        .unwrap();
     // A write whose cache update was lost (its process died after the commit).
     app.state.cache.set_after_commit(AfterCommit::Crash);
     let lost = app.tweet(&ta, "lost").await["id"].as_i64().unwrap();
@@ -104,6 +107,24 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
         .query_async(&mut redis)
         .await
         .unwrap();
+    // An edited tweet's object holding its text from before the edit.
+    let edited_key = app.keys().tweet(edited);
+    let before = app.raw_get(&edited_key).await.expect("cached when posted");
+    let res = app
+        .request(
+            Method::PATCH,
+            &format!("/api/tweets/{edited}/"),
+            Some(&ta),
+            Some(json!({"content": "after the edit"})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let _: () = redis::cmd("SET")
+        .arg(&edited_key)
+        .arg(&before)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
     // A hidden set older than bob's mute (as if a slow reader had put it back).
     let hidden = app.keys().hidden(bob);
     let _: () = redis::cmd("SET")
@@ -120,13 +141,13 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
     let feed = app.list_key(Timeline::Newsfeed(bob));
     let own = app.list_key(Timeline::UserTweets(alice));
     let tweet = app.keys().tweet(lost);
-    for key in [&feed, &own, &counts_key, &tweet, &hidden] {
+    for key in [&feed, &own, &counts_key, &tweet, &hidden, &edited_key] {
         assert!(
             differing.contains(&key.as_str()),
             "{key} not reported: {report}"
         );
     }
-    assert_eq!(report.differences.len(), 5, "{report}");
+    assert_eq!(report.differences.len(), 6, "{report}");
 
     // The relay repairs the lost write; the two planted values need the invalidation a write
     // would have staged.
@@ -136,7 +157,7 @@ async fn the_checker_names_a_lost_list_write_a_stale_counter_and_a_wrong_tombsto
         .query_async(&mut redis)
         .await
         .unwrap();
-    for key in [&tweet, &hidden] {
+    for key in [&tweet, &hidden, &edited_key] {
         let _: () = redis::cmd("DEL")
             .arg(key)
             .query_async(&mut redis)

@@ -12,6 +12,7 @@ mod circles;
 mod cold;
 mod comments;
 mod connections;
+mod edits;
 mod fanout;
 mod friendships;
 mod helpers;

@@ -273,7 +273,7 @@ async fn redis_restarted_from_an_old_snapshot_is_fenced_before_it_is_trusted(db:
         app.raw_get(&app.keys().tweet(id))
             .await
             .unwrap()
-            .starts_with("3|")
+            .starts_with("0|")
     );
     assert_ne!(app.raw_get(&token_key).await.as_deref(), Some("-"));
 
@@ -330,7 +330,7 @@ async fn writes_made_with_the_cache_off_are_not_hidden_by_what_redis_still_holds
         on.raw_get(&on.keys().tweet(id))
             .await
             .unwrap()
-            .starts_with("3|"),
+            .starts_with("0|"),
         "stale in redis"
     );
 
