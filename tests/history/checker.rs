@@ -3,13 +3,13 @@
 //! The technique of Jepsen / Elle histories and of FoundationDB's simulation tests, at the
 //! scale of a test: several chirp processes ([`Node`]s: the app, its job runners, its outbox
 //! relay and its pub/sub subscription, as `chirp serve` runs them) share one Postgres and one
-//! private `redis-server`; seeded random actors post, delete, follow, unfollow, like, unlike,
-//! rename, log out and read, each through a random process, and keep a course front end's views
-//! (a newsfeed and one user's tweets: a first page, pull-to-refresh with `created_at__gt=<newest
-//! held>`, endless paging with `created_at__lt=<oldest held>`, no de-duplication); a fault
-//! task flushes, stalls, evicts and restarts Redis, kills the subscriptions, and leaves the
-//! last process's subscription alone half-open or stalled (it reaches Redis through a
-//! [`Proxy`]), on a schedule.
+//! private `redis-server`; seeded random actors post, edit, delete, follow, unfollow, like,
+//! unlike, rename, log out and read, each through a random process, and keep a course front
+//! end's views (a newsfeed and one user's tweets: a first page, pull-to-refresh with
+//! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
+//! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
+//! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
+//! reaches Redis through a [`Proxy`]), on a schedule.
 //! Every request and answer is recorded with its time; the invariants are checked as the
 //! answers come and once more when the history is quiet:
 //!
@@ -18,6 +18,8 @@
 //! - **read your writes, on every process**: a tweet is on its author's timeline and newsfeed
 //!   and readable; a deleted tweet is 404; a new nickname is shown; a revoked token is 401;
 //!   a like shows as liked, a cancel as not, once the write answered;
+//! - **no old text**: once an edit answered, no read begun after it, on any process, page or
+//!   detail, shows the tweet with a text older than that edit's;
 //! - **streams deliver exactly once**: each actor also keeps a `streaming/user` client that
 //!   drops its connection at random and resumes with its last `id:` through a random process
 //!   ([`Watcher`]; with every timeline fanned out): it never receives a tweet twice, and after
@@ -280,6 +282,9 @@ struct World {
     /// Follows and unfollows asked for, `(when, reader, author)`: a stream may deliver a
     /// tweet again after its reader unfollowed and followed its author again.
     follow_changes: Mutex<Vec<(Instant, i64, i64)>>,
+    /// The texts of each tweet, in version order (its author edits one at a time), each with
+    /// when the write that set it answered (`None`: not yet, failed or indeterminate).
+    texts: Mutex<HashMap<i64, Vec<(String, Option<Instant>)>>>,
 }
 
 impl World {
@@ -307,6 +312,47 @@ impl World {
         (res, determinate)
     }
 
+    /// No old text: each tweet of a page or detail read through `node` that `started` at that
+    /// instant shows the text of the newest edit answered before it, or a later one.
+    fn check_texts(&self, node: usize, uri: &str, body: &Value, started: Instant) {
+        if !(uri.starts_with("/api/tweets/") || uri.starts_with("/api/newsfeeds/")) {
+            return;
+        }
+        let tweets: Vec<&Value> = match body.get("results").and_then(Value::as_array) {
+            Some(results) => results
+                .iter()
+                .map(|r| r.get("tweet").unwrap_or(r))
+                .collect(),
+            None => vec![body],
+        };
+        let Ok(texts) = self.texts.lock() else {
+            return;
+        };
+        for tweet in tweets {
+            let (Some(id), Some(shown)) = (tweet["id"].as_i64(), tweet["content"].as_str()) else {
+                continue;
+            };
+            let Some(versions) = texts.get(&id) else {
+                continue;
+            };
+            let floor = (versions.iter())
+                .rposition(|(_, answered)| answered.is_some_and(|at| at < started));
+            let Some(floor) = floor else {
+                continue;
+            };
+            if !versions[floor..].iter().any(|(text, _)| text == shown) {
+                let (want, _) = &versions[floor];
+                self.record.violate(
+                    format!(
+                        "no old text: tweet {id} shows {shown:?} on node {node} ({uri}), but the \
+                         edit to {want:?} answered before this read began"
+                    ),
+                    vec![id],
+                );
+            }
+        }
+    }
+
     /// A request through process `node`, recorded; a 5xx is a violation.
     async fn call(&self, actor: usize, node: usize, req: Req<'_>) -> Res {
         let Req {
@@ -316,10 +362,14 @@ impl World {
             body,
             ids,
         } = req;
+        let started = Instant::now();
         let res = self
             .app(node)
             .request(method.clone(), uri, token, body)
             .await;
+        if method == Method::GET && res.status == StatusCode::OK {
+            self.check_texts(node, uri, &res.body, started);
+        }
         let summary = summarize(&res.body);
         self.record.log(
             actor,
@@ -437,6 +487,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
             .collect(),
         proxy,
         follow_changes: Mutex::new(Vec::new()),
+        texts: Mutex::new(HashMap::new()),
     });
     let redis = Arc::new(tokio::sync::Mutex::new(redis));
     let faults = tokio::spawn(fault_loop(
@@ -849,7 +900,8 @@ async fn actor_loop(world: Arc<World>, mut me: Actor, mut rng: StdRng) -> Actor 
             38..50 => like_or_unlike(&world, &mut me, node, &mut rng).await,
             50..55 => rename(&world, &mut me, node).await,
             55..57 => relogin(&world, &mut me, node).await,
-            57..80 => read_feed(&world, &mut me, node, &mut rng).await,
+            57..63 => edit(&world, &mut me, node, &mut rng).await,
+            63..80 => read_feed(&world, &mut me, node, &mut rng).await,
             _ => read_tweets(&world, &mut me, node, &mut rng).await,
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
@@ -886,6 +938,10 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     me.tweets.push(id);
     if let Ok(mut t) = world.tweets.lock() {
         t.insert(id, me.id);
+    }
+    if let Ok(mut texts) = world.texts.lock() {
+        let answered = determinate.then(Instant::now);
+        texts.insert(id, vec![(content.clone(), answered)]);
     }
     if !determinate {
         return;
@@ -977,6 +1033,52 @@ async fn listed_since(
         );
     }
     false
+}
+
+/// Edits one of the actor's tweets, then reads it on every process: the new text (and no read
+/// begun after this answered shows an older one, [`World::check_texts`]).
+async fn edit(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
+    if me.tweets.is_empty() {
+        return;
+    }
+    let id = me.tweets[rng.random_range(0..me.tweets.len())];
+    me.nickname_seq += 1;
+    let content = format!("{} edits {id} ({})", me.name, me.nickname_seq);
+    let version = match world.texts.lock() {
+        Ok(mut texts) => {
+            let versions = texts.entry(id).or_default();
+            versions.push((content.clone(), None));
+            versions.len() - 1
+        }
+        Err(_) => return,
+    };
+    let uri = format!("/api/tweets/{id}/");
+    let (res, determinate) = world
+        .write(
+            me.index,
+            node,
+            Req {
+                method: Method::PATCH,
+                uri: &uri,
+                token: Some(&me.token),
+                body: Some(json!({ "content": content })),
+                ids: vec![id],
+            },
+        )
+        .await;
+    if res.status != StatusCode::OK || !determinate {
+        return;
+    }
+    if let Ok(mut texts) = world.texts.lock()
+        && let Some(v) = texts.get_mut(&id).and_then(|v| v.get_mut(version))
+    {
+        v.1 = Some(Instant::now());
+    }
+    for n in 0..NODES {
+        world
+            .call(me.index, n, Req::get(&uri, None, vec![id]))
+            .await;
+    }
 }
 
 async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
