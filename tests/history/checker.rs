@@ -104,6 +104,9 @@ impl Node {
     }
 }
 
+/// One text of a tweet and when the write that set it answered ([`World::texts`]).
+type Text = (String, Option<Instant>);
+
 /// One recorded step of a history.
 #[derive(Debug, Clone)]
 struct Event {
@@ -284,7 +287,7 @@ struct World {
     follow_changes: Mutex<Vec<(Instant, i64, i64)>>,
     /// The texts of each tweet, in version order (its author edits one at a time), each with
     /// when the write that set it answered (`None`: not yet, failed or indeterminate).
-    texts: Mutex<HashMap<i64, Vec<(String, Option<Instant>)>>>,
+    texts: Mutex<HashMap<i64, Vec<Text>>>,
 }
 
 impl World {
