@@ -191,19 +191,30 @@ pub async fn unread_count(db: &PgPool, me: i64) -> sqlx::Result<i64> {
     .await
 }
 
-/// Marks every notification of `me` read; returns how many were unread.
+/// Marks every notification of `me` read; returns how many of those `me` may see (not by an
+/// account `me` mutes or blocks or that blocks `me`) were unread: the unread count before.
 pub async fn mark_all_read(db: &PgPool, me: i64) -> sqlx::Result<u64> {
-    sqlx::query("update notifications set unread = false where recipient_id = $1 and unread")
-        .bind(me)
-        .execute(db)
-        .await
-        .map(|done| done.rows_affected())
+    // Those of hidden accounts too (an unmute does not bring them back unread), but the count
+    // is of those `me` could see, as the unread count was.
+    let n: i64 = sqlx::query_scalar(concat!(
+        "with marked as (
+             update notifications set unread = false where recipient_id = $1 and unread
+             returning actor_id)
+         select count(*) from marked where actor_id not in (",
+        crate::hidden_accounts_of!("$1"),
+        ")",
+    ))
+    .bind(me)
+    .fetch_one(db)
+    .await?;
+    Ok(n.max(0) as u64)
 }
 
 /// Sets notification `id` of `me` read or unread.
 ///
 /// # Errors
-/// 404 if there is no such notification of `me` (someone else's is not revealed).
+/// 404 if there is no such notification of `me` (someone else's is not revealed), or it is by
+/// an account hidden from `me` (as in the listing).
 pub async fn set_unread(
     db: &PgPool,
     cache: &Cache,
@@ -211,10 +222,12 @@ pub async fn set_unread(
     id: i64,
     unread: bool,
 ) -> ApiResult<Notification> {
-    let row: Option<Row> = sqlx::query_as(
+    let row: Option<Row> = sqlx::query_as(concat!(
         "update notifications set unread = $3 where id = $1 and recipient_id = $2
-         returning id, actor_id, verb, target_type, target_id, created_at, unread",
-    )
+           and actor_id not in (",
+        crate::hidden_accounts_of!("$2"),
+        ") returning id, actor_id, verb, target_type, target_id, created_at, unread",
+    ))
     .bind(id)
     .bind(me)
     .bind(unread)

@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use chirp::cache::held::NearId;
 use rand::Rng;
 use rand::seq::IndexedRandom;
@@ -369,7 +369,7 @@ async fn bad_mutes_and_blocks_are_refused_and_change_nothing(db: PgPool) {
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_muted_accounts_notifications_leave_the_listing_and_the_unread_count(db: PgPool) {
-    let app = TestApp::new(db).await;
+    let app = TestApp::new(db.clone()).await;
     let (alice, at) = app.signup("alice").await;
     let (bob, bt) = app.signup("bob").await;
     let (carol, ct) = app.signup("carol").await;
@@ -388,10 +388,39 @@ async fn a_muted_accounts_notifications_leave_the_listing_and_the_unread_count(d
     assert_eq!(actors(&res.body), [carol]);
     let res = app.get("/api/notifications/unread-count/", Some(&at)).await;
     assert_eq!(res.body["unread_count"], 1, "{}", res.body);
+    // Nor can it be read or changed by its id.
+    let hidden_id: i64 = sqlx::query_scalar(
+        "select id from notifications where recipient_id = $1 and actor_id = $2",
+    )
+    .bind(alice)
+    .bind(bob)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    let uri = format!("/api/notifications/{hidden_id}/");
+    let res = app
+        .request(Method::PUT, &uri, Some(&at), Some(json!({"unread": false})))
+        .await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND, "{}", res.body);
+    // Marking all read counts what the unread count showed.
+    let res = app
+        .post_expecting(
+            StatusCode::OK,
+            "/api/notifications/mark-all-as-read/",
+            Some(&at),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res["marked_count"], 1, "{res}");
     relation(&app, &at, bob, "unmute").await;
     let res = app.get("/api/notifications/", Some(&at)).await;
     assert_eq!(actors(&res.body), [carol, bob]);
-    let _ = alice;
+    let res = app.get("/api/notifications/unread-count/", Some(&at)).await;
+    assert_eq!(
+        res.body["unread_count"], 0,
+        "marked while muted: {}",
+        res.body
+    );
 }
 
 /// The model-based check over random histories: mutes, unmutes, blocks and unblocks either
