@@ -364,17 +364,16 @@ impl Hub {
         {
             let mut edits = self.edits.lock().unwrap_or_else(|p| p.into_inner());
             let about = &mut wire.about;
-            match (&wire.edit, &tweet_json) {
-                (Some(_), Some(tweet)) => {
-                    edits.remember(about.tweet_id, about.version, tweet, &about.text)
-                }
-                (None, Some(_)) => {
-                    if let Some((tweet, text)) = edits.newer(about.tweet_id, about.version) {
-                        tweet_json = Some(tweet);
-                        about.text = text;
-                    }
-                }
-                _ => {}
+            if let (Some(_), Some(tweet)) = (&wire.edit, &tweet_json) {
+                edits.remember(about.tweet_id, about.version, tweet, &about.text);
+            }
+            // A tweet event, or an edit event, of an older text than an edit seen already
+            // (two edits' events can reach Redis in either order).
+            if tweet_json.is_some()
+                && let Some((tweet, text)) = edits.newer(about.tweet_id, about.version)
+            {
+                tweet_json = Some(tweet);
+                about.text = text;
             }
         }
         let data: Arc<str> = match (&tweet_json, &wire.edit) {
@@ -456,5 +455,65 @@ impl Hub {
                 c.offer(event, &self.stats);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::streams::About;
+
+    /// A message about tweet 5 at `version` with `text`: an edit's, or an arrival in reader
+    /// 7's newsfeed.
+    fn message(version: i64, text: &str, edit: bool) -> String {
+        let tweet = format!(r#"{{"id":5,"content":"{text}"}}"#);
+        let wire = Wire {
+            about: About {
+                tweet_id: 5,
+                user_id: 1,
+                text: text.to_owned(),
+                version,
+                coordinates: None,
+                bbox: None,
+            },
+            tweet: serde_json::value::RawValue::from_string(tweet).ok(),
+            public: false,
+            rows: if edit {
+                Vec::new()
+            } else {
+                vec![(7, 100, 123)]
+            },
+            readers: if edit { vec![7] } else { Vec::new() },
+            edit: edit.then(|| "older".to_owned()),
+        };
+        serde_json::to_string(&wire).unwrap_or_default()
+    }
+
+    #[test]
+    fn events_of_an_older_text_that_come_after_an_edit_carry_the_edit() {
+        let hub = Arc::new(Hub::default());
+        let (_registration, mut rx) = hub.register(7, None, 16);
+        // The second edit's event first, then the first edit's, then a fan-out batch's that
+        // read the tweet as posted.
+        hub.dispatch(&message(2, "second", true));
+        hub.dispatch(&message(1, "first", true));
+        hub.dispatch(&message(0, "posted", false));
+        let mut got = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            got.push(match event {
+                Event::Tweet { data, .. }
+                | Event::Edit { data, .. }
+                | Event::Delete { data, .. } => data.to_string(),
+            });
+        }
+        let tweet = r#"{"id":5,"content":"second"}"#;
+        assert_eq!(
+            got,
+            [
+                format!(r#"{{"event":"edit","tweet":{tweet}}}"#),
+                format!(r#"{{"event":"edit","tweet":{tweet}}}"#),
+                format!(r#"{{"event":"tweet","tweet":{tweet}}}"#),
+            ]
+        );
     }
 }
