@@ -624,6 +624,8 @@ struct Watcher {
     last_id: Option<String>,
     /// Tweets received, with when.
     delivered: HashMap<i64, Instant>,
+    /// The `id:` each tweet first came with (to tell a violation's two deliveries apart).
+    first_ids: HashMap<i64, Option<String>>,
     /// Tweets of the reader's newsfeed rows when the client first connected.
     before: Option<HashSet<i64>>,
     events: usize,
@@ -640,6 +642,7 @@ impl Watcher {
             token: res.body["token"].as_str().unwrap_or_default().to_owned(),
             last_id: None,
             delivered: HashMap::new(),
+            first_ids: HashMap::new(),
             before: None,
             events: 0,
             sessions: 0,
@@ -709,6 +712,11 @@ impl Watcher {
                 vec![self.user, tweet, author],
             );
             let now = Instant::now();
+            let first_id = self
+                .first_ids
+                .entry(tweet)
+                .or_insert_with(|| ev.id.clone())
+                .clone();
             if let Some(first) = self.delivered.insert(tweet, now) {
                 let refollowed = world.follow_changes.lock().is_ok_and(|changes| {
                     changes
@@ -718,8 +726,11 @@ impl Watcher {
                 if !refollowed {
                     world.record.violate(
                         format!(
-                            "stream exactly once: tweet {tweet} reached user {}'s stream twice",
-                            self.user
+                            "stream exactly once: tweet {tweet} reached user {}'s stream twice \
+                             (first with id {first_id:?}, {} ms before; again with id {:?})",
+                            self.user,
+                            now.duration_since(first).as_millis(),
+                            ev.id
                         ),
                         vec![self.user, tweet, author],
                     );
