@@ -559,19 +559,18 @@ pub struct TweetVersion {
 /// stream event goes out. Timeline lists hold ids only, so nothing else changes. The same text
 /// again changes nothing (and is not a new version).
 ///
-/// Returns the tweet as it now is, with its counts.
+/// Returns the tweet as it now is (`has_liked` false: the caller's own is the caller's to add).
 ///
 /// # Errors
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author, a 400 on
 /// `content` if the window has passed.
 #[tracing::instrument(name = "tweets::edit", skip(db, cache, content))]
-pub async fn edit(
-    db: &PgPool,
-    cache: &Cache,
-    me: i64,
-    id: i64,
-    content: &str,
-) -> ApiResult<(TweetRecord, TweetCounts)> {
+pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -> ApiResult<Tweet> {
+    // The author, for the answer and the stream event (before the row lock, not under it).
+    let author = users::load_many(db, cache, &[me])
+        .await?
+        .remove(&me)
+        .ok_or(ApiError::NotFound)?;
     let mut tx = db.begin().await?;
     // `for no key update`: does not wait for fan-out batches (they hold a key share), which
     // read the text anew ([`crate::newsfeeds::fanout_jobs`]); two edits take turns.
@@ -595,7 +594,7 @@ pub async fn edit(
         ));
     }
     if old.record.content == content {
-        return Ok((old.record, old.counts));
+        return Ok(Tweet::new(old.record, author.into(), &old.counts, false));
     }
     sqlx::query(
         "insert into tweet_edits (tweet_id, version, content, created_at) values ($1, $2, $3, $4)",
@@ -631,15 +630,9 @@ pub async fn edit(
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the edit")?;
     cache.finish(db, staged).await;
-    if cache.enabled() {
-        let author = users::load_many(db, cache, &[me]).await?.remove(&me);
-        if let Some(author) = author {
-            let tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
-            streams::publish_edited(cache, &tweet, &new.record, &old.record.content, &readers)
-                .await;
-        }
-    }
-    Ok((new.record, new.counts))
+    let tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
+    streams::publish_edited(cache, &tweet, &new.record, &old.record.content, &readers).await;
+    Ok(tweet)
 }
 
 /// The versions of tweet `id`'s text, oldest first, and its author; `None` if there is no such

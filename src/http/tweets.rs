@@ -186,10 +186,7 @@ async fn detail(
     if crate::blocks::blocks_viewer(&state.db, &state.cache, record.user_id, viewer).await? {
         return Err(ApiError::NotFound);
     }
-    let has_liked = counts.likes > 0
-        && !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
-            .await?
-            .is_empty();
+    let has_liked = has_liked(&state, viewer, id, counts.likes).await?;
     let (db, cache, first) = (&state.db, &state.cache, &PageRequest::first(DETAIL_NEWEST));
     // The tweet's exact counters (read with it) say which lists can be empty: most tweets have
     // no comments or no likes, and those detail pages need no Postgres query at all.
@@ -252,14 +249,18 @@ async fn edit(
         Some(raw) => tweets::validate_content(&raw).map_err(|m| ApiError::field("content", m))?,
         None => return Err(ApiError::Validation(errors)),
     };
-    let (record, counts) =
-        tweets::edit(&state.db, &state.cache, auth.user_id, id, &content).await?;
-    let has_liked = counts.likes > 0
-        && !likes::liked_tweets(&state.db, &state.cache, Some(auth.user_id), &[id])
+    let mut tweet = tweets::edit(&state.db, &state.cache, auth.user_id, id, &content).await?;
+    tweet.has_liked = has_liked(&state, Some(auth.user_id), id, tweet.likes_count).await?;
+    Ok(Json(tweet))
+}
+
+/// Whether `viewer` liked tweet `id`, which has `likes` likes (a tweet nobody liked needs no
+/// lookup).
+async fn has_liked(state: &AppState, viewer: Option<i64>, id: i64, likes: i64) -> ApiResult<bool> {
+    Ok(likes > 0
+        && !likes::liked_tweets(&state.db, &state.cache, viewer, &[id])
             .await?
-            .is_empty();
-    let author = auth.user(&state).await?;
-    Ok(Json(Tweet::new(record, author, &counts, has_liked)))
+            .is_empty())
 }
 
 /// A tweet's versions.

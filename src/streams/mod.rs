@@ -133,15 +133,7 @@ pub async fn publish_arrivals(
 /// Publishes a delete (after its commit) to `statuses/*` and to the `streaming/user` of each of
 /// `readers` (whose newsfeed had the tweet), in messages of at most 5,000 readers.
 pub async fn publish_deleted(cache: &Cache, record: &TweetRecord, readers: &[i64]) {
-    let about = About::of(record);
-    let mut chunks: Vec<&[i64]> = readers.chunks(READERS_PER_MESSAGE).collect();
-    if chunks.is_empty() {
-        chunks.push(&[]);
-    }
-    for (i, chunk) in chunks.into_iter().enumerate() {
-        // Only the first message goes to the public streams.
-        publish(cache, about.clone(), None, i == 0, &[], chunk).await;
-    }
+    publish_to_readers(cache, About::of(record), None, readers, None).await;
 }
 
 /// Publishes an edit (after its commit): `{"event": "edit", "tweet": Tweet}` to `statuses/*`
@@ -154,23 +146,26 @@ pub async fn publish_edited(
     old_text: &str,
     readers: &[i64],
 ) {
+    let edit = Some(old_text.to_owned());
+    publish_to_readers(cache, About::of(record), Some(tweet), readers, edit).await;
+}
+
+/// A delete's or an edit's messages: `readers` in chunks of [`READERS_PER_MESSAGE`] (one empty
+/// chunk if there are none); only the first message goes to the public streams.
+async fn publish_to_readers(
+    cache: &Cache,
+    about: About,
+    tweet: Option<&Tweet>,
+    readers: &[i64],
+    edit: Option<String>,
+) {
     let mut chunks: Vec<&[i64]> = readers.chunks(READERS_PER_MESSAGE).collect();
     if chunks.is_empty() {
         chunks.push(&[]);
     }
     for (i, chunk) in chunks.into_iter().enumerate() {
-        let edit = Some(old_text.to_owned());
-        let public = i == 0;
-        send(
-            cache,
-            About::of(record),
-            Some(tweet),
-            public,
-            &[],
-            chunk,
-            edit,
-        )
-        .await;
+        let (about, edit) = (about.clone(), edit.clone());
+        send(cache, about, tweet, i == 0, &[], chunk, edit).await;
     }
 }
 

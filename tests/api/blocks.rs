@@ -12,15 +12,9 @@ use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{Ev, Stream, TestApp, eventually, seeded_rng, tweet_ids, urlencode};
-
-/// Two processes on one Redis prefix (`a` runs the jobs).
-async fn two_processes(db: PgPool) -> (TestApp, TestApp) {
-    let a = TestApp::new(db.clone()).await;
-    let prefix = a.prefix.clone();
-    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
-    (a, b)
-}
+use crate::helpers::{
+    Ev, Stream, TestApp, eventually, seeded_rng, tweet_ids, two_processes, urlencode,
+};
 
 async fn relation(app: &TestApp, token: &str, target: i64, action: &str) -> Value {
     let uri = format!("/api/users/{target}/{action}/");

@@ -13,15 +13,7 @@ use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{Stream, TestApp, eventually, seeded_rng, urlencode};
-
-/// Two processes on one Redis prefix (`a` runs the jobs).
-async fn two_processes(db: PgPool) -> (TestApp, TestApp) {
-    let a = TestApp::new(db.clone()).await;
-    let prefix = a.prefix.clone();
-    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
-    (a, b)
-}
+use crate::helpers::{Stream, TestApp, eventually, page_tweets, seeded_rng, two_processes};
 
 async fn edit(app: &TestApp, token: &str, tweet: i64, content: &str) -> (StatusCode, Value) {
     let uri = format!("/api/tweets/{tweet}/");
@@ -36,38 +28,15 @@ async fn edit(app: &TestApp, token: &str, tweet: i64, content: &str) -> (StatusC
     (res.status, res.body)
 }
 
-/// Every tweet of a timeline as `id → (content, edited_at)`, paged down with `created_at__lt`
-/// at `page_size`.
+/// Every tweet of a timeline as `(id, [content, edited_at])`, paged down with
+/// `created_at__lt` at `page_size`.
 async fn texts(app: &TestApp, base: &str, token: &str, page_size: usize) -> Vec<(i64, Value)> {
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let mut uri = format!("{base}{sep}page_size={page_size}");
-    let mut all = Vec::new();
-    loop {
-        let res = app.get(&uri, Some(token)).await;
-        assert_eq!(res.status, StatusCode::OK, "{uri}: {}", res.body);
-        let results = res.body["results"].as_array().expect("results").clone();
-        for item in &results {
-            // A newsfeed item wraps its tweet; a user's timeline lists tweets.
-            let tweet = if item["tweet"].is_object() {
-                &item["tweet"]
-            } else {
-                item
-            };
-            let id = tweet["id"].as_i64().expect("id");
-            all.push((id, json!([tweet["content"], tweet["edited_at"]])));
-        }
-        if !res.body["has_next_page"].as_bool().expect("has_next_page") {
-            return all;
-        }
-        let last = results.last().expect("a last item")["created_at"]
-            .as_str()
-            .expect("created_at")
-            .to_owned();
-        uri = format!(
-            "{base}{sep}page_size={page_size}&created_at__lt={}",
-            urlencode(&last)
-        );
-    }
+    (page_tweets(app, base, Some(token), page_size).await.iter())
+        .map(|t| {
+            let id = t["id"].as_i64().expect("id");
+            (id, json!([t["content"], t["edited_at"]]))
+        })
+        .collect()
 }
 
 /// `[content, edited_at]` of each of `ids` in Postgres, in order.

@@ -555,6 +555,14 @@ pub fn tweet_ids(page: &Value) -> Vec<i64> {
         .collect()
 }
 
+/// Two processes on one Postgres and one Redis prefix (the first runs the jobs).
+pub async fn two_processes(db: PgPool) -> (TestApp, TestApp) {
+    let a = TestApp::new(db.clone()).await;
+    let prefix = a.prefix.clone();
+    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    (a, b)
+}
+
 /// Pages through a listing with `created_at__lt` until the end; returns tweet ids.
 pub async fn page_all(
     app: &TestApp,
@@ -562,6 +570,18 @@ pub async fn page_all(
     token: Option<&str>,
     page_size: usize,
 ) -> Vec<i64> {
+    (page_tweets(app, base, token, page_size).await.iter())
+        .map(|t| t["id"].as_i64().expect("id"))
+        .collect()
+}
+
+/// [`page_all`], returning the Tweet objects (a newsfeed item's `tweet`).
+pub async fn page_tweets(
+    app: &TestApp,
+    base: &str,
+    token: Option<&str>,
+    page_size: usize,
+) -> Vec<Value> {
     let sep = if base.contains('?') { '&' } else { '?' };
     let mut uri = format!("{base}{sep}page_size={page_size}");
     let mut all = Vec::new();
@@ -570,7 +590,7 @@ pub async fn page_all(
         assert_eq!(res.status, StatusCode::OK, "{}", res.body);
         let results = res.body["results"].as_array().expect("results").clone();
         assert!(results.len() <= page_size);
-        all.extend(tweet_ids(&res.body));
+        all.extend(results.iter().map(|r| r.get("tweet").unwrap_or(r).clone()));
         if !res.body["has_next_page"].as_bool().expect("has_next_page") {
             return all;
         }
