@@ -326,8 +326,10 @@ pub async fn shift_tweets(tx: &mut PgConnection, id: i64, by: i64) -> sqlx::Resu
 }
 
 /// The cache updates of a tweet posted into a circle: the entry in the circle's tweets and its
-/// zero score in the day's rank. Nothing for a tweet outside circles.
-pub fn created_updates(tweet: &TweetRecord) -> Vec<Update> {
+/// zero score in the day's rank. Nothing for a tweet outside circles. `newest` is the circle's
+/// newest tweet before this one (read under the circle's row lock), the merge's predecessor: a
+/// cached list that lacks it is dropped instead ([`Update::Merge`]).
+pub fn created_updates(tweet: &TweetRecord, newest: Option<Timestamp>) -> Vec<Update> {
     let Some(circle) = tweet.circle_id else {
         return Vec::new();
     };
@@ -336,7 +338,7 @@ pub fn created_updates(tweet: &TweetRecord) -> Vec<Update> {
     let mut updates = vec![Update::Merge {
         list: timeline.key(),
         guard: Guard::None,
-        after: None,
+        after: newest.map(crate::time::to_micros),
         entries: vec![timeline.scored(&entry)],
     }];
     updates.extend(score_update(tweet, &TweetCounts::default()));

@@ -313,18 +313,26 @@ pub async fn create(
             if let Some(circle) = circle {
                 circles::shift_tweets(&mut tx, circle, 1).await?;
             }
-            // The author's newest tweet, and its newest pulled one if this one is pulled: the
-            // predecessors that guard the merges into its cached lists.
-            let (newest, newest_pulled): (Option<Timestamp>, Option<Timestamp>) = sqlx::query_as(
+            // The author's newest tweet, its newest pulled one if this one is pulled, and its
+            // circle's newest: the predecessors that guard the merges into the cached lists.
+            let (newest, newest_pulled, newest_in_circle): (
+                Option<Timestamp>,
+                Option<Timestamp>,
+                Option<Timestamp>,
+            ) = sqlx::query_as(
                 "select (select max(created_at) from tweets where user_id = $1),
                             case when $2 then (select max(created_at) from tweets
-                                               where user_id = $1 and pulled) end",
+                                               where user_id = $1 and pulled) end,
+                            (select max(created_at) from tweets where circle_id = $3)",
             )
             .bind(author)
             .bind(pulled)
+            .bind(circle)
             .fetch_one(&mut *tx)
             .await?;
-            let created_at = match newest {
+            // Above both (under both row locks): the author's tweets and the circle's commit in
+            // the order of their times, so a refresh of either misses none.
+            let created_at = match newest.max(newest_in_circle) {
                 Some(newest) if newest >= now => {
                     crate::time::from_micros(crate::time::to_micros(newest) + 1)
                 }
@@ -394,7 +402,7 @@ pub async fn create(
                     counts: author_counts,
                 },
             ])
-            .chain(circles::created_updates(&tweet))
+            .chain(circles::created_updates(&tweet, newest_in_circle))
             .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             // The author's own row is a newsfeed entry, ordered with pulled tweets.

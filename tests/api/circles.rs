@@ -7,7 +7,7 @@ use chirp::timeline::Timeline;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, tweet_ids};
+use crate::helpers::{TestApp, lock_waiters, tweet_ids, urlencode};
 
 async fn new_circle(app: &TestApp, token: &str, name: &str) -> i64 {
     let res = app
@@ -320,5 +320,62 @@ async fn rank_dates_and_limits_are_checked(db: PgPool) {
     assert_eq!(
         app.get("/api/circles/999999/rank/", None).await.status,
         StatusCode::NOT_FOUND
+    );
+}
+
+/// A circle's tweets are exact (docs/API.md "Refresh and resume are exact"): a post that took
+/// its time first but committed after a newer one (it waited for its author's row) still comes
+/// above the newer one, so a client that refreshed from the newer one gets it, from the cached
+/// list and from Postgres alike. Before, it kept its earlier time and no refresh returned it.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_circle_post_that_commits_late_still_reaches_a_refreshing_client(db: PgPool) {
+    let app = Arc::new(TestApp::new(db).await);
+    let (ann, ta) = app.quick_user("ann").await;
+    let (_, tb) = app.quick_user("bob").await;
+    let circle = new_circle(&app, &ta, "late ones").await;
+    let join = app
+        .post(
+            &format!("/api/circles/{circle}/join/"),
+            Some(&tb),
+            json!({}),
+        )
+        .await;
+    assert_eq!(join.status, StatusCode::CREATED, "{}", join.body);
+    let uri = format!("/api/circles/{circle}/tweets/");
+    assert_eq!(
+        tweet_ids(&app.get(&uri, None).await.body),
+        Vec::<i64>::new()
+    );
+
+    // Ann's post takes its time, then waits for her row (another session holds it).
+    let mut holder = app.db().begin().await.unwrap();
+    sqlx::query("select 1 from users where id = $1 for update")
+        .bind(ann)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let late = tokio::spawn({
+        let (app, ta) = (app.clone(), ta.clone());
+        async move { post_into(&app, &ta, circle, "late").await }
+    });
+    lock_waiters(&app, 1).await;
+    let on_time = post_into(&app, &tb, circle, "on time").await;
+    let page = app.get(&uri, None).await;
+    assert_eq!(tweet_ids(&page.body), vec![on_time]);
+    let newest = page.body["results"][0]["created_at"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    holder.commit().await.unwrap();
+    let late = late.await.unwrap();
+
+    let refresh = format!("{uri}?created_at__gt={}", urlencode(&newest));
+    let cached = app.get(&refresh, None).await;
+    assert_eq!(tweet_ids(&cached.body), vec![late], "{}", cached.body);
+    app.flush_cache().await;
+    assert_eq!(tweet_ids(&app.get(&refresh, None).await.body), vec![late]);
+    assert_eq!(
+        tweet_ids(&app.get(&uri, None).await.body),
+        vec![late, on_time]
     );
 }

@@ -4,8 +4,9 @@
 //! scale of a test: several chirp processes ([`Node`]s: the app, its job runners, its outbox
 //! relay and its pub/sub subscription, as `chirp serve` runs them) share one Postgres and one
 //! private `redis-server`; seeded random actors post, edit, delete, follow, unfollow, like,
-//! unlike, rename, log out and read, each through a random process, and keep a course front
-//! end's views (a newsfeed and one user's tweets: a first page, pull-to-refresh with
+//! unlike, rename, log out and read, each through a random process (a third of the posts go
+//! into one of two circles all of them joined), and keep a course front end's views (a
+//! newsfeed, one user's tweets and one circle's tweets: a first page, pull-to-refresh with
 //! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
 //! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
 //! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
@@ -14,9 +15,11 @@
 //! answers come and once more when the history is quiet:
 //!
 //! - **exactly once**: a view never receives an entry it holds already, and after a final
-//!   refresh it holds every entry of its timeline at or above its oldest (none missed);
+//!   refresh it holds every entry of its timeline at or above its oldest (none missed); a view
+//!   of tweets (a user's, a circle's) is checked for holes each time it is dropped as well
+//!   ([`check_complete`]);
 //! - **read your writes, on every process**: a tweet is on its author's timeline and newsfeed
-//!   and readable; a deleted tweet is 404; a new nickname is shown; a revoked token is 401;
+//!   (and its circle's) and readable; a deleted tweet is 404; a new nickname is shown; a revoked token is 401;
 //!   a like shows as liked, a cancel as not, once the write answered;
 //! - **no old text**: once an edit answered, no read begun after it, on any process, page or
 //!   detail, shows the tweet with a text older than that edit's;
@@ -50,6 +53,8 @@ use crate::helpers::{Proxy, PubSub, RedisServer, Res, Stream, TestApp, unique_pr
 
 /// Processes sharing one Postgres and one Redis.
 const NODES: usize = 2;
+/// Circles every actor posts into and reads.
+const CIRCLES: usize = 2;
 /// Actors (users): each writes and reads through random processes, one request at a time.
 const ACTORS: usize = 5;
 /// The seeds that once found something: each runs for [`REGRESSION_SECONDS`] in the suite.
@@ -215,6 +220,8 @@ enum Shown {
     Newsfeed,
     /// A user's tweets (entries are tweets).
     UserTweets(i64),
+    /// The tweets posted into a circle (entries are tweets).
+    Circle(i64),
 }
 
 impl Shown {
@@ -222,6 +229,7 @@ impl Shown {
         match self {
             Shown::Newsfeed => "/api/newsfeeds/?".to_owned(),
             Shown::UserTweets(u) => format!("/api/tweets/?user_id={u}&"),
+            Shown::Circle(c) => format!("/api/circles/{c}/tweets/?"),
         }
     }
 
@@ -254,6 +262,8 @@ struct Actor {
     likes: HashSet<i64>,
     feed: View,
     tweets_view: Option<(i64, View)>,
+    /// A circle's tweets, as a member's front end shows them.
+    circle_view: Option<(i64, View)>,
 }
 
 /// One request of an actor: what [`World::call`] sends and records.
@@ -298,6 +308,8 @@ struct World {
     follow_changes: Mutex<Vec<FollowChange>>,
     /// When the post of each tweet was asked for.
     posted: Mutex<HashMap<i64, Instant>>,
+    /// Circles every actor is a member of (a post goes into one now and then).
+    circles: Vec<i64>,
     /// The texts of each tweet, in version order (its author edits one at a time), each with
     /// when the write that set it answered (`None`: not yet, failed or indeterminate).
     texts: Mutex<HashMap<i64, Vec<Text>>>,
@@ -502,9 +514,26 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
             likes: HashSet::new(),
             feed: View::default(),
             tweets_view: None,
+            circle_view: None,
         });
     }
     let users = actors.iter().map(|a| a.id).collect();
+    // Circles that every actor joins: their timelines are read and written concurrently.
+    let mut circles = Vec::new();
+    for c in 0..CIRCLES {
+        // Unique across runs on one database (names are), at most 50 characters.
+        let body = json!({"name": format!("c{c}-{}", &prefix[prefix.len().saturating_sub(40)..])});
+        let res = nodes[0]
+            .app
+            .post("/api/circles/", Some(&actors[0].token), body)
+            .await;
+        let id = res.body["id"].as_i64().expect("a circle");
+        for a in &actors[1..] {
+            let uri = format!("/api/circles/{id}/join/");
+            nodes[0].app.post(&uri, Some(&a.token), json!({})).await;
+        }
+        circles.push(id);
+    }
     let world = Arc::new(World {
         nodes,
         record: Record {
@@ -521,6 +550,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         proxy,
         follow_changes: Mutex::new(Vec::new()),
         posted: Mutex::new(HashMap::new()),
+        circles,
         texts: Mutex::new(HashMap::new()),
     });
     let redis = Arc::new(tokio::sync::Mutex::new(redis));
@@ -580,6 +610,19 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
              {sessions} connections"
         );
     }
+    let circle_tweets: (i64, i64) = sqlx::query_as(
+        "select count(*), count(distinct user_id) from tweets where circle_id = any($1)",
+    )
+    .bind(&world.circles)
+    .fetch_one(&db)
+    .await
+    .unwrap_or_default();
+    eprintln!(
+        "history checker: seed {seed}: {} tweets standing in {} circles, by {} authors",
+        circle_tweets.0,
+        world.circles.len(),
+        circle_tweets.1
+    );
     if hybrid {
         let pulled: (i64, i64) =
             sqlx::query_as("select count(*) filter (where pulled), count(*) from tweets")
@@ -943,7 +986,8 @@ async fn actor_loop(world: Arc<World>, mut me: Actor, mut rng: StdRng) -> Actor 
             55..57 => relogin(&world, &mut me, node).await,
             57..63 => edit(&world, &mut me, node, &mut rng).await,
             63..80 => read_feed(&world, &mut me, node, &mut rng).await,
-            _ => read_tweets(&world, &mut me, node, &mut rng).await,
+            80..92 => read_tweets(&world, &mut me, node, &mut rng).await,
+            _ => read_circle(&world, &mut me, node, &mut rng).await,
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..15))).await;
     }
@@ -957,6 +1001,10 @@ fn other(node: usize) -> usize {
 
 async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     let content = format!("{} says {}", me.name, rng.random_range(0..1_000_000));
+    // A third of the posts go into a circle.
+    let circle = rng
+        .random_bool(1.0 / 3.0)
+        .then(|| world.circles[rng.random_range(0..world.circles.len())]);
     let asked = Instant::now();
     let (res, determinate) = world
         .write(
@@ -966,7 +1014,7 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
                 method: Method::POST,
                 uri: "/api/tweets/",
                 token: Some(&me.token),
-                body: Some(json!({ "content": content })),
+                body: Some(json!({ "content": content, "circle_id": circle })),
                 ids: vec![me.id],
             },
         )
@@ -1008,7 +1056,7 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
         return;
     };
     // Read your writes, on every process (the others first): the tweet, the author's tweets,
-    // the author's newsfeed.
+    // the author's newsfeed, the circle's tweets.
     for there in (1..=NODES).map(|k| (node + k) % NODES) {
         let uri = format!("/api/tweets/{id}/");
         let res = world
@@ -1024,10 +1072,12 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
             );
             return;
         }
-        for (shown, token) in [
-            (Shown::UserTweets(me.id), None),
-            (Shown::Newsfeed, Some(me.token.as_str())),
-        ] {
+        let views = [
+            Some((Shown::UserTweets(me.id), None)),
+            Some((Shown::Newsfeed, Some(me.token.as_str()))),
+            circle.map(|c| (Shown::Circle(c), None)),
+        ];
+        for (shown, token) in views.into_iter().flatten() {
             if !listed_since(world, me.index, there, shown, token, &before, id).await {
                 world.record.violate(
                     format!(
@@ -1397,10 +1447,15 @@ async fn read_feed(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng)
 async fn read_tweets(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     let (author, mut view) = match me.tweets_view.take() {
         Some(v) if rng.random_range(0..20) > 0 => v,
-        _ => (
-            world.users[rng.random_range(0..world.users.len())],
-            View::default(),
-        ),
+        dropped => {
+            if let Some((author, view)) = dropped {
+                check_complete(world, me.index, Shown::UserTweets(author), &view).await;
+            }
+            (
+                world.users[rng.random_range(0..world.users.len())],
+                View::default(),
+            )
+        }
     };
     step_view(
         world,
@@ -1413,6 +1468,25 @@ async fn read_tweets(world: &World, me: &mut Actor, node: usize, rng: &mut StdRn
     )
     .await;
     me.tweets_view = Some((author, view));
+}
+
+async fn read_circle(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
+    let (circle, mut view) = match me.circle_view.take() {
+        Some(v) if rng.random_range(0..20) > 0 => v,
+        dropped => {
+            if let Some((circle, view)) = dropped {
+                check_complete(world, me.index, Shown::Circle(circle), &view).await;
+            }
+            (
+                world.circles[rng.random_range(0..world.circles.len())],
+                View::default(),
+            )
+        }
+    };
+    let token = me.token.clone();
+    let shown = Shown::Circle(circle);
+    step_view(world, me.index, node, shown, &mut view, Some(&token), rng).await;
+    me.circle_view = Some((circle, view));
 }
 
 /// One step of a front end's view: a first page (an empty view, or now and then a reload),
@@ -1447,6 +1521,7 @@ async fn step_view(
             }
         }
         _ => {
+            check_complete(world, actor, shown, view).await;
             view.held.clear();
             (format!("{}page_size={size}", shown.uri()), false)
         }
@@ -1478,6 +1553,72 @@ async fn step_view(
     }
 }
 
+/// The tweets of `shown` (a user's or a circle's, whose entries are tweets) from `oldest` up to
+/// `newest` (if given), in Postgres: `(entry id, tweet id)`; `None` for the newsfeed or a time
+/// that does not parse.
+async fn tweets_between(
+    db: &PgPool,
+    shown: Shown,
+    oldest: &str,
+    newest: Option<&str>,
+) -> Option<Vec<(i64, i64)>> {
+    let parse = |t: &str| {
+        chrono::DateTime::parse_from_rfc3339(t)
+            .ok()
+            .map(|t| t.with_timezone(&chrono::Utc))
+    };
+    let (oldest, newest) = (parse(oldest)?, newest.map(parse));
+    let query = match shown {
+        Shown::Newsfeed => return None,
+        Shown::UserTweets(_) => {
+            "select id, id from tweets where user_id = $1 and created_at >= $2
+               and ($3::timestamptz is null or created_at <= $3)"
+        }
+        Shown::Circle(_) => {
+            "select id, id from tweets where circle_id = $1 and created_at >= $2
+               and ($3::timestamptz is null or created_at <= $3)"
+        }
+    };
+    let (Shown::UserTweets(owner) | Shown::Circle(owner)) = shown else {
+        return None;
+    };
+    Some(
+        sqlx::query_as(query)
+            .bind(owner)
+            .bind(oldest)
+            .bind(newest.flatten())
+            .fetch_all(db)
+            .await
+            .unwrap_or_default(),
+    )
+}
+
+/// **None missed, at any time**, for a view whose entries are tweets (a user's or a circle's):
+/// they become visible in the order of their times, so every tweet from the oldest to the
+/// newest the view holds that Postgres has now had committed by the view's last read, and the
+/// view holds it (one deleted since is simply gone). Checked whenever a view is dropped (a
+/// reload, or another timeline), besides the final check of a quiet history.
+async fn check_complete(world: &World, actor: usize, shown: Shown, view: &View) {
+    let (Some(newest), Some(oldest)) = (view.held.first(), view.held.last()) else {
+        return;
+    };
+    let db = world.app(0).db();
+    let Some(rows) = tweets_between(db, shown, &oldest.1, Some(&newest.1)).await else {
+        return;
+    };
+    let held: HashSet<i64> = view.held.iter().map(|e| e.0).collect();
+    if let Some((entry, _)) = rows.iter().find(|(entry, _)| !held.contains(entry)) {
+        world.record.violate(
+            format!(
+                "exactly once: {shown:?} of actor {actor} missed tweet {entry}, between the \
+                 oldest ({}) and the newest ({}) it holds",
+                oldest.1, newest.1
+            ),
+            vec![*entry],
+        );
+    }
+}
+
 /// The checks of a quiet history: every view complete after a final refresh, counts exact,
 /// `chirp check-cache` clean.
 async fn quiet_checks(world: &World, actors: &mut [Actor]) {
@@ -1498,6 +1639,9 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
         let mut views = vec![(Shown::Newsfeed, std::mem::take(&mut me.feed), Some(token))];
         if let Some((author, view)) = me.tweets_view.take() {
             views.push((Shown::UserTweets(author), view, None));
+        }
+        if let Some((circle, view)) = me.circle_view.take() {
+            views.push((Shown::Circle(circle), view, Some(me.token.clone())));
         }
         for (shown, mut view, token) in views {
             let Some(oldest) = view.held.last().map(|e| e.1.clone()) else {
@@ -1523,7 +1667,8 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
             }
             view.held.splice(0..0, got);
             let held: HashSet<i64> = view.held.iter().map(|e| e.0).collect();
-            let oldest = chrono::DateTime::parse_from_rfc3339(&oldest)
+            let oldest_text = oldest;
+            let oldest = chrono::DateTime::parse_from_rfc3339(&oldest_text)
                 .map(|t| t.with_timezone(&chrono::Utc));
             let Ok(oldest) = oldest else { continue };
             let expected: Vec<(i64, i64)> = match shown {
@@ -1537,14 +1682,9 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
                         .map(|r| (r.entry_id, r.tweet_id))
                         .collect()
                 }
-                Shown::UserTweets(author) => sqlx::query_as(
-                    "select id, id from tweets where user_id = $1 and created_at >= $2",
-                )
-                .bind(author)
-                .bind(oldest)
-                .fetch_all(&db)
-                .await
-                .unwrap_or_default(),
+                shown => tweets_between(&db, shown, &oldest_text, None)
+                    .await
+                    .unwrap_or_default(),
             };
             if let Some((entry, tweet)) = expected.iter().find(|(e, _)| !held.contains(e)) {
                 world.record.violate(
