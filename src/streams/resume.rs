@@ -1,7 +1,7 @@
 //! A `streaming/user` stream's place in its newsfeed ([`Cursor`], its token) and the
 //! catch-up reads from Postgres (see the module docs of [`super`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::Write as _;
 
 use sqlx::PgPool;
@@ -29,7 +29,15 @@ pub struct Cursor {
     /// Rows delivered above the base: id → entry time (µs; [`UNKNOWN`] for those a token
     /// listed). At most [`RECENT_MAX`]: a full cursor settles before it takes another.
     delivered: BTreeMap<i64, i64>,
+    /// Rows delivered that a catch-up then no longer found (deleted: an unfollow's unmerge),
+    /// newest last, at most [`GONE_KEPT`]; not in the token. A fan-out batch that read such a
+    /// row before its delete (it streams the rows it found there as well as those it
+    /// inserted) may still publish it: it is not delivered twice.
+    gone: VecDeque<i64>,
 }
+
+/// How many forgotten rows a cursor remembers ([`Cursor::caught_up`]).
+const GONE_KEPT: usize = 1024;
 
 /// The entry time of a row a token listed (the token does not carry it): such a row stays
 /// listed until its resume's catch-up has read the whole newsfeed.
@@ -109,6 +117,7 @@ impl Cursor {
             base_at_us,
             newest_us: base_at_us,
             delivered: BTreeMap::new(),
+            gone: VecDeque::new(),
         }
     }
 
@@ -131,6 +140,7 @@ impl Cursor {
             base_at_us,
             newest_us: base_at_us.checked_add(span)?,
             delivered,
+            gone: VecDeque::new(),
         })
     }
 
@@ -149,9 +159,10 @@ impl Cursor {
         out
     }
 
-    /// Whether the row `id` with entry time `at_us` was delivered already.
+    /// Whether the row `id` with entry time `at_us` was delivered already (or was delivered,
+    /// then deleted: [`Cursor::caught_up`]).
     pub fn seen(&self, id: i64, at_us: i64) -> bool {
-        at_us <= self.base_at_us || self.delivered.contains_key(&id)
+        at_us <= self.base_at_us || self.delivered.contains_key(&id) || self.gone.contains(&id)
     }
 
     /// Records the live delivery of row `id` whose entry time is `at_us`.
@@ -186,9 +197,15 @@ impl Cursor {
 
     /// A catch-up read the newsfeed to its end, and no live event came in between: every row
     /// delivered before had committed, so one it did not find again was deleted. The cursor
-    /// forgets them all.
+    /// drops them from its token, and remembers the last [`GONE_KEPT`] of them, so that a late
+    /// event of one is not delivered again.
     pub fn caught_up(&mut self) {
-        self.delivered.clear();
+        for (id, _) in std::mem::take(&mut self.delivered) {
+            if self.gone.len() == GONE_KEPT {
+                self.gone.pop_front();
+            }
+            self.gone.push_back(id);
+        }
     }
 }
 
@@ -389,6 +406,21 @@ mod tests {
         // A full read found nothing more: 20 was deleted.
         c.caught_up();
         assert_eq!(c.token(), "n12.2000.1000");
+    }
+
+    /// The history checker's seed 18216501852272590224: row 64604 was delivered live, an
+    /// unfollow's unmerge deleted it, a catch-up read to the end without it and forgot it,
+    /// then a fan-out batch that had found the row before the delete published it again, and
+    /// the stream sent it a second time.
+    #[test]
+    fn a_row_forgotten_as_deleted_is_not_delivered_again_when_a_late_event_comes() {
+        let mut c = Cursor::after(10, 1_000);
+        c.advance(20, 3_000);
+        c.settle(12, 2_000);
+        c.caught_up(); // 20 was deleted
+        assert_eq!(c.token(), "n12.2000.1000", "the token does not carry it");
+        assert!(c.seen(20, 3_000), "its late event is not delivered again");
+        assert!(!c.seen(21, 3_100));
     }
 
     #[test]

@@ -177,7 +177,7 @@ impl Record {
         self.violation.lock().map(|v| v.is_some()).unwrap_or(true)
     }
 
-    /// The violation and the steps that name one of its ids (the last 60), or `None`.
+    /// The violation and the steps that name one of its ids (the last 150), or `None`.
     fn report(&self, seed: u64) -> Option<String> {
         let (what, ids) = self.violation.lock().ok()?.clone()?;
         let ids: HashSet<i64> = ids.into_iter().collect();
@@ -189,10 +189,10 @@ impl Record {
         let mut out = format!(
             "history checker: VIOLATION with seed {seed} (re-run: CHIRP_MODEL_SEED={seed})\n  {what}\n\
              the {} of {} steps that name {ids:?} or are faults:\n",
-            related.len().min(60),
+            related.len().min(150),
             events.len()
         );
-        for e in related.iter().rev().take(60).rev() {
+        for e in related.iter().rev().take(150).rev() {
             let _ = writeln!(
                 out,
                 "  {:>8.3}s actor {} node {}: {}",
@@ -803,7 +803,8 @@ impl Watcher {
                         now.duration_since(first).as_millis(),
                         ev.id
                     ),
-                    vec![self.user, tweet, author],
+                    // Not the author: its own stream's events would crowd out the reader's.
+                    vec![self.user, tweet],
                 );
                 return;
             }
