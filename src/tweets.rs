@@ -580,12 +580,14 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
         .remove(&me)
         .ok_or(ApiError::NotFound)?;
     let mut tx = db.begin().await?;
-    // `for no key update`: does not wait for fan-out batches (they hold a key share), which
-    // read the text anew ([`crate::newsfeeds::fanout_jobs`]); two edits take turns.
+    // `for update`, as a delete: waits for the fan-out batches in flight (they hold a key
+    // share), so the readers read below include their rows, and a batch that starts later
+    // waits for this commit and streams the new text ([`crate::newsfeeds::fanout_jobs`]);
+    // two edits take turns.
     let row: Option<TweetRow> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, likes_count, comments_count, counts_version
-         from tweets where id = $1 for no key update",
+         from tweets where id = $1 for update",
     )
     .bind(id)
     .fetch_optional(&mut *tx)
@@ -780,13 +782,27 @@ pub async fn load(
     cache: &Cache,
     id: i64,
 ) -> sqlx::Result<Option<(TweetRecord, TweetCounts, UserRecord)>> {
+    load_version(db, cache, id, 0).await
+}
+
+/// [`load`], of edit version `min_version` or later: a cached object of an older text (an
+/// edit committed and its cache step has not run yet) is read from Postgres instead.
+pub async fn load_version(
+    db: &PgPool,
+    cache: &Cache,
+    id: i64,
+    min_version: i64,
+) -> sqlx::Result<Option<(TweetRecord, TweetCounts, UserRecord)>> {
     let (tweet, counts) = match cache.get_tweets(&[id]).await {
         Ok((mut t, mut c)) => (t.pop().unwrap_or(Cached::Miss), c.pop().flatten()),
         Err(_) => (Cached::Miss, None),
     };
     let cached = match (tweet, counts) {
         (Cached::Deleted, _) => return Ok(None),
-        (Cached::Hit(t), Some(c)) => t.record().map(|t| (t, c)),
+        (Cached::Hit(t), Some(c)) => t
+            .record()
+            .filter(|t| t.edit_version >= min_version)
+            .map(|t| (t, c)),
         _ => None,
     };
     let (record, counts) = match cached {

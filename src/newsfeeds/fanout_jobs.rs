@@ -58,17 +58,17 @@ pub async fn fanout(
     }
     // The tweet object the streams send with each batch (cache-aside; `None`: deleted, or the
     // cache is off and there are no streams).
-    let load_object = async || -> anyhow::Result<Option<Arc<(Tweet, TweetRecord)>>> {
+    let load_object = async |version: i64| -> anyhow::Result<Option<Arc<(Tweet, TweetRecord)>>> {
         if !worker.cache.enabled() {
             return Ok(None);
         }
-        let loaded = tweets::load(&worker.db, &worker.cache, tweet_id).await?;
+        let loaded = tweets::load_version(&worker.db, &worker.cache, tweet_id, version).await?;
         Ok(loaded.map(|(record, counts, author)| {
             let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
             Arc::new((tweet, record))
         }))
     };
-    let mut object = load_object().await?;
+    let mut object = load_object(0).await?;
     // The previous batch's cache step, overlapping this batch's insert.
     let mut cache_step: Option<tokio::task::JoinHandle<()>> = None;
     // Batches rolled back by the pull clock's check (see crate::hybrid).
@@ -87,11 +87,12 @@ pub async fn fanout(
         let Some((author, created_at, pulled, version)) = tweet else {
             break; // deleted meanwhile
         };
-        // Edited since the object was read: the streams get the text as it is now. (An edit
-        // that commits after this read and publishes before this batch does is replaced by
-        // each process's hub, see crate::streams::Hub.)
+        // Edited since the object was read: the streams get the text as it is now (from
+        // Postgres if the edit's cache step has not run yet). An edit waits for this batch
+        // (`for update`) and tells its readers after: an event of this batch that comes after
+        // the edit's is replaced by each process's hub (crate::streams::Hub).
         if object.as_ref().is_some_and(|o| o.1.edit_version < version) {
-            object = load_object().await?;
+            object = load_object(version).await?;
         }
         if pulled {
             break; // its readers pull it (see crate::hybrid)
@@ -402,9 +403,9 @@ async fn fanout_batch_once(
     let mut tx = worker.db.begin().await?;
     // Also waits for, or excludes, a concurrent delete of each tweet.
     // A pulled tweet (crate::hybrid) counts no followers: its readers pull it.
-    let mut tweets: Vec<(i64, i64, Timestamp, i64, bool)> = sqlx::query_as(
+    let mut tweets: Vec<(i64, i64, Timestamp, i64, bool, i64)> = sqlx::query_as(
         "select t.id, t.user_id, t.created_at,
-                case when t.pulled then 0 else u.followers_count end, t.pulled
+                case when t.pulled then 0 else u.followers_count end, t.pulled, t.edit_version
          from tweets t join users u on u.id = t.user_id
          where t.id = any($1) for key share of t",
     )
@@ -420,7 +421,9 @@ async fn fanout_batch_once(
     // rows waits for the next one.
     let job_of: HashMap<i64, i64> = jobs.iter().map(|j| (j.tweet_id, j.job_id)).collect();
     let (mut batch, mut pairs) = (Vec::new(), 0_usize);
-    for &(id, author, at, followers, _) in &tweets {
+    // The text each event must carry at least (an edit waits for this batch's lock).
+    let version_of: HashMap<i64, i64> = tweets.iter().map(|t| (t.0, t.5)).collect();
+    for &(id, author, at, followers, ..) in &tweets {
         let followers = usize::try_from(followers).unwrap_or(usize::MAX);
         let job_id = job_of.get(&id).copied().unwrap_or_default();
         let fresh = Fresh {
@@ -671,7 +674,11 @@ async fn fanout_batch_once(
             .iter()
             .map(|&(id, ..)| id)
             .filter(|id| arrivals.contains_key(id))
-            .map(|id| async move { (id, tweets::load(&worker.db, &worker.cache, id).await) });
+            .map(|id| (id, version_of.get(&id).copied().unwrap_or_default()))
+            .map(|(id, version)| async move {
+                let loaded = tweets::load_version(&worker.db, &worker.cache, id, version).await;
+                (id, loaded)
+            });
         for (id, loaded) in futures_util::future::join_all(loads).await {
             if let (Ok(Some((record, counts, author))), Some(rows)) = (loaded, arrivals.get(&id)) {
                 let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
