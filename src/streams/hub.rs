@@ -1,7 +1,7 @@
 //! Each process's hub: its clients, their bounded queues, and the dispatch of each message
 //! of the topic to the clients it concerns.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -101,7 +101,14 @@ pub struct Client {
     ended: AtomicU8,
     /// Wakes the stream when `ended` is set.
     pub wake: Notify,
+    /// A public stream's last [`SENT_KEPT`] tweets (tweet and edit events handed to it): their
+    /// later edits and their delete reach it whatever its filter says of the new text (a
+    /// `track` that matched the first text only).
+    sent: Mutex<VecDeque<i64>>,
 }
+
+/// How many tweets a public stream's [`Client`] remembers it was sent.
+const SENT_KEPT: usize = 1024;
 
 impl Client {
     /// Why the hub ended this stream, if it did.
@@ -297,6 +304,7 @@ impl Hub {
             queue,
             ended: AtomicU8::new(0),
             wake: Notify::new(),
+            sent: Mutex::new(VecDeque::new()),
         });
         {
             let mut clients = self.lock();
@@ -396,10 +404,22 @@ impl Hub {
         if wire.public {
             let (mut text_words, mut before_words) = (None, None);
             for c in clients.public.values() {
-                let keeps = c.filter.as_ref().is_some_and(|f| {
-                    f.keeps(&wire.about, &mut text_words)
-                        || (before.as_ref()).is_some_and(|b| f.keeps(b, &mut before_words))
-                });
+                let tweet_id = wire.about.tweet_id;
+                let mut sent = c.sent.lock().unwrap_or_else(|p| p.into_inner());
+                // Looked up for edits and deletes only (a tweet event is a new tweet).
+                let was_sent = (is_edit || is_delete) && sent.contains(&tweet_id);
+                let keeps = was_sent
+                    || c.filter.as_ref().is_some_and(|f| {
+                        f.keeps(&wire.about, &mut text_words)
+                            || (before.as_ref()).is_some_and(|b| f.keeps(b, &mut before_words))
+                    });
+                if keeps && !is_delete && !was_sent {
+                    if sent.len() == SENT_KEPT {
+                        sent.pop_front();
+                    }
+                    sent.push_back(tweet_id);
+                }
+                drop(sent);
                 if keeps {
                     let event = if is_edit {
                         Event::Edit {
@@ -487,6 +507,53 @@ mod tests {
             edit: edit.then(|| "older".to_owned()),
         };
         serde_json::to_string(&wire).unwrap_or_default()
+    }
+
+    /// Review of the edits, finding 2: a `track=foo` stream got "foo", then the edit to "bar"
+    /// (matched on the old text); the edit to "baz" matched neither text and its delete
+    /// matched nothing, so the client kept showing "bar" for a deleted tweet.
+    #[test]
+    fn a_filter_stream_hears_every_later_edit_and_the_delete_of_a_tweet_it_was_sent() {
+        let hub = Arc::new(Hub::default());
+        let predicates = super::super::filter::Predicates {
+            track: vec![vec!["foo".to_owned()]],
+            ..Default::default()
+        };
+        let (_registration, mut rx) = hub.register(9, Some(Filter::Match(predicates)), 16);
+        let public = |version: i64, text: &str, before: Option<&str>, deleted: bool| {
+            let tweet = format!(r#"{{"id":5,"content":"{text}"}}"#);
+            let wire = Wire {
+                about: About {
+                    tweet_id: 5,
+                    user_id: 1,
+                    text: text.to_owned(),
+                    version,
+                    coordinates: None,
+                    bbox: None,
+                },
+                tweet: (!deleted)
+                    .then(|| serde_json::value::RawValue::from_string(tweet).ok())
+                    .flatten(),
+                public: true,
+                rows: Vec::new(),
+                readers: Vec::new(),
+                edit: before.map(str::to_owned),
+            };
+            serde_json::to_string(&wire).unwrap_or_default()
+        };
+        hub.dispatch(&public(0, "foo", None, false));
+        hub.dispatch(&public(1, "bar", Some("foo"), false));
+        hub.dispatch(&public(2, "baz", Some("bar"), false));
+        hub.dispatch(&public(2, "baz", None, true));
+        let mut got = Vec::new();
+        while let Ok(event) = rx.try_recv() {
+            got.push(match event {
+                Event::Tweet { .. } => "tweet",
+                Event::Edit { .. } => "edit",
+                Event::Delete { .. } => "delete",
+            });
+        }
+        assert_eq!(got, ["tweet", "edit", "edit", "delete"]);
     }
 
     #[test]
