@@ -408,10 +408,11 @@ mod tests {
         assert_eq!(c.token(), "n12.2000.1000");
     }
 
-    /// The history checker's seed 18216501852272590224: row 64604 was delivered live, an
-    /// unfollow's unmerge deleted it, a catch-up read to the end without it and forgot it,
-    /// then a fan-out batch that had found the row before the delete published it again, and
-    /// the stream sent it a second time.
+    /// What the history checker's seed 18216501852272590224 showed (row 64604 delivered
+    /// live twice, 533 ms apart, with a catch-up that read past the base without it in
+    /// between), as far as the record tells: the row was delivered, an unfollow's unmerge
+    /// deleted it, a catch-up read to the end without it and forgot it, and a fan-out batch
+    /// that had found the row before the delete published it again.
     #[test]
     fn a_row_forgotten_as_deleted_is_not_delivered_again_when_a_late_event_comes() {
         let mut c = Cursor::after(10, 1_000);
