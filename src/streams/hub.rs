@@ -111,6 +111,21 @@ pub struct Client {
 const SENT_KEPT: usize = 1024;
 
 impl Client {
+    /// Whether this public stream was sent tweet `id` (among its last [`SENT_KEPT`]).
+    fn was_sent(&self, id: i64) -> bool {
+        let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        sent.contains(&id)
+    }
+
+    /// Records that this public stream was sent tweet `id`.
+    fn remember_sent(&self, id: i64) {
+        let mut sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
+        if sent.len() == SENT_KEPT {
+            sent.pop_front();
+        }
+        sent.push_back(id);
+    }
+
     /// Why the hub ended this stream, if it did.
     pub fn ended(&self) -> Option<Ended> {
         match self.ended.load(Ordering::Acquire) {
@@ -405,21 +420,16 @@ impl Hub {
             let (mut text_words, mut before_words) = (None, None);
             for c in clients.public.values() {
                 let tweet_id = wire.about.tweet_id;
-                let mut sent = c.sent.lock().unwrap_or_else(|p| p.into_inner());
                 // Looked up for edits and deletes only (a tweet event is a new tweet).
-                let was_sent = (is_edit || is_delete) && sent.contains(&tweet_id);
+                let was_sent = (is_edit || is_delete) && c.was_sent(tweet_id);
                 let keeps = was_sent
                     || c.filter.as_ref().is_some_and(|f| {
                         f.keeps(&wire.about, &mut text_words)
                             || (before.as_ref()).is_some_and(|b| f.keeps(b, &mut before_words))
                     });
                 if keeps && !is_delete && !was_sent {
-                    if sent.len() == SENT_KEPT {
-                        sent.pop_front();
-                    }
-                    sent.push_back(tweet_id);
+                    c.remember_sent(tweet_id);
                 }
-                drop(sent);
                 if keeps {
                     let event = if is_edit {
                         Event::Edit {
@@ -483,9 +493,16 @@ mod tests {
     use super::*;
     use crate::streams::About;
 
-    /// A message about tweet 5 at `version` with `text`: an edit's, or an arrival in reader
-    /// 7's newsfeed.
-    fn message(version: i64, text: &str, edit: bool) -> String {
+    /// A message about tweet 5 by user 1 at `version` with `text`, without the tweet object if
+    /// `deleted`: to the public streams if `public`, to `rows` and `readers`, replacing the
+    /// text `edit` if given.
+    fn wire(
+        (version, text): (i64, &str),
+        deleted: bool,
+        public: bool,
+        (rows, readers): (Vec<(i64, i64, i64)>, Vec<i64>),
+        edit: Option<&str>,
+    ) -> String {
         let tweet = format!(r#"{{"id":5,"content":"{text}"}}"#);
         let wire = Wire {
             about: About {
@@ -496,17 +513,25 @@ mod tests {
                 coordinates: None,
                 bbox: None,
             },
-            tweet: serde_json::value::RawValue::from_string(tweet).ok(),
-            public: false,
-            rows: if edit {
-                Vec::new()
-            } else {
-                vec![(7, 100, 123)]
-            },
-            readers: if edit { vec![7] } else { Vec::new() },
-            edit: edit.then(|| "older".to_owned()),
+            tweet: (!deleted)
+                .then(|| serde_json::value::RawValue::from_string(tweet).ok())
+                .flatten(),
+            public,
+            rows,
+            readers,
+            edit: edit.map(str::to_owned),
         };
         serde_json::to_string(&wire).unwrap_or_default()
+    }
+
+    /// A message about tweet 5 at `version` with `text`: an edit's, or an arrival in reader
+    /// 7's newsfeed.
+    fn message(version: i64, text: &str, edit: bool) -> String {
+        let to = match edit {
+            true => (Vec::new(), vec![7]),
+            false => (vec![(7, 100, 123)], Vec::new()),
+        };
+        wire((version, text), false, false, to, edit.then_some("older"))
     }
 
     /// Review of the edits, finding 2: a `track=foo` stream got "foo", then the edit to "bar"
@@ -521,25 +546,13 @@ mod tests {
         };
         let (_registration, mut rx) = hub.register(9, Some(Filter::Match(predicates)), 16);
         let public = |version: i64, text: &str, before: Option<&str>, deleted: bool| {
-            let tweet = format!(r#"{{"id":5,"content":"{text}"}}"#);
-            let wire = Wire {
-                about: About {
-                    tweet_id: 5,
-                    user_id: 1,
-                    text: text.to_owned(),
-                    version,
-                    coordinates: None,
-                    bbox: None,
-                },
-                tweet: (!deleted)
-                    .then(|| serde_json::value::RawValue::from_string(tweet).ok())
-                    .flatten(),
-                public: true,
-                rows: Vec::new(),
-                readers: Vec::new(),
-                edit: before.map(str::to_owned),
-            };
-            serde_json::to_string(&wire).unwrap_or_default()
+            wire(
+                (version, text),
+                deleted,
+                true,
+                (Vec::new(), Vec::new()),
+                before,
+            )
         };
         hub.dispatch(&public(0, "foo", None, false));
         hub.dispatch(&public(1, "bar", Some("foo"), false));

@@ -7,7 +7,7 @@ use chirp::timeline::Timeline;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, lock_waiters, tweet_ids, urlencode};
+use crate::helpers::{Res, TestApp, hold_user_row, lock_waiters, tweet_ids, urlencode};
 
 async fn new_circle(app: &TestApp, token: &str, name: &str) -> i64 {
     let res = app
@@ -28,6 +28,12 @@ async fn post_into(app: &TestApp, token: &str, circle: i64, content: &str) -> i6
     assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
     assert_eq!(res.body["circle_id"], json!(circle));
     res.body["id"].as_i64().expect("id")
+}
+
+/// `POST /api/circles/{circle}/join/` as `token`.
+async fn join(app: &TestApp, token: &str, circle: i64) -> Res {
+    let uri = format!("/api/circles/{circle}/join/");
+    app.post(&uri, Some(token), json!({})).await
 }
 
 fn today() -> String {
@@ -100,13 +106,7 @@ async fn only_members_post_into_a_circle_whose_tweets_are_a_cached_timeline(db: 
         tweet_ids(&app.get(&uri, None).await.body),
         Vec::<i64>::new()
     );
-    let res = app
-        .post(
-            &format!("/api/circles/{circle}/join/"),
-            Some(&tb),
-            json!({}),
-        )
-        .await;
+    let res = join(&app, &tb, circle).await;
     assert_eq!(
         (res.status, res.body),
         (
@@ -114,13 +114,7 @@ async fn only_members_post_into_a_circle_whose_tweets_are_a_cached_timeline(db: 
             json!({"success": true, "duplicate": false})
         )
     );
-    let res = app
-        .post(
-            &format!("/api/circles/{circle}/join/"),
-            Some(&tb),
-            json!({}),
-        )
-        .await;
+    let res = join(&app, &tb, circle).await;
     assert_eq!(res.body, json!({"success": true, "duplicate": true}));
     let first = post_into(&app, &tb, circle, "hello circle").await;
     let second = post_into(&app, &owner, circle, "welcome").await;
@@ -333,14 +327,8 @@ async fn a_circle_post_that_commits_late_still_reaches_a_refreshing_client(db: P
     let (ann, ta) = app.quick_user("ann").await;
     let (_, tb) = app.quick_user("bob").await;
     let circle = new_circle(&app, &ta, "late ones").await;
-    let join = app
-        .post(
-            &format!("/api/circles/{circle}/join/"),
-            Some(&tb),
-            json!({}),
-        )
-        .await;
-    assert_eq!(join.status, StatusCode::CREATED, "{}", join.body);
+    let joined = join(&app, &tb, circle).await;
+    assert_eq!(joined.status, StatusCode::CREATED, "{}", joined.body);
     let uri = format!("/api/circles/{circle}/tweets/");
     assert_eq!(
         tweet_ids(&app.get(&uri, None).await.body),
@@ -348,12 +336,7 @@ async fn a_circle_post_that_commits_late_still_reaches_a_refreshing_client(db: P
     );
 
     // Ann's post takes its time, then waits for her row (another session holds it).
-    let mut holder = app.db().begin().await.unwrap();
-    sqlx::query("select 1 from users where id = $1 for update")
-        .bind(ann)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_user_row(&app, ann).await;
     let late = tokio::spawn({
         let (app, ta) = (app.clone(), ta.clone());
         async move { post_into(&app, &ta, circle, "late").await }

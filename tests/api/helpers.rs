@@ -555,6 +555,18 @@ pub fn tweet_ids(page: &Value) -> Vec<i64> {
         .collect()
 }
 
+/// A transaction holding user `id`'s row (`for update`): a write that locks it waits inside
+/// its own transaction until this one ends.
+pub async fn hold_user_row(app: &TestApp, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = app.db().begin().await.expect("begin");
+    sqlx::query("select 1 from users where id = $1 for update")
+        .bind(id)
+        .execute(&mut *holder)
+        .await
+        .expect("lock the user's row");
+    holder
+}
+
 /// Two processes on one Postgres and one Redis prefix (the first runs the jobs).
 pub async fn two_processes(db: PgPool) -> (TestApp, TestApp) {
     let a = TestApp::new(db.clone()).await;

@@ -12,7 +12,9 @@ use serde_json::json;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use crate::helpers::{RedisServer, TestApp, eventually, lock_waiters, member_tweet, tweet_ids};
+use crate::helpers::{
+    RedisServer, TestApp, eventually, hold_user_row, lock_waiters, member_tweet, tweet_ids,
+};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db: PgPool) {
@@ -344,12 +346,7 @@ async fn a_write_whose_client_goes_away_inside_its_transaction_still_completes(d
     let app = TestApp::new(db).await;
     let (alice, ta) = app.signup("alice").await;
     // Another session holds alice's row, so the profile edit waits inside its transaction.
-    let mut holder = app.db().begin().await.unwrap();
-    sqlx::query("select 1 from users where id = $1 for update")
-        .bind(alice)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_user_row(&app, alice).await;
     let request = axum::http::Request::builder()
         .method(Method::PATCH)
         .uri(format!("/api/users/{alice}/"))

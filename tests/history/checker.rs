@@ -261,9 +261,9 @@ struct Actor {
     follows: HashSet<i64>,
     likes: HashSet<i64>,
     feed: View,
-    tweets_view: Option<(i64, View)>,
+    tweets_view: Option<(Shown, View)>,
     /// A circle's tweets, as a member's front end shows them.
-    circle_view: Option<(i64, View)>,
+    circle_view: Option<(Shown, View)>,
 }
 
 /// One request of an actor: what [`World::call`] sends and records.
@@ -1446,48 +1446,43 @@ async fn read_feed(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng)
 }
 
 async fn read_tweets(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
-    let (author, mut view) = match me.tweets_view.take() {
-        Some(v) if rng.random_range(0..20) > 0 => v,
-        dropped => {
-            if let Some((author, view)) = dropped {
-                check_complete(world, me.index, Shown::UserTweets(author), &view).await;
-            }
-            (
-                world.users[rng.random_range(0..world.users.len())],
-                View::default(),
-            )
-        }
-    };
-    step_view(
-        world,
-        me.index,
-        node,
-        Shown::UserTweets(author),
-        &mut view,
-        None,
-        rng,
-    )
-    .await;
-    me.tweets_view = Some((author, view));
+    let kept = me.tweets_view.take();
+    let pick =
+        |rng: &mut StdRng| Shown::UserTweets(world.users[rng.random_range(0..world.users.len())]);
+    me.tweets_view = Some(step_kept(world, me.index, node, kept, pick, None, rng).await);
 }
 
 async fn read_circle(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
-    let (circle, mut view) = match me.circle_view.take() {
+    let kept = me.circle_view.take();
+    let pick =
+        |rng: &mut StdRng| Shown::Circle(world.circles[rng.random_range(0..world.circles.len())]);
+    let token = me.token.clone();
+    me.circle_view = Some(step_kept(world, me.index, node, kept, pick, Some(&token), rng).await);
+}
+
+/// One step of a view an actor keeps of one of several timelines: mostly the kept one; now
+/// and then it is dropped (checked for holes first, [`check_complete`]) for a new one of
+/// `pick`.
+async fn step_kept(
+    world: &World,
+    actor: usize,
+    node: usize,
+    kept: Option<(Shown, View)>,
+    pick: impl FnOnce(&mut StdRng) -> Shown,
+    token: Option<&str>,
+    rng: &mut StdRng,
+) -> (Shown, View) {
+    let (shown, mut view) = match kept {
         Some(v) if rng.random_range(0..20) > 0 => v,
         dropped => {
-            if let Some((circle, view)) = dropped {
-                check_complete(world, me.index, Shown::Circle(circle), &view).await;
+            if let Some((shown, view)) = dropped {
+                check_complete(world, actor, shown, &view).await;
             }
-            (
-                world.circles[rng.random_range(0..world.circles.len())],
-                View::default(),
-            )
+            (pick(rng), View::default())
         }
     };
-    let token = me.token.clone();
-    let shown = Shown::Circle(circle);
-    step_view(world, me.index, node, shown, &mut view, Some(&token), rng).await;
-    me.circle_view = Some((circle, view));
+    step_view(world, actor, node, shown, &mut view, token, rng).await;
+    (shown, view)
 }
 
 /// One step of a front end's view: a first page (an empty view, or now and then a reload),
@@ -1569,19 +1564,18 @@ async fn tweets_between(
             .map(|t| t.with_timezone(&chrono::Utc))
     };
     let (oldest, newest) = (parse(oldest)?, newest.map(parse));
-    let query = match shown {
+    let (query, owner) = match shown {
         Shown::Newsfeed => return None,
-        Shown::UserTweets(_) => {
+        Shown::UserTweets(author) => (
             "select id, id from tweets where user_id = $1 and created_at >= $2
-               and ($3::timestamptz is null or created_at <= $3)"
-        }
-        Shown::Circle(_) => {
+               and ($3::timestamptz is null or created_at <= $3)",
+            author,
+        ),
+        Shown::Circle(circle) => (
             "select id, id from tweets where circle_id = $1 and created_at >= $2
-               and ($3::timestamptz is null or created_at <= $3)"
-        }
-    };
-    let (Shown::UserTweets(owner) | Shown::Circle(owner)) = shown else {
-        return None;
+               and ($3::timestamptz is null or created_at <= $3)",
+            circle,
+        ),
     };
     Some(
         sqlx::query_as(query)
@@ -1638,11 +1632,11 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
     for me in actors.iter_mut() {
         let token = me.token.clone();
         let mut views = vec![(Shown::Newsfeed, std::mem::take(&mut me.feed), Some(token))];
-        if let Some((author, view)) = me.tweets_view.take() {
-            views.push((Shown::UserTweets(author), view, None));
+        if let Some((shown, view)) = me.tweets_view.take() {
+            views.push((shown, view, None));
         }
-        if let Some((circle, view)) = me.circle_view.take() {
-            views.push((Shown::Circle(circle), view, Some(me.token.clone())));
+        if let Some((shown, view)) = me.circle_view.take() {
+            views.push((shown, view, Some(me.token.clone())));
         }
         for (shown, mut view, token) in views {
             let Some(oldest) = view.held.last().map(|e| e.1.clone()) else {
