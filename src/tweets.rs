@@ -413,14 +413,14 @@ pub async fn create(
                 continue; // rolled back: post it again
             }
             tx.commit().await?;
-            return Ok((tweet, (staged, (newsfeed_id, feed_at))));
+            return Ok((tweet, (staged, (newsfeed_id, feed_at), pulled)));
         }
     })
     .await
     .context("inserting the tweet")?;
     // The fan-out job is queued: its runners need the commit, not the cache step below.
     committed();
-    let (staged, own_row) = staged;
+    let (staged, own_row, pulled) = staged;
     cache.finish(db, staged).await;
     // The tweet object (for the streams and the caller): the author from the user object cache.
     let object = match users::load_many(db, cache, &[author]).await {
@@ -433,7 +433,7 @@ pub async fn create(
         }
     };
     if let Some(object) = &object {
-        streams::publish_created(cache, object, &tweet, own_row).await;
+        streams::publish_created(cache, object, &tweet, own_row, pulled).await;
     }
     Ok((tweet, object))
 }
@@ -543,7 +543,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the delete")?;
     cache.finish(db, staged).await;
-    streams::publish_deleted(cache, &tweet, &reader_ids).await;
+    streams::publish_deleted(cache, &tweet, &reader_ids, pulled).await;
     Ok(tweet)
 }
 
@@ -629,11 +629,15 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     .fetch_one(&mut *tx)
     .await
     .context("editing the tweet")?;
-    let readers: Vec<i64> = sqlx::query_scalar("select user_id from newsfeeds where tweet_id = $1")
-        .bind(id)
-        .fetch_all(&mut *tx)
-        .await
-        .context("reading the tweet's readers")?;
+    // Its readers (its rows'), and whether it is pulled (its author's followers read it).
+    let (readers, pulled): (Vec<i64>, bool) = sqlx::query_as(
+        "select array(select user_id from newsfeeds where tweet_id = $1),
+                (select pulled from tweets where id = $1)",
+    )
+    .bind(id)
+    .fetch_one(&mut *tx)
+    .await
+    .context("reading the tweet's readers")?;
     let updates = [Update::TweetEdited {
         tweet: new.record.clone(),
     }];
@@ -641,7 +645,8 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     tx.commit().await.context("committing the edit")?;
     cache.finish(db, staged).await;
     let tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
-    streams::publish_edited(cache, &tweet, &new.record, &old.record.content, &readers).await;
+    let old_text = old.record.content.as_str();
+    streams::publish_edited(cache, &tweet, &new.record, (old_text, &readers), pulled).await;
     Ok(tweet)
 }
 

@@ -5,6 +5,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -359,7 +360,7 @@ async fn user(
             let since = time::parse_cursor(since)
                 .ok_or_else(|| ApiError::field("since", "A valid timestamp is required."))?;
             let (base, _) =
-                crate::newsfeeds::newest_row(&state.db, auth.user_id, Some(since)).await?;
+                crate::newsfeeds::newest_entry(&state.db, auth.user_id, &[], Some(since)).await?;
             Some(Token::Current(Cursor::after(base, time::to_micros(since))))
         }
         (None, None) => None,
@@ -433,12 +434,24 @@ async fn open(
     let (registration, rx) =
         hub.register(auth.user_id, filter, state.config.stream_buffer as usize);
     let is_user = user.is_some();
+    // The pull sources the user follows, before the newest entry is read: a pulled tweet that
+    // commits later reaches the stream live.
+    let authors = match is_user {
+        true => {
+            let follows = load_pull_follows(state, auth.user_id).await?;
+            let authors = follows.known();
+            registration.client.set_pull_follows(follows);
+            authors
+        }
+        false => Default::default(),
+    };
     // Read after the registration: a row that commits later is published to it.
     let (cursor, catch_up) = match user {
         None => (None, None),
         Some(Some(Token::Current(cursor))) => (Some(cursor), Some(Catch::Newsfeed)),
         Some(start) => {
-            let (base, at) = crate::newsfeeds::newest_row(&state.db, auth.user_id, None).await?;
+            let (base, at) =
+                crate::newsfeeds::newest_entry(&state.db, auth.user_id, &authors, None).await?;
             let cursor = Cursor::after(base, at.map_or(0, time::to_micros));
             let catch_up = match start {
                 Some(Token::Legacy {
@@ -519,6 +532,14 @@ async fn open(
         body,
     )
         .into_response())
+}
+
+/// The pull sources ([`crate::hybrid`]) that user `user_id` follows: the pulled tweets its
+/// `streaming/user` stream is handed live ([`streams::PullFollows`]).
+async fn load_pull_follows(state: &AppState, user_id: i64) -> sqlx::Result<streams::PullFollows> {
+    let authors = state.pull_authors.current(&state.db).await?;
+    let follows = crate::newsfeeds::pull_follows(&state.db, user_id, &authors).await?;
+    Ok(streams::PullFollows::new(authors, &follows))
 }
 
 /// A stream's lease on one of its user's [`crate::config::Config::streams_per_user`] slots;
@@ -686,13 +707,17 @@ impl Session {
         };
         let (db, cache, user_id) = (&self.state.db, &self.state.cache, self.user_id);
         let read = match catch {
-            Catch::Newsfeed => {
-                streams::catch_up_page(db, cache, user_id, cursor.base_at_us(), |id, at| {
-                    cursor.seen(id, at)
-                })
-                .await
-                .map(|page| (page.tweets, page.last, page.more))
-            }
+            Catch::Newsfeed => match self.state.pull_authors.current(db).await {
+                Ok(authors) => {
+                    let whose = (user_id, authors.as_slice());
+                    streams::catch_up_page(db, cache, whose, cursor.base_at_us(), |id, at| {
+                        cursor.seen(id, at)
+                    })
+                    .await
+                    .map(|page| (page.tweets, page.last, page.more))
+                }
+                Err(e) => Err(e),
+            },
             Catch::Legacy {
                 base,
                 floor_us,
@@ -774,6 +799,13 @@ impl Session {
                 data,
                 row,
             } => {
+                // A pulled tweet (a negative entry id): sent if its author is followed now.
+                if let Some((id, at)) = row.filter(|(id, _)| *id < 0)
+                    && !self.pulls(author, at).await
+                {
+                    tracing::trace!(entry = id, "a pulled tweet of an author not followed");
+                    return;
+                }
                 if let Some(hidden) = self.hidden().await {
                     let hides = hidden.hides(author);
                     self.tweet(tweet_id, &data, row, Source::Live, hides);
@@ -808,6 +840,34 @@ impl Session {
                 {
                     self.frame("edit", None, &data);
                 }
+            }
+        }
+    }
+
+    /// Whether the user's newsfeed has `author`'s pulled tweet of entry time `at_us`, as
+    /// Postgres says now (the hub placed it by what the stream read last, which a follow or
+    /// unfollow since may have changed: an unfollowed author's tweet is not sent). If `author`
+    /// was not a pull source when the stream read them last, it reads them all again, so the
+    /// hub places the author's next tweets itself. `false` if the read fails (the next settle
+    /// sends the tweet if it is the user's).
+    async fn pulls(&mut self, author: i64, at_us: i64) -> bool {
+        let client = self.registration.client.clone();
+        let (db, user_id) = (&self.state.db, self.user_id);
+        let read = match client.pull_follows().has(author, at_us) {
+            Some(_) => crate::newsfeeds::pull_follows(db, user_id, &[author])
+                .await
+                .map(|follows| streams::PullFollows::new(Arc::new(vec![author]), &follows)),
+            None => load_pull_follows(&self.state, user_id)
+                .await
+                .inspect(|follows| {
+                    client.set_pull_follows(follows.clone());
+                }),
+        };
+        match read {
+            Ok(follows) => follows.has(author, at_us) == Some(true),
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a stream's pull sources failed");
+                false
             }
         }
     }
@@ -892,10 +952,15 @@ impl Session {
 
     /// A heartbeat renews the stream's lease, and settles a `streaming/user` cursor (see the
     /// [`crate::streams`] module docs): an idle stream's settle is one empty read of the primary
-    /// key.
+    /// key. It also reads again which pull sources the user follows.
     async fn heartbeat(&mut self) {
         if self.cursor.is_some() {
             self.catch_up.get_or_insert(Catch::Newsfeed);
+            // Follows and pull sources that changed since they were read last.
+            match load_pull_follows(&self.state, self.user_id).await {
+                Ok(follows) => self.registration.client.set_pull_follows(follows),
+                Err(e) => tracing::warn!(error = %e, "reading a stream's pull sources failed"),
+            }
         }
         let renewed = self
             .state

@@ -367,27 +367,81 @@ async fn merge_cached(
     Ok(Some(merged))
 }
 
-/// The id and entry time of the newest row of user `user_id`'s newsfeed, or of the newest at
-/// or before `through` (`(0, None)` if there is none): where a new stream starts, or a stream's
-/// `since` resumes ([`crate::streams::Cursor::after`]).
+/// Where a `streaming/user` stream of user `user_id` starts ([`crate::streams::Cursor::after`]):
+/// the id of the newest row of its newsfeed at or before `through` (`0` if none; it anchors the
+/// resume token's ids) and the newest entry time there, of a row or of a pulled tweet of the
+/// pull sources among `authors` that the user follows ([`crate::hybrid`]; `None` if the
+/// newsfeed has no entry). A new stream starts after its newsfeed's newest entry; a `since`
+/// resume asks `through` = its time.
 ///
 /// # Errors
 /// Postgres failed.
-pub async fn newest_row(
+pub async fn newest_entry(
     db: &PgPool,
     user_id: i64,
+    authors: &[i64],
     through: Option<Timestamp>,
 ) -> sqlx::Result<(i64, Option<Timestamp>)> {
-    let row: Option<(i64, Timestamp)> = sqlx::query_as(
-        "select id, created_at from newsfeeds
-         where user_id = $1 and created_at <= coalesce($2, 'infinity')
-         order by created_at desc limit 1",
+    let (id, at): (Option<i64>, Option<Timestamp>) = sqlx::query_as(
+        "with r as (select id, created_at from newsfeeds
+                    where user_id = $1 and created_at <= coalesce($2, 'infinity')
+                    order by created_at desc limit 1)
+         select (select id from r),
+                greatest((select created_at from r),
+                         (select max((select max(t.created_at) from tweets t
+                                      where t.user_id = f.to_user_id and t.pulled
+                                        and t.created_at > coalesce(f.visible_from, '-infinity')
+                                        and t.created_at <= coalesce($2, 'infinity')))
+                          from friendships f
+                          where f.from_user_id = $1 and f.to_user_id = any($3)))",
     )
     .bind(user_id)
     .bind(through)
-    .fetch_optional(db)
+    .bind(authors)
+    .fetch_one(db)
     .await?;
-    Ok(row.map_or((0, None), |(id, at)| (id, Some(at))))
+    Ok((id.unwrap_or(0), at))
+}
+
+/// The pull sources among `authors` ([`crate::hybrid`]) that `reader` follows, each with its
+/// friendship's `visible_from` (its pulled tweets after it are the reader's): which pulled
+/// tweets a `streaming/user` stream of the reader is sent live. Primary-key lookups.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn pull_follows(
+    db: &PgPool,
+    reader: i64,
+    authors: &[i64],
+) -> sqlx::Result<Vec<(i64, Option<Timestamp>)>> {
+    if authors.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "select to_user_id, visible_from from friendships
+         where from_user_id = $1 and to_user_id = any($2)",
+    )
+    .bind(reader)
+    .bind(authors)
+    .fetch_all(db)
+    .await
+}
+
+/// Pulled tweets `tweet_ids` as entries of a newsfeed (the tweet's id negated as the entry's,
+/// its time as the entry's, as in [`page`]), hydrated (any order; deleted tweets are absent):
+/// the Postgres side of a stream's catch-up while Redis does not answer.
+pub async fn pulled_at(db: &PgPool, tweet_ids: &[i64]) -> sqlx::Result<Vec<FeedRow>> {
+    if tweet_ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(concat!(
+        "select -t.id as entry_id, t.created_at,",
+        crate::feed_row_columns!(),
+        "from tweets t join users u on u.id = t.user_id where t.id = any($1)"
+    ))
+    .bind(tweet_ids)
+    .fetch_all(db)
+    .await
 }
 
 /// The rows of user `user_id`'s newsfeed at times `at` (primary-key lookups), hydrated (any

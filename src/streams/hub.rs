@@ -105,12 +105,69 @@ pub struct Client {
     /// later edits and their delete reach it whatever its filter says of the new text (a
     /// `track` that matched the first text only).
     sent: Mutex<VecDeque<i64>>,
+    /// A `streaming/user` client's [`PullFollows`].
+    pulls: Mutex<Arc<PullFollows>>,
 }
 
 /// How many tweets a public stream's [`Client`] remembers it was sent.
 const SENT_KEPT: usize = 1024;
 
+/// The pull sources ([`crate::hybrid`]) a `streaming/user` client's user follows, as its
+/// session last read them: which pulled tweets the hub hands it live.
+#[derive(Debug, Default, Clone)]
+pub struct PullFollows {
+    /// The pull sources when read ([`crate::hybrid::PullAuthors::current`]; ascending ids).
+    known: Arc<Vec<i64>>,
+    /// Those the user follows → the friendship's `visible_from` (µs; `i64::MIN` if none):
+    /// their pulled tweets after it are the user's.
+    follows: HashMap<i64, i64>,
+}
+
+impl PullFollows {
+    /// Of the pull sources `known`, those the user follows, with `visible_from`.
+    pub fn new(known: Arc<Vec<i64>>, follows: &[(i64, Option<crate::time::Timestamp>)]) -> Self {
+        let follows = follows
+            .iter()
+            .map(|(author, from)| (*author, from.map_or(i64::MIN, crate::time::to_micros)))
+            .collect();
+        PullFollows { known, follows }
+    }
+
+    /// The pull sources when read.
+    pub fn known(&self) -> Arc<Vec<i64>> {
+        self.known.clone()
+    }
+
+    /// Whether the user's newsfeed has `author`'s pulled tweet of entry time `at_us`: `None`
+    /// if `author` was not a pull source when this was read (read again to tell).
+    pub fn has(&self, author: i64, at_us: i64) -> Option<bool> {
+        match self.follows.get(&author) {
+            Some(from) => Some(at_us > *from),
+            None if self.known.binary_search(&author).is_ok() => Some(false),
+            None => None,
+        }
+    }
+}
+
 impl Client {
+    /// The pull sources this `streaming/user` client's user follows, as last set.
+    pub fn pull_follows(&self) -> Arc<PullFollows> {
+        let pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+        pulls.clone()
+    }
+
+    /// Sets the pull sources this `streaming/user` client's user follows.
+    pub fn set_pull_follows(&self, follows: PullFollows) {
+        let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+        *pulls = Arc::new(follows);
+    }
+
+    /// Whether a pulled tweet of `author` at `at_us` goes to this client: its user follows
+    /// the author, or its session has to read whether it does.
+    fn may_pull(&self, author: i64, at_us: i64) -> bool {
+        self.pull_follows().has(author, at_us) != Some(false)
+    }
+
     /// Whether this public stream was sent tweet `id` (among its last [`SENT_KEPT`]).
     fn was_sent(&self, id: i64) -> bool {
         let sent = self.sent.lock().unwrap_or_else(|p| p.into_inner());
@@ -320,6 +377,7 @@ impl Hub {
             ended: AtomicU8::new(0),
             wake: Notify::new(),
             sent: Mutex::new(VecDeque::new()),
+            pulls: Mutex::new(Arc::default()),
         });
         {
             let mut clients = self.lock();
@@ -466,23 +524,44 @@ impl Hub {
                 c.offer(event, &self.stats);
             }
         }
+        let (tweet_id, author) = (wire.about.tweet_id, wire.about.user_id);
+        let edit_or_delete = || match is_edit {
+            true => Event::Edit {
+                tweet_id,
+                author,
+                data: data.clone(),
+            },
+            false => Event::Delete {
+                tweet_id,
+                author,
+                data: data.clone(),
+            },
+        };
         for reader in &wire.readers {
             for c in clients.users.get(reader).into_iter().flatten() {
-                let (tweet_id, author, data) =
-                    (wire.about.tweet_id, wire.about.user_id, data.clone());
-                let event = match is_edit {
-                    true => Event::Edit {
-                        tweet_id,
-                        author,
-                        data,
-                    },
-                    false => Event::Delete {
-                        tweet_id,
-                        author,
-                        data,
-                    },
-                };
-                c.offer(event, &self.stats);
+                c.offer(edit_or_delete(), &self.stats);
+            }
+        }
+        // A pulled tweet: to every user client whose user follows its author (the author's
+        // own row went in `rows`, its own edits and deletes in `readers`). Every user client
+        // is asked: pulled tweets are a few large accounts'.
+        if let Some(at) = wire.pulled {
+            for (user, list) in &clients.users {
+                if wire.readers.contains(user) {
+                    continue;
+                }
+                for c in list.iter().filter(|c| c.may_pull(author, at)) {
+                    let event = match (is_edit, is_delete) {
+                        (false, false) => Event::Tweet {
+                            tweet_id,
+                            author,
+                            data: data.clone(),
+                            row: Some((-tweet_id, at)),
+                        },
+                        _ => edit_or_delete(),
+                    };
+                    c.offer(event, &self.stats);
+                }
             }
         }
     }
@@ -520,6 +599,7 @@ mod tests {
             rows,
             readers,
             edit: edit.map(str::to_owned),
+            pulled: None,
         };
         serde_json::to_string(&wire).unwrap_or_default()
     }
@@ -595,5 +675,53 @@ mod tests {
                 format!(r#"{{"event":"tweet","tweet":{tweet}}}"#),
             ]
         );
+    }
+
+    /// A pulled tweet (tweet 5 by user 1, entry time 500 µs) reaches the user streams whose
+    /// user follows its author since before it, as the entry `(-5, 500)`, and so do its edit
+    /// and delete; a stream whose user does not follow the author gets none of them, and one
+    /// that has not read the author yet gets them (its session reads again).
+    #[test]
+    fn a_pulled_tweet_goes_to_the_streams_whose_user_follows_its_author() {
+        let hub = Arc::new(Hub::default());
+        let known = Arc::new(vec![1]);
+        let at = |us: i64| Some(crate::time::from_micros(us));
+        let clients = [
+            (7, PullFollows::new(known.clone(), &[(1, None)])),
+            (8, PullFollows::new(known.clone(), &[])),
+            (9, PullFollows::new(known.clone(), &[(1, at(600))])), // followed after it
+            (10, PullFollows::new(known.clone(), &[(1, at(400))])),
+            (11, PullFollows::default()),
+        ];
+        let mut streams = Vec::new();
+        for (user, follows) in clients {
+            let (registration, rx) = hub.register(user, None, 16);
+            registration.client.set_pull_follows(follows);
+            streams.push((user, registration, rx));
+        }
+        let pulled = |deleted: bool, edit: Option<&str>, rows: Vec<(i64, i64, i64)>| {
+            let text = wire((0, "hi"), deleted, true, (rows, Vec::new()), edit);
+            let mut value: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+            value["pulled"] = serde_json::json!(500);
+            value.to_string()
+        };
+        hub.dispatch(&pulled(false, None, vec![(1, 90, 500)]));
+        hub.dispatch(&pulled(false, Some("before"), Vec::new()));
+        hub.dispatch(&pulled(true, None, Vec::new()));
+        for (user, _registration, rx) in &mut streams {
+            let mut got = Vec::new();
+            while let Ok(event) = rx.try_recv() {
+                got.push(match event {
+                    Event::Tweet { row, .. } => format!("tweet {row:?}"),
+                    Event::Edit { .. } => "edit".to_owned(),
+                    Event::Delete { .. } => "delete".to_owned(),
+                });
+            }
+            let want: &[&str] = match user {
+                7 | 10 | 11 => &["tweet Some((-5, 500))", "edit", "delete"],
+                _ => &[],
+            };
+            assert_eq!(got, want, "user {user}");
+        }
     }
 }

@@ -21,14 +21,25 @@
 //! follow's backfill) and moves its base to the last row read, so its memory and its token stay
 //! bounded however fast rows arrive. A resuming stream subscribes first, then reads the missed
 //! rows the same way, and skips live events it has sent already: no gap, nothing twice at the
-//! seam, whatever the processes' clocks say. (Tweets that large accounts' followers pull,
-//! [`crate::hybrid`], are not newsfeed rows and are not streamed.)
+//! seam, whatever the processes' clocks say.
+//!
+//! **Pulled tweets.** A large account's tweets have no row per follower ([`crate::hybrid`]);
+//! they are newsfeed entries all the same (id: the tweet's negated; time: the tweet's), and
+//! rows and pulled tweets commit in one order (the pull clock), so a cursor places both, and a
+//! catch-up reads both ([`catch_up_page`]). Live, a pulled tweet is one message marked
+//! [`Wire::pulled`]; each process's hub hands it to the `streaming/user` clients whose user
+//! followed its author when they last looked (each client holds the pull sources its user
+//! follows, [`PullFollows`], read when it opens and at every heartbeat; an author it does not
+//! know yet goes to the stream, which reads them again), and the stream sends it only if the
+//! friendship stands in Postgres when the event comes (a primary-key read per pulled tweet
+//! and stream: an unfollowed author's new tweet is not sent). A follow made while the stream
+//! is open reaches it at its next settle, as a follow's backfilled rows do.
 mod filter;
 mod hub;
 mod resume;
 
 pub use filter::{Filter, Predicates, words};
-pub use hub::{Client, Ended, Event, Hub, HubStats, Registration};
+pub use hub::{Client, Ended, Event, Hub, HubStats, PullFollows, Registration};
 pub use resume::{CATCH_UP_PAGE, CaughtUp, Cursor, Token, catch_up_page, legacy_catch_up};
 
 use serde::{Deserialize, Serialize};
@@ -100,19 +111,41 @@ struct Wire {
     /// An edit: the text it replaced (`tweet` is the edited Tweet object).
     #[serde(default)]
     edit: Option<String>,
+    /// A pulled tweet ([`crate::hybrid`]): its entry time (µs, the tweet's). Its new tweet,
+    /// edit and delete go to the `streaming/user` clients that follow its author (besides
+    /// `rows` and `readers`: the author's own).
+    #[serde(default)]
+    pulled: Option<i64>,
 }
 
-/// Publishes a new tweet (after its commit): to `statuses/*` and, as the author's own
-/// newsfeed row `own_row` = `(id, entry time)`, to the author's `streaming/user`. Best effort:
-/// a failure is logged (live clients then miss it; a settle or a resume finds it in Postgres).
+impl Wire {
+    /// The entry time (µs) of the pulled tweet `record`, if `pulled`.
+    fn pulled_at(record: &TweetRecord, pulled: bool) -> Option<i64> {
+        pulled.then(|| time::to_micros(record.created_at))
+    }
+}
+
+/// Publishes a new tweet (after its commit): to `statuses/*`, as the author's own newsfeed row
+/// `own_row` = `(id, entry time)` to the author's `streaming/user`, and if it is `pulled`
+/// ([`crate::hybrid`]) to the `streaming/user` of its author's followers. Best effort: a
+/// failure is logged (live clients then miss it; a settle or a resume finds it in Postgres).
 pub async fn publish_created(
     cache: &Cache,
     tweet: &Tweet,
     record: &TweetRecord,
     own_row: (i64, Timestamp),
+    pulled: bool,
 ) {
     let rows = [(record.user_id, own_row.0, time::to_micros(own_row.1))];
-    publish(cache, About::of(record), Some(tweet), true, &rows, &[]).await;
+    let pulled = Wire::pulled_at(record, pulled);
+    let message = Message {
+        tweet: Some(tweet),
+        public: true,
+        rows: &rows,
+        pulled,
+        ..Message::default()
+    };
+    send(cache, About::of(record), message).await;
 }
 
 /// Publishes newsfeed arrivals of a tweet (a fan-out batch, after its commit): `rows` are
@@ -127,72 +160,92 @@ pub async fn publish_arrivals(
         .iter()
         .map(|(r, id, at)| (*r, *id, time::to_micros(*at)))
         .collect();
-    publish(cache, About::of(record), Some(tweet), false, &rows, &[]).await;
+    let message = Message {
+        tweet: Some(tweet),
+        rows: &rows,
+        ..Message::default()
+    };
+    send(cache, About::of(record), message).await;
 }
 
-/// Publishes a delete (after its commit) to `statuses/*` and to the `streaming/user` of each of
-/// `readers` (whose newsfeed had the tweet), in messages of at most 5,000 readers.
-pub async fn publish_deleted(cache: &Cache, record: &TweetRecord, readers: &[i64]) {
-    publish_to_readers(cache, About::of(record), None, readers, None).await;
+/// Publishes a delete (after its commit) to `statuses/*`, to the `streaming/user` of each of
+/// `readers` (whose newsfeed had the tweet), in messages of at most 5,000 readers, and if the
+/// tweet was `pulled` to those of its author's followers.
+pub async fn publish_deleted(cache: &Cache, record: &TweetRecord, readers: &[i64], pulled: bool) {
+    let pulled = Wire::pulled_at(record, pulled);
+    publish_to_readers(cache, About::of(record), None, readers, (None, pulled)).await;
 }
 
 /// Publishes an edit (after its commit): `{"event": "edit", "tweet": Tweet}` to `statuses/*`
-/// clients whose filter keeps the tweet's new or its `old_text`, and to the `streaming/user` of
-/// each of `readers` (whose newsfeed has the tweet), in messages of at most 5,000 readers.
+/// clients whose filter keeps the tweet's new or its `old_text`, to the `streaming/user` of
+/// each of `readers` (whose newsfeed has the tweet), in messages of at most 5,000 readers, and
+/// if the tweet is `pulled` to those of its author's followers.
 pub async fn publish_edited(
     cache: &Cache,
     tweet: &Tweet,
     record: &TweetRecord,
-    old_text: &str,
-    readers: &[i64],
+    (old_text, readers): (&str, &[i64]),
+    pulled: bool,
 ) {
+    let pulled = Wire::pulled_at(record, pulled);
     let edit = Some(old_text.to_owned());
-    publish_to_readers(cache, About::of(record), Some(tweet), readers, edit).await;
+    publish_to_readers(
+        cache,
+        About::of(record),
+        Some(tweet),
+        readers,
+        (edit, pulled),
+    )
+    .await;
 }
 
 /// A delete's or an edit's messages: `readers` in chunks of [`READERS_PER_MESSAGE`] (one empty
-/// chunk if there are none); only the first message goes to the public streams.
+/// chunk if there are none); only the first message goes to the public streams and to a
+/// pulled tweet's followers.
 async fn publish_to_readers(
     cache: &Cache,
     about: About,
     tweet: Option<&Tweet>,
     readers: &[i64],
-    edit: Option<String>,
+    (edit, pulled): (Option<String>, Option<i64>),
 ) {
     let mut chunks: Vec<&[i64]> = readers.chunks(READERS_PER_MESSAGE).collect();
     if chunks.is_empty() {
         chunks.push(&[]);
     }
     for (i, chunk) in chunks.into_iter().enumerate() {
-        let (about, edit) = (about.clone(), edit.clone());
-        send(cache, about, tweet, i == 0, &[], chunk, edit).await;
+        let message = Message {
+            tweet,
+            public: i == 0,
+            readers: chunk,
+            edit: edit.clone(),
+            pulled: pulled.filter(|_| i == 0),
+            ..Message::default()
+        };
+        send(cache, about.clone(), message).await;
     }
 }
 
-async fn publish(
-    cache: &Cache,
-    about: About,
-    tweet: Option<&Tweet>,
+/// What one [`Wire`] message carries besides its [`About`].
+#[derive(Default)]
+struct Message<'a> {
+    tweet: Option<&'a Tweet>,
     public: bool,
-    rows: &[(i64, i64, i64)],
-    readers: &[i64],
-) {
-    send(cache, about, tweet, public, rows, readers, None).await;
+    rows: &'a [(i64, i64, i64)],
+    readers: &'a [i64],
+    edit: Option<String>,
+    pulled: Option<i64>,
 }
 
-async fn send(
-    cache: &Cache,
-    about: About,
-    tweet: Option<&Tweet>,
-    public: bool,
-    rows: &[(i64, i64, i64)],
-    readers: &[i64],
-    edit: Option<String>,
-) {
+async fn send(cache: &Cache, about: About, message: Message<'_>) {
     if !cache.enabled() {
         return;
     }
-    let tweet = match tweet.map(serde_json::value::to_raw_value).transpose() {
+    let tweet = match message
+        .tweet
+        .map(serde_json::value::to_raw_value)
+        .transpose()
+    {
         Ok(t) => t,
         Err(e) => {
             tracing::warn!(error = %e, "serializing a stream event");
@@ -202,10 +255,11 @@ async fn send(
     let wire = Wire {
         about,
         tweet,
-        public,
-        rows: rows.to_vec(),
-        readers: readers.to_vec(),
-        edit,
+        public: message.public,
+        rows: message.rows.to_vec(),
+        readers: message.readers.to_vec(),
+        edit: message.edit,
+        pulled: message.pulled,
     };
     let Ok(text) = serde_json::to_string(&wire) else {
         return;

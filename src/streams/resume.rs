@@ -109,8 +109,9 @@ fn deltas<'a>(base: i64, parts: impl Iterator<Item = &'a str>) -> Option<Vec<i64
 
 impl Cursor {
     /// A cursor after the row `base` whose entry time is `base_at` (µs): a new stream starts
-    /// after the newsfeed's newest row ([`crate::newsfeeds::newest_row`]; `(0, 0)` when it has
-    /// none), a `since=T` resume after the newest row at or before T (`base_at` = T).
+    /// after the newsfeed's newest entry, a row or a pulled tweet
+    /// ([`crate::newsfeeds::newest_entry`]; `(0, 0)` when it has none), a `since=T` resume
+    /// after T (`base` the newest row at or before it, `base_at` = T).
     pub fn after(base: i64, base_at_us: i64) -> Self {
         Cursor {
             base: base.max(0),
@@ -183,13 +184,17 @@ impl Cursor {
         self.base_at_us
     }
 
-    /// Every row of the newsfeed up to row `id` (entry time `at_us`) has been delivered: a
-    /// catch-up read it, in newsfeed order, after all the rows before it. It becomes the base.
+    /// Every entry of the newsfeed up to entry `id` (entry time `at_us`) has been delivered: a
+    /// catch-up read it, in newsfeed order, after all the entries before it. It becomes the
+    /// base (a pulled tweet's entry, whose id is negative, moves the base's time only: the
+    /// token's ids stay anchored on a row's).
     pub fn settle(&mut self, id: i64, at_us: i64) {
         if at_us <= self.base_at_us {
             return;
         }
-        self.base = id;
+        if id >= 0 {
+            self.base = id;
+        }
         self.base_at_us = at_us;
         self.newest_us = self.newest_us.max(at_us);
         self.delivered.retain(|_, at| *at > at_us);
@@ -221,33 +226,65 @@ struct Arrival {
 /// Most rows one catch-up page reads.
 pub const CATCH_UP_PAGE: usize = 100;
 
-/// The next page of user `user_id`'s newsfeed rows after entry time `after_us`, in newsfeed
-/// order (see the module docs): a resume's or a settle's catch-up. Rows `seen(id, entry µs)`
-/// (delivered already) are not sent but count as read. Rows copied by `chirp import` (no `arrived_at`)
-/// are not streamed. Tweets are hydrated through the cache-aside read path (objects from
-/// Redis, misses from Postgres); rows of tweets deleted meanwhile are left out. Reads the
-/// primary key `(user_id, created_at)`.
+/// The next page of user `user_id`'s newsfeed after entry time `after_us`, in newsfeed order
+/// (see the module docs): its rows and, if it follows any of the pull sources `authors`
+/// ([`crate::hybrid`], as [`crate::hybrid::PullAuthors::current`] gives them), their pulled
+/// tweets after the friendship's `visible_from`, as entries whose id is the tweet's negated
+/// (as [`crate::newsfeeds::page`]'s): rows and pulled tweets commit in the order of their
+/// times (the pull clock), so a catch-up reads them in one order too. A resume's or a
+/// settle's catch-up. Entries `seen(id, entry µs)` (delivered already) are not sent but count
+/// as read. Rows copied by `chirp import` (no `arrived_at`) are not streamed. Tweets are
+/// hydrated through the cache-aside read path (objects from Redis, misses from Postgres);
+/// entries of tweets deleted meanwhile are left out. Reads the primary key `(user_id,
+/// created_at)`, and per followed pull source its pulled tweets' index.
 ///
 /// # Errors
 /// Postgres failed.
 pub async fn catch_up_page(
     db: &PgPool,
     cache: &Cache,
-    user_id: i64,
+    (user_id, authors): (i64, &[i64]),
     after_us: i64,
     seen: impl Fn(i64, i64) -> bool,
 ) -> sqlx::Result<CaughtUp> {
-    let rows: Vec<Arrival> = sqlx::query_as(
-        "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
-         from newsfeeds n join tweets t on t.id = n.tweet_id
-         where n.user_id = $1 and n.created_at > $2 and n.arrived_at is not null
-         order by n.created_at limit $3",
-    )
-    .bind(user_id)
-    .bind(time::from_micros(after_us))
-    .bind(CATCH_UP_PAGE as i64)
-    .fetch_all(db)
-    .await?;
+    let after = time::from_micros(after_us);
+    let rows: Vec<Arrival> = if authors.is_empty() {
+        sqlx::query_as(
+            "select n.id, n.tweet_id, t.user_id as author_id, n.created_at
+             from newsfeeds n join tweets t on t.id = n.tweet_id
+             where n.user_id = $1 and n.created_at > $2 and n.arrived_at is not null
+             order by n.created_at limit $3",
+        )
+        .bind(user_id)
+        .bind(after)
+        .bind(CATCH_UP_PAGE as i64)
+        .fetch_all(db)
+        .await?
+    } else {
+        sqlx::query_as(
+            "(select n.id, n.tweet_id, t.user_id as author_id, n.created_at
+              from newsfeeds n join tweets t on t.id = n.tweet_id
+              where n.user_id = $1 and n.created_at > $2 and n.arrived_at is not null
+              order by n.created_at limit $3)
+             union all
+             (select -t.id, t.id, t.user_id, t.created_at
+              from friendships f
+              cross join lateral (
+                  select t.id, t.user_id, t.created_at from tweets t
+                  where t.user_id = f.to_user_id and t.pulled
+                    and t.created_at > coalesce(f.visible_from, '-infinity')
+                    and t.created_at > $2
+                  order by t.created_at limit $3) t
+              where f.from_user_id = $1 and f.to_user_id = any($4))
+             order by created_at limit $3",
+        )
+        .bind(user_id)
+        .bind(after)
+        .bind(CATCH_UP_PAGE as i64)
+        .bind(authors)
+        .fetch_all(db)
+        .await?
+    };
     let last = rows.last().map(|r| (r.id, time::to_micros(r.created_at)));
     let more = rows.len() == CATCH_UP_PAGE;
     let unseen = rows
@@ -343,8 +380,13 @@ async fn hydrate(
     let items = match timeline::hydrate_entries(db, cache, &entries, Some(user_id)).await? {
         Some(items) => items,
         None => {
-            let at: Vec<Timestamp> = rows.iter().map(|r| r.created_at).collect();
+            // Rows by their times, pulled tweets (negative ids) by their ids.
+            let (pulled, rows_of): (Vec<&Arrival>, Vec<&Arrival>) =
+                rows.iter().partition(|r| r.id < 0);
+            let at: Vec<Timestamp> = rows_of.iter().map(|r| r.created_at).collect();
             let mut joined = newsfeeds::rows_at(db, user_id, &at).await?;
+            let pulled: Vec<i64> = pulled.iter().map(|r| r.tweet_id).collect();
+            joined.extend(newsfeeds::pulled_at(db, &pulled).await?);
             joined.sort_by_key(|r| order.get(&r.entry_id).copied().unwrap_or(usize::MAX));
             timeline::with_likes(db, cache, joined, Some(user_id)).await?
         }
@@ -422,6 +464,27 @@ mod tests {
         assert_eq!(c.token(), "n12.2000.1000", "the token does not carry it");
         assert!(c.seen(20, 3_000), "its late event is not delivered again");
         assert!(!c.seen(21, 3_100));
+    }
+
+    /// Pulled tweets are entries with the tweet's id negated ([`crate::hybrid`]): they travel
+    /// in the token beside rows, and a settle on one keeps the token's anchor a row's id.
+    #[test]
+    fn pulled_entries_round_trip_in_the_token_and_settle_the_base_time() {
+        let mut c = Cursor::after(40, 1_000);
+        c.advance(-7, 1_100); // tweet 7, pulled
+        c.advance(41, 1_200);
+        let t = c.token();
+        assert_eq!(t, "n40.1000.200.-47.1");
+        let Some(Token::Current(back)) = Token::parse(&t) else {
+            panic!("parses")
+        };
+        assert!(back.seen(-7, 0) && back.seen(41, 0) && !back.seen(-8, 1_300));
+        c.settle(-7, 1_100);
+        assert_eq!(c.token(), "n40.1100.100.1", "anchored on row 40 still");
+        assert!(Token::parse(&c.token()).is_some());
+        c.settle(-9, 1_300); // a pulled tweet newer than every row delivered
+        assert_eq!(c.token(), "n40.1300.0");
+        assert!(c.seen(41, 1_200) && !c.seen(-10, 1_400));
     }
 
     #[test]

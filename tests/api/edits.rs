@@ -152,6 +152,7 @@ async fn an_edit_on_one_process_is_never_stale_on_another(db: PgPool) {
         &stale,
         &v0.record,
         (0, v0.record.created_at),
+        false,
     )
     .await;
     let late = filtered

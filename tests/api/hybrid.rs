@@ -11,7 +11,9 @@ use sqlx::PgPool;
 
 use chirp::cache::AfterCommit;
 
-use crate::helpers::{TestApp, eventually, lock_waiters, page_all, seeded_rng, urlencode};
+use crate::helpers::{
+    Ev, Stream, TestApp, eventually, lock_waiters, page_all, seeded_rng, urlencode,
+};
 
 /// An app whose authors are pulled above `above` followers and pushed again below `below`,
 /// with a settle time short enough for a test.
@@ -509,4 +511,107 @@ async fn pulled_and_fanned_out_composes_into_one_circle_never_deadlock(db: PgPoo
         .await
         .expect("count");
     assert!(pulled >= 15, "the star's posts were pulled ({pulled})");
+}
+
+/// The tweet ids of `events`' tweet events, in order.
+fn streamed(events: &[Ev]) -> Vec<i64> {
+    events
+        .iter()
+        .filter(|e| e.kind == "tweet")
+        .filter_map(|e| e.data["tweet"]["id"].as_i64())
+        .collect()
+}
+
+/// `streaming/user` sends a large account's pulled tweets to its followers as it sends fanned
+/// out ones: live, once, in newsfeed order beside rows, again after a resume from a token (and
+/// only what came after it), with their deletes; not to a user who does not follow the author;
+/// and to one who follows the author while its stream is open, by its next heartbeat.
+/// (Before, pulled tweets were never streamed: the first live one did not arrive.)
+#[sqlx::test]
+async fn pulled_tweets_reach_the_followers_user_streams_once_live_and_on_resume(db: PgPool) {
+    let app = TestApp::with(db, |c| {
+        c.fanout_pull_above = 2;
+        c.fanout_pull_below = Some(1);
+        c.fanout_pull_settle_ms = 10;
+        c.stream_heartbeat_secs = 1;
+    })
+    .await;
+    let (star, star_token) = app.signup("star").await;
+    let (small, small_token) = app.signup("small").await;
+    let (_, reader) = app.signup("reader").await;
+    let (_, stranger) = app.signup("stranger").await;
+    let (_, late) = app.signup("late").await;
+    for i in 0..2 {
+        let (_, fan) = app.signup(&format!("fan{i}")).await;
+        app.follow(&fan, star).await;
+    }
+    app.follow(&reader, star).await;
+    app.follow(&reader, small).await;
+    app.drain().await;
+    // The star crosses the threshold and settles: its next tweets are pulled.
+    app.tweets(&star_token, "before", 2).await;
+    app.drain().await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let uri = "/api/streaming/user/";
+    let mut s = Stream::open(&app, uri, &reader, None).await;
+    let mut other = Stream::open(&app, uri, &stranger, None).await;
+    let mut joins = Stream::open(&app, uri, &late, None).await;
+    let first = app.tweet(&star_token, "pulled, live").await["id"]
+        .as_i64()
+        .expect("id");
+    assert!(
+        is_pulled(&app, first).await,
+        "the setup pulls the star's tweets"
+    );
+    let got = s.tweets_until(first).await;
+    assert_eq!(streamed(&got), vec![first]);
+    let token = got[0].id.clone().expect("a resume token");
+    drop(s);
+    // While away: a fanned-out tweet, then a pulled one.
+    let pushed = app.tweet(&small_token, "pushed, while away").await["id"]
+        .as_i64()
+        .expect("id");
+    app.drain().await;
+    let away = app.tweet(&star_token, "pulled, while away").await["id"]
+        .as_i64()
+        .expect("id");
+    let mut s = Stream::open(&app, uri, &reader, Some(&token)).await;
+    let got = s.tweets_until(away).await;
+    assert_eq!(
+        streamed(&got),
+        vec![pushed, away],
+        "after the token, in order"
+    );
+    app.follow(&late, star).await;
+    app.drain().await;
+    let after_follow = app.tweet(&star_token, "pulled, live again").await["id"]
+        .as_i64()
+        .expect("id");
+    let got = s.tweets_until(after_follow).await;
+    assert_eq!(streamed(&got), vec![after_follow]);
+    let got = joins.tweets_until(after_follow).await;
+    assert_eq!(
+        streamed(&got).last(),
+        Some(&after_follow),
+        "a follow made while the stream is open"
+    );
+    let res = app
+        .delete(&format!("/api/tweets/{after_follow}/"), Some(&star_token))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let next = s.next(std::time::Duration::from_secs(5)).await;
+    let next = next.expect("the delete");
+    assert_eq!(
+        (next.kind.as_str(), next.data["tweet_id"].as_i64()),
+        ("delete", Some(after_follow))
+    );
+    // Across two heartbeats (two settles): nothing twice, and nothing to the stranger.
+    assert!(
+        s.next(std::time::Duration::from_millis(2500))
+            .await
+            .is_none(),
+        "nothing twice"
+    );
+    let strays = other.next(std::time::Duration::from_millis(200)).await;
+    assert!(strays.is_none(), "{strays:?}");
 }

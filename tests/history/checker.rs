@@ -25,8 +25,9 @@
 //!   detail, shows the tweet with a text older than that edit's;
 //! - **streams deliver exactly once**: each actor also keeps a `streaming/user` client that
 //!   drops its connection at random and resumes with its last `id:` through a random process
-//!   ([`Watcher`]; with every timeline fanned out): it never receives a tweet twice, and after
-//!   a final resume it has received every tweet its newsfeed gained since it first connected;
+//!   ([`Watcher`]; pulled tweets too, in hybrid runs): it never receives a tweet twice, and
+//!   after a final resume it has received every tweet its newsfeed gained since it first
+//!   connected;
 //! - no request fails (5xx); counts are exact and `chirp check-cache` is clean at the end.
 //!
 //! A violation prints the seed, the violation and the part of the history that touches the
@@ -559,14 +560,12 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         redis.clone(),
         StdRng::seed_from_u64(seed ^ 0xfa17),
     ));
-    // Stream clients: one per actor, with timelines fanned out only (see [`Watcher`]).
+    // Stream clients: one per actor ([`Watcher`]).
     let mut watchers = Vec::new();
-    if !hybrid {
-        for (i, actor) in actors.iter().enumerate() {
-            let watcher = Watcher::new(&world, actor).await;
-            let rng = StdRng::seed_from_u64(seed.wrapping_mul(57).wrapping_add(i as u64));
-            watchers.push(tokio::spawn(watch_loop(world.clone(), watcher, rng)));
-        }
+    for (i, actor) in actors.iter().enumerate() {
+        let watcher = Watcher::new(&world, actor).await;
+        let rng = StdRng::seed_from_u64(seed.wrapping_mul(57).wrapping_add(i as u64));
+        watchers.push(tokio::spawn(watch_loop(world.clone(), watcher, rng)));
     }
     let mut handles = Vec::new();
     for (i, actor) in actors.into_iter().enumerate() {
@@ -688,9 +687,8 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
 /// tweet twice**, unless its reader unfollowed its author after the post and followed again
 /// before the second ([`World::refollowed`]: the tweet entered the newsfeed twice); and at
 /// the end ([`Watcher::last_check`]), after one more resume, **none missed**: every tweet of
-/// the reader's newsfeed rows that were not there when the client first connected has come.
-/// Runs only with every timeline fanned out: pulled tweets are not streamed (docs/API.md),
-/// and an author crossing the threshold moves rows out and back.
+/// the reader's newsfeed (its rows and, in hybrid runs, the pulled tweets it shows) that was
+/// not there when the client first connected has come.
 struct Watcher {
     actor: usize,
     user: i64,
@@ -701,7 +699,7 @@ struct Watcher {
     delivered: HashMap<i64, Instant>,
     /// The `id:` each tweet first came with (to tell a violation's two deliveries apart).
     first_ids: HashMap<i64, Option<String>>,
-    /// Tweets of the reader's newsfeed rows when the client first connected.
+    /// Tweets of the reader's newsfeed when the client first connected.
     before: Option<HashSet<i64>>,
     events: usize,
     sessions: usize,
@@ -724,14 +722,15 @@ impl Watcher {
         }
     }
 
-    /// The reader's newsfeed's tweets in Postgres.
+    /// The reader's newsfeed's tweets in Postgres: its rows and the pulled tweets it shows
+    /// (the newsfeed's meaning, [`chirp::newsfeeds::page`]).
     async fn rows(&self, world: &World) -> HashSet<i64> {
-        sqlx::query_scalar::<_, i64>("select tweet_id from newsfeeds where user_id = $1")
-            .bind(self.user)
-            .fetch_all(world.app(0).db())
+        let db = world.app(0).db();
+        chirp::newsfeeds::page(db, self.user, None, None, 1_000_000)
             .await
             .unwrap_or_default()
             .into_iter()
+            .map(|r| r.tweet_id)
             .collect()
     }
 
