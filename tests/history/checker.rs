@@ -10,7 +10,10 @@
 //! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
 //! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
 //! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
-//! reaches Redis through a [`Proxy`]), on a schedule.
+//! reaches Redis through a [`Proxy`]), on a schedule. Under `scripts/test --cluster` the
+//! processes share the Redis Cluster instead, and the faults are the cluster's
+//! ([`cluster_fault`]): flushes, killed subscriptions, a stalled master, evictions, and
+//! failovers (graceful or forced) whose old master stays up as a replica.
 //! Every request and answer is recorded with its time; the invariants are checked as the
 //! answers come and once more when the history is quiet:
 //!
@@ -864,13 +867,27 @@ async fn fault_loop(
             .ok()
     };
     let url = redis.lock().await.url();
+    // Under `scripts/test --cluster` the processes talk to the cluster (CHIRP_REDIS_CLUSTER),
+    // not to the run's own server: the faults go to the cluster's nodes.
+    let cluster = chirp::config::Config::defaults().redis_cluster;
     let mut snapshot_taken = false;
     while Instant::now() < world.deadline && !world.record.failed() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..2500))).await;
+        let fault = rng.random_range(0..9);
+        if !cluster.is_empty() {
+            let what = match fault {
+                5 => crash_fault(&world, &mut rng).await,
+                _ => cluster_fault(fault, &cluster, &mut rng).await,
+            };
+            if let Some(what) = what {
+                let line = format!("FAULT {what}");
+                world.record.log(usize::MAX, usize::MAX, line, vec![]);
+            }
+            continue;
+        }
         let Some(mut r) = conn(&url).await else {
             continue;
         };
-        let fault = rng.random_range(0..9);
         let what = match fault {
             0 => {
                 let _: Result<(), _> = redis::cmd("FLUSHALL").query_async(&mut r).await;
@@ -934,22 +951,10 @@ async fn fault_loop(
                 snapshot_taken = false;
                 "restart from the last snapshot".to_owned()
             }
-            // Off in the suite (`CHIRP_MODEL_CRASH=1` turns it on; scripts/model does): a view
-            // can miss an entry after such a crash (seed 16, round 15), open.
-            5 if std::env::var("CHIRP_MODEL_CRASH").is_ok_and(|v| v == "1") => {
-                // A process stops between its commits and their cache steps (the outbox relay
-                // of the others repairs after RELAY_AFTER).
-                use std::sync::atomic::Ordering;
-                let node = rng.random_range(0..NODES);
-                let ms = rng.random_range(200..600);
-                let cache = &world.app(node).state.cache;
-                world.crash[node].fetch_add(1, Ordering::SeqCst);
-                cache.set_after_commit(chirp::cache::AfterCommit::Crash);
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                cache.set_after_commit(chirp::cache::AfterCommit::Apply);
-                world.crash[node].fetch_add(1, Ordering::SeqCst);
-                format!("node {node} stopped after its commits for {ms} ms")
-            }
+            5 => match crash_fault(&world, &mut rng).await {
+                Some(what) => what,
+                None => continue,
+            },
             6 | 7 => {
                 // The last process's subscription dies silently (Redis drops it, the process
                 // is told nothing) or stalls (Redis keeps counting it); its data connections
@@ -970,6 +975,168 @@ async fn fault_loop(
         world
             .record
             .log(usize::MAX, usize::MAX, format!("FAULT {what}"), vec![]);
+    }
+}
+
+/// A process stops between its commits and their cache steps for a while (the outbox relay of
+/// the others repairs after RELAY_AFTER). Off in the suite (`CHIRP_MODEL_CRASH=1` turns it on;
+/// scripts/model does): a view can miss an entry after such a crash (seed 16, round 15), open.
+async fn crash_fault(world: &World, rng: &mut StdRng) -> Option<String> {
+    use std::sync::atomic::Ordering;
+    if std::env::var("CHIRP_MODEL_CRASH").is_ok_and(|v| v == "1") {
+        let node = rng.random_range(0..NODES);
+        let ms = rng.random_range(200..600);
+        let cache = &world.app(node).state.cache;
+        world.crash[node].fetch_add(1, Ordering::SeqCst);
+        cache.set_after_commit(chirp::cache::AfterCommit::Crash);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        cache.set_after_commit(chirp::cache::AfterCommit::Apply);
+        world.crash[node].fetch_add(1, Ordering::SeqCst);
+        return Some(format!("node {node} stopped after its commits for {ms} ms"));
+    }
+    None
+}
+
+/// The cluster's live nodes as `CLUSTER NODES` on one of `seeds` shows them: `(url, master)`.
+async fn cluster_nodes(seeds: &[String]) -> Vec<(String, bool)> {
+    for seed in seeds {
+        let Some(mut c) = node_conn(seed).await else {
+            continue;
+        };
+        let Ok(text) = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async::<String>(&mut c)
+            .await
+        else {
+            continue;
+        };
+        return text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                let addr = fields.nth(1)?.split('@').next()?;
+                let flags = fields.next()?;
+                (!flags.contains("fail") && !flags.contains("handshake"))
+                    .then(|| (format!("redis://{addr}"), flags.contains("master")))
+            })
+            .collect();
+    }
+    Vec::new()
+}
+
+async fn node_conn(url: &str) -> Option<redis::aio::MultiplexedConnection> {
+    let client = redis::Client::open(url).ok()?;
+    let connect = client.get_multiplexed_async_connection();
+    tokio::time::timeout(Duration::from_secs(2), connect)
+        .await
+        .ok()?
+        .ok()
+}
+
+/// One fault on the Redis Cluster of `seeds` (`scripts/test --cluster`): a flush of every
+/// master, every node's pub/sub connections killed, a master stalled, keys evicted by every
+/// master itself, or a **failover that keeps the old master up** (a replica takes over with
+/// `CLUSTER FAILOVER`; its master stays up as its replica: review of 2026-11-26, finding 4).
+/// `None` if there was nothing to do.
+async fn cluster_fault(fault: usize, seeds: &[String], rng: &mut StdRng) -> Option<String> {
+    let nodes = cluster_nodes(seeds).await;
+    let masters: Vec<&String> = nodes.iter().filter(|n| n.1).map(|n| &n.0).collect();
+    let replicas: Vec<&String> = nodes.iter().filter(|n| !n.1).map(|n| &n.0).collect();
+    let on_all = async |urls: &[&String], cmd: &redis::Cmd| {
+        for url in urls {
+            if let Some(mut c) = node_conn(url).await {
+                let _: Result<redis::Value, _> = cmd.query_async(&mut c).await;
+            }
+        }
+    };
+    match fault {
+        0 => {
+            on_all(&masters, &redis::cmd("FLUSHALL")).await;
+            Some(format!("FLUSHALL on {} masters", masters.len()))
+        }
+        1 => {
+            let mut kill = redis::cmd("CLIENT");
+            kill.arg(&["KILL", "TYPE", "pubsub"]);
+            let all: Vec<&String> = nodes.iter().map(|n| &n.0).collect();
+            on_all(&all, &kill).await;
+            Some(format!("CLIENT KILL TYPE pubsub on {} nodes", all.len()))
+        }
+        2 => {
+            let master = *masters.get(rng.random_range(0..masters.len().max(1)))?;
+            let ms = rng.random_range(300..500);
+            let mut pause = redis::cmd("CLIENT");
+            pause.arg("PAUSE").arg(ms).arg("ALL");
+            on_all(&[master], &pause).await;
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Some(format!("CLIENT PAUSE {ms} ALL on {master}"))
+        }
+        3 => {
+            let mut policy = redis::cmd("CONFIG");
+            policy.arg(&["SET", "maxmemory-policy", "volatile-lru"]);
+            on_all(&masters, &policy).await;
+            // Each master evicts down to 90 % of what it holds.
+            for master in &masters {
+                let Some(mut c) = node_conn(master).await else {
+                    continue;
+                };
+                let info: String = redis::cmd("INFO")
+                    .arg("memory")
+                    .query_async(&mut c)
+                    .await
+                    .unwrap_or_default();
+                let used: u64 = info
+                    .lines()
+                    .find_map(|l| l.strip_prefix("used_memory:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                let _: Result<(), _> = redis::cmd("CONFIG")
+                    .arg(&["SET", "maxmemory"])
+                    .arg(used * 9 / 10)
+                    .query_async(&mut c)
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let mut unlimited = redis::cmd("CONFIG");
+            unlimited.arg(&["SET", "maxmemory", "0"]);
+            on_all(&masters, &unlimited).await;
+            Some(format!(
+                "maxmemory at 90 % on {} masters for 300 ms",
+                masters.len()
+            ))
+        }
+        4 | 6 | 7 => {
+            let replica = *replicas.get(rng.random_range(0..replicas.len().max(1)))?;
+            let mut c = node_conn(replica).await?;
+            // FORCE: the replica does not wait to have all its master's writes (those it
+            // lacks are lost, as when a master fails for real).
+            let force = rng.random_bool(0.5);
+            let mut failover = redis::cmd("CLUSTER");
+            failover.arg("FAILOVER");
+            if force {
+                failover.arg("FORCE");
+            }
+            let _: Result<(), _> = failover.query_async(&mut c).await;
+            // Until it serves as a master (a graceful failover takes milliseconds).
+            let asked = Instant::now();
+            while asked.elapsed() < Duration::from_secs(5) {
+                let role: Result<Vec<redis::Value>, _> =
+                    redis::cmd("ROLE").query_async(&mut c).await;
+                if let Ok(role) = role
+                    && role
+                        .first()
+                        .is_some_and(|r| matches!(r, redis::Value::BulkString(b) if b == b"master"))
+                {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Some(format!(
+                "CLUSTER FAILOVER{} to {replica} (its master stays up, as its replica) in {} ms",
+                if force { " FORCE" } else { "" },
+                asked.elapsed().as_millis()
+            ))
+        }
+        _ => None,
     }
 }
 
