@@ -12,8 +12,8 @@
 //! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
 //! reaches Redis through a [`Proxy`]), on a schedule. Under `scripts/test --cluster` the
 //! processes share the Redis Cluster instead, and the faults are the cluster's
-//! ([`cluster_fault`]): flushes, killed subscriptions, a stalled master, evictions, and
-//! failovers (graceful or forced) whose old master stays up as a replica.
+//! ([`cluster_fault`]): flushes, killed subscriptions, a stalled master, evictions, a replica
+//! stopped, and failovers (graceful or forced) whose old master stays up as a replica.
 //! Every request and answer is recorded with its time; the invariants are checked as the
 //! answers come and once more when the history is quiet:
 //!
@@ -1035,8 +1035,9 @@ async fn node_conn(url: &str) -> Option<redis::aio::MultiplexedConnection> {
 
 /// One fault on the Redis Cluster of `seeds` (`scripts/test --cluster`): a flush of every
 /// master, every node's pub/sub connections killed, a master stalled, keys evicted by every
-/// master itself, or a **failover that keeps the old master up** (a replica takes over with
-/// `CLUSTER FAILOVER`; its master stays up as its replica: review of 2026-11-26, finding 4).
+/// master itself, a replica's process stopped for a while, or a **failover that keeps the old
+/// master up** (a replica takes over with `CLUSTER FAILOVER`, graceful or `FORCE`; its master
+/// stays up as its replica: review of 2026-11-26, finding 4).
 /// `None` if there was nothing to do.
 async fn cluster_fault(fault: usize, seeds: &[String], rng: &mut StdRng) -> Option<String> {
     let nodes = cluster_nodes(seeds).await;
@@ -1135,6 +1136,35 @@ async fn cluster_fault(fault: usize, seeds: &[String], rng: &mut StdRng) -> Opti
                 if force { " FORCE" } else { "" },
                 asked.elapsed().as_millis()
             ))
+        }
+        8 => {
+            // A replica down for a while (its process stopped): `WAIT`s fall short on its
+            // master, whose writes then distrust it (docs/cluster.md).
+            let replica = *replicas.get(rng.random_range(0..replicas.len().max(1)))?;
+            let mut c = node_conn(replica).await?;
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut c)
+                .await
+                .ok()?;
+            let pid = info
+                .lines()
+                .find_map(|l| l.strip_prefix("process_id:"))?
+                .trim()
+                .to_owned();
+            let ms = rng.random_range(300..1800);
+            let signal = |sig: &str| {
+                std::process::Command::new("kill")
+                    .args([sig, pid.as_str()])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            if !signal("-STOP") {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            signal("-CONT");
+            Some(format!("replica {replica} stopped for {ms} ms"))
         }
         _ => None,
     }
