@@ -91,7 +91,7 @@ impl AppState {
         )));
         let wake = worker.wake.clone();
         subscriber.route(crate::jobs::TOPIC, move |_| wake.notify_one(), || {});
-        let streams = streams::Hub::new(&subscriber);
+        let streams = streams::Hub::new(&subscriber, db.clone());
         cache.attach_near_objects(&subscriber, stopped.clone());
         let tokens = TokenCache::new(
             &subscriber,

@@ -438,8 +438,7 @@ async fn open(
     // commits later reaches the stream live.
     let authors = match is_user {
         true => {
-            let follows = load_pull_follows(state, auth.user_id).await?;
-            let authors = follows.known();
+            let (authors, follows) = load_pull_follows(state, auth.user_id).await?;
             registration.client.set_pull_follows(follows);
             authors
         }
@@ -534,12 +533,16 @@ async fn open(
         .into_response())
 }
 
-/// The pull sources ([`crate::hybrid`]) that user `user_id` follows: the pulled tweets its
-/// `streaming/user` stream is handed live ([`streams::PullFollows`]).
-async fn load_pull_follows(state: &AppState, user_id: i64) -> sqlx::Result<streams::PullFollows> {
+/// The pull sources ([`crate::hybrid`]), and those that user `user_id` follows: the pulled
+/// tweets its hub offers its `streaming/user` stream ([`streams::PullFollows`]).
+async fn load_pull_follows(
+    state: &AppState,
+    user_id: i64,
+) -> sqlx::Result<(Arc<Vec<i64>>, streams::PullFollows)> {
     let authors = state.pull_authors.current(&state.db).await?;
     let follows = crate::newsfeeds::pull_follows(&state.db, user_id, &authors).await?;
-    Ok(streams::PullFollows::new(authors, &follows))
+    let follows = streams::PullFollows::new(&authors, &follows);
+    Ok((authors, follows))
 }
 
 /// A stream's lease on one of its user's [`crate::config::Config::streams_per_user`] slots;
@@ -799,13 +802,6 @@ impl Session {
                 data,
                 row,
             } => {
-                // A pulled tweet (a negative entry id): sent if its author is followed now.
-                if let Some((id, at)) = row.filter(|(id, _)| *id < 0)
-                    && !self.pulls(author, at).await
-                {
-                    tracing::trace!(entry = id, "a pulled tweet of an author not followed");
-                    return;
-                }
                 if let Some(hidden) = self.hidden().await {
                     let hides = hidden.hides(author);
                     self.tweet(tweet_id, &data, row, Source::Live, hides);
@@ -840,34 +836,6 @@ impl Session {
                 {
                     self.frame("edit", None, &data);
                 }
-            }
-        }
-    }
-
-    /// Whether the user's newsfeed has `author`'s pulled tweet of entry time `at_us`, as
-    /// Postgres says now (the hub placed it by what the stream read last, which a follow or
-    /// unfollow since may have changed: an unfollowed author's tweet is not sent). If `author`
-    /// was not a pull source when the stream read them last, it reads them all again, so the
-    /// hub places the author's next tweets itself. `false` if the read fails (the next settle
-    /// sends the tweet if it is the user's).
-    async fn pulls(&mut self, author: i64, at_us: i64) -> bool {
-        let client = self.registration.client.clone();
-        let (db, user_id) = (&self.state.db, self.user_id);
-        let read = match client.pull_follows().has(author, at_us) {
-            Some(_) => crate::newsfeeds::pull_follows(db, user_id, &[author])
-                .await
-                .map(|follows| streams::PullFollows::new(Arc::new(vec![author]), &follows)),
-            None => load_pull_follows(&self.state, user_id)
-                .await
-                .inspect(|follows| {
-                    client.set_pull_follows(follows.clone());
-                }),
-        };
-        match read {
-            Ok(follows) => follows.has(author, at_us) == Some(true),
-            Err(e) => {
-                tracing::warn!(error = %e, "reading a stream's pull sources failed");
-                false
             }
         }
     }
@@ -952,13 +920,14 @@ impl Session {
 
     /// A heartbeat renews the stream's lease, and settles a `streaming/user` cursor (see the
     /// [`crate::streams`] module docs): an idle stream's settle is one empty read of the primary
-    /// key. It also reads again which pull sources the user follows.
+    /// key (and, while pull sources exist, of the reader's friendships with them and their
+    /// pulled tweets' index). It also reads again which pull sources the user follows.
     async fn heartbeat(&mut self) {
         if self.cursor.is_some() {
             self.catch_up.get_or_insert(Catch::Newsfeed);
             // Follows and pull sources that changed since they were read last.
             match load_pull_follows(&self.state, self.user_id).await {
-                Ok(follows) => self.registration.client.set_pull_follows(follows),
+                Ok((_, follows)) => self.registration.client.set_pull_follows(follows),
                 Err(e) => tracing::warn!(error = %e, "reading a stream's pull sources failed"),
             }
         }

@@ -427,6 +427,27 @@ pub async fn pull_follows(
     .await
 }
 
+/// Which of `users` follow `author` (a pull source, [`crate::hybrid`]), each with its
+/// friendship's `visible_from` (the author's pulled tweets after it are the user's): to whose
+/// `streaming/user` streams a pulled tweet goes. Primary-key lookups.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn followers_among(
+    db: &PgPool,
+    author: i64,
+    users: &[i64],
+) -> sqlx::Result<Vec<(i64, Option<Timestamp>)>> {
+    sqlx::query_as(
+        "select from_user_id, visible_from from friendships
+         where to_user_id = $1 and from_user_id = any($2)",
+    )
+    .bind(author)
+    .bind(users)
+    .fetch_all(db)
+    .await
+}
+
 /// Pulled tweets `tweet_ids` as entries of a newsfeed (the tweet's id negated as the entry's,
 /// its time as the entry's, as in [`page`]), hydrated (any order; deleted tweets are absent):
 /// the Postgres side of a stream's catch-up while Redis does not answer.

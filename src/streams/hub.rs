@@ -1,7 +1,7 @@
 //! Each process's hub: its clients, their bounded queues, and the dispatch of each message
 //! of the topic to the clients it concerns.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -113,39 +113,31 @@ pub struct Client {
 const SENT_KEPT: usize = 1024;
 
 /// The pull sources ([`crate::hybrid`]) a `streaming/user` client's user follows, as its
-/// session last read them: which pulled tweets the hub hands it live.
+/// session last read them (and its hub learned since): which pulled tweets the hub offers it.
 #[derive(Debug, Default, Clone)]
 pub struct PullFollows {
-    /// The pull sources when read ([`crate::hybrid::PullAuthors::current`]; ascending ids).
-    known: Arc<Vec<i64>>,
-    /// Those the user follows → the friendship's `visible_from` (µs; `i64::MIN` if none):
-    /// their pulled tweets after it are the user's.
-    follows: HashMap<i64, i64>,
+    /// Pull source → the friendship's `visible_from` (µs; `i64::MIN` if none) if the user
+    /// follows it (its pulled tweets after it are the user's), `None` if not.
+    known: HashMap<i64, Option<i64>>,
 }
 
 impl PullFollows {
-    /// Of the pull sources `known`, those the user follows, with `visible_from`.
-    pub fn new(known: Arc<Vec<i64>>, follows: &[(i64, Option<crate::time::Timestamp>)]) -> Self {
-        let follows = follows
-            .iter()
-            .map(|(author, from)| (*author, from.map_or(i64::MIN, crate::time::to_micros)))
-            .collect();
-        PullFollows { known, follows }
-    }
-
-    /// The pull sources when read.
-    pub fn known(&self) -> Arc<Vec<i64>> {
-        self.known.clone()
+    /// Of the pull sources `authors` ([`crate::hybrid::PullAuthors::current`]), those the user
+    /// `follows`, with `visible_from`.
+    pub fn new(authors: &[i64], follows: &[(i64, Option<crate::time::Timestamp>)]) -> Self {
+        let mut known: HashMap<i64, Option<i64>> = authors.iter().map(|a| (*a, None)).collect();
+        for (author, from) in follows {
+            known.insert(*author, Some(from.map_or(i64::MIN, crate::time::to_micros)));
+        }
+        PullFollows { known }
     }
 
     /// Whether the user's newsfeed has `author`'s pulled tweet of entry time `at_us`: `None`
-    /// if `author` was not a pull source when this was read (read again to tell).
+    /// if `author` was not a pull source when this was read.
     pub fn has(&self, author: i64, at_us: i64) -> Option<bool> {
-        match self.follows.get(&author) {
-            Some(from) => Some(at_us > *from),
-            None if self.known.binary_search(&author).is_ok() => Some(false),
-            None => None,
-        }
+        self.known
+            .get(&author)
+            .map(|from| from.is_some_and(|from| at_us > from))
     }
 }
 
@@ -162,10 +154,13 @@ impl Client {
         *pulls = Arc::new(follows);
     }
 
-    /// Whether a pulled tweet of `author` at `at_us` goes to this client: its user follows
-    /// the author, or its session has to read whether it does.
-    fn may_pull(&self, author: i64, at_us: i64) -> bool {
-        self.pull_follows().has(author, at_us) != Some(false)
+    /// Records what Postgres said of one pull source: followed since `visible_from` (µs), or
+    /// not (`None`).
+    fn learn(&self, author: i64, visible_from: Option<i64>) {
+        let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
+        if pulls.known.get(&author) != Some(&visible_from) {
+            Arc::make_mut(&mut pulls).known.insert(author, visible_from);
+        }
     }
 
     /// Whether this public stream was sent tweet `id` (among its last [`SENT_KEPT`]).
@@ -259,6 +254,8 @@ pub struct Hub {
     inbox: std::sync::OnceLock<mpsc::Sender<String>>,
     /// Only the dispatch task uses it.
     edits: Mutex<RecentEdits>,
+    /// Where a pulled tweet's followers are read ([`Hub::offer_pulled`]); `None` in unit tests.
+    db: Option<sqlx::PgPool>,
     pub stats: HubStats,
 }
 
@@ -319,8 +316,13 @@ impl Hub {
     /// runs in a task of its own, fed through a bounded queue: the subscriber task only hands
     /// messages over, so near-cache evictions and heartbeats behind them on the same
     /// subscription never wait for it (review of 2026-11-26, finding 9).
-    pub fn new(subscriber: &Subscriber) -> Arc<Self> {
-        let hub = Arc::new(Hub::default());
+    ///
+    /// `db` is where a pulled tweet's followers are read ([`Hub::offer_pulled`]).
+    pub fn new(subscriber: &Subscriber, db: sqlx::PgPool) -> Arc<Self> {
+        let hub = Arc::new(Hub {
+            db: Some(db),
+            ..Hub::default()
+        });
         let (on_message, on_lost) = (Arc::downgrade(&hub), Arc::downgrade(&hub));
         subscriber.route(
             TOPIC,
@@ -432,7 +434,7 @@ impl Hub {
         }
     }
 
-    fn dispatch(&self, text: &str) {
+    fn dispatch(self: &Arc<Self>, text: &str) {
         self.stats.messages.fetch_add(1, Ordering::Relaxed);
         let mut wire: Wire = match serde_json::from_str(text) {
             Ok(w) => w,
@@ -542,28 +544,85 @@ impl Hub {
                 c.offer(edit_or_delete(), &self.stats);
             }
         }
-        // A pulled tweet: to every user client whose user follows its author (the author's
+        // A pulled tweet: to the user clients whose user follows its author (the author's
         // own row went in `rows`, its own edits and deletes in `readers`). Every user client
         // is asked: pulled tweets are a few large accounts'.
         if let Some(at) = wire.pulled {
-            for (user, list) in &clients.users {
-                if wire.readers.contains(user) {
-                    continue;
+            let readers: HashSet<i64> = wire.readers.iter().copied().collect();
+            let users = clients.users.iter().filter(|(u, _)| !readers.contains(u));
+            let clients = users.flat_map(|(_, list)| list.iter());
+            if is_edit || is_delete {
+                // As far as each stream knows (a stream told of an edit or delete of a tweet
+                // it was not sent ignores it, as a client does).
+                for c in clients.filter(|c| c.pull_follows().has(author, at) == Some(true)) {
+                    c.offer(edit_or_delete(), &self.stats);
                 }
-                for c in list.iter().filter(|c| c.may_pull(author, at)) {
-                    let event = match (is_edit, is_delete) {
-                        (false, false) => Event::Tweet {
-                            tweet_id,
-                            author,
-                            data: data.clone(),
-                            row: Some((-tweet_id, at)),
-                        },
-                        _ => edit_or_delete(),
-                    };
-                    c.offer(event, &self.stats);
-                }
+            } else {
+                let candidates: Vec<Arc<Client>> = clients
+                    .filter(|c| c.pull_follows().has(author, at) != Some(false))
+                    .cloned()
+                    .collect();
+                let event = Event::Tweet {
+                    tweet_id,
+                    author,
+                    data: data.clone(),
+                    row: Some((-tweet_id, at)),
+                };
+                self.offer_pulled(candidates, author, at, event);
             }
         }
+    }
+
+    /// Offers a new pulled tweet of `author` (entry time `at_us`) to those of `candidates`
+    /// whose user follows the author in Postgres now (one query for all of them, in a task of
+    /// its own: the dispatch never waits for Postgres), so a stream whose user unfollowed the
+    /// author after its session last read its pull sources is not sent the tweet; each
+    /// candidate learns the answer ([`PullFollows`]). A failed read sends nothing (a stream's
+    /// next settle sends what is its user's). Without a database (unit tests), the candidates
+    /// that know they follow the author get it.
+    fn offer_pulled(
+        self: &Arc<Self>,
+        candidates: Vec<Arc<Client>>,
+        author: i64,
+        at_us: i64,
+        event: Event,
+    ) {
+        if candidates.is_empty() {
+            return;
+        }
+        let Some(db) = self.db.clone() else {
+            for c in candidates
+                .iter()
+                .filter(|c| c.pull_follows().has(author, at_us) == Some(true))
+            {
+                c.offer(event.clone(), &self.stats);
+            }
+            return;
+        };
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let mut users: Vec<i64> = candidates.iter().map(|c| c.user_id).collect();
+            users.sort_unstable();
+            users.dedup();
+            let follows = match crate::newsfeeds::followers_among(&db, author, &users).await {
+                Ok(rows) => rows,
+                Err(e) => {
+                    tracing::warn!(error = %e, author, "reading a pulled tweet's followers failed");
+                    return;
+                }
+            };
+            let follows: HashMap<i64, i64> = follows
+                .into_iter()
+                .map(|(user, from)| (user, from.map_or(i64::MIN, crate::time::to_micros)))
+                .collect();
+            for c in candidates {
+                let from = follows.get(&c.user_id).copied();
+                c.learn(author, from);
+                if from.is_some_and(|from| at_us > from) {
+                    c.offer(event.clone(), &hub.stats);
+                }
+            }
+        });
     }
 }
 
@@ -679,18 +738,19 @@ mod tests {
 
     /// A pulled tweet (tweet 5 by user 1, entry time 500 µs) reaches the user streams whose
     /// user follows its author since before it, as the entry `(-5, 500)`, and so do its edit
-    /// and delete; a stream whose user does not follow the author gets none of them, and one
-    /// that has not read the author yet gets them (its session reads again).
+    /// and delete; a stream whose user does not follow the author, or followed it later, gets
+    /// none of them, nor (without a database to ask, as here) one that has not read the
+    /// author's friendship yet.
     #[test]
     fn a_pulled_tweet_goes_to_the_streams_whose_user_follows_its_author() {
         let hub = Arc::new(Hub::default());
-        let known = Arc::new(vec![1]);
+        let known = [1];
         let at = |us: i64| Some(crate::time::from_micros(us));
         let clients = [
-            (7, PullFollows::new(known.clone(), &[(1, None)])),
-            (8, PullFollows::new(known.clone(), &[])),
-            (9, PullFollows::new(known.clone(), &[(1, at(600))])), // followed after it
-            (10, PullFollows::new(known.clone(), &[(1, at(400))])),
+            (7, PullFollows::new(&known, &[(1, None)])),
+            (8, PullFollows::new(&known, &[])),
+            (9, PullFollows::new(&known, &[(1, at(600))])), // followed after it
+            (10, PullFollows::new(&known, &[(1, at(400))])),
             (11, PullFollows::default()),
         ];
         let mut streams = Vec::new();
@@ -718,7 +778,7 @@ mod tests {
                 });
             }
             let want: &[&str] = match user {
-                7 | 10 | 11 => &["tweet Some((-5, 500))", "edit", "delete"],
+                7 | 10 => &["tweet Some((-5, 500))", "edit", "delete"],
                 _ => &[],
             };
             assert_eq!(got, want, "user {user}");

@@ -27,13 +27,12 @@
 //! they are newsfeed entries all the same (id: the tweet's negated; time: the tweet's), and
 //! rows and pulled tweets commit in one order (the pull clock), so a cursor places both, and a
 //! catch-up reads both ([`catch_up_page`]). Live, a pulled tweet is one message marked
-//! [`Wire::pulled`]; each process's hub hands it to the `streaming/user` clients whose user
-//! followed its author when they last looked (each client holds the pull sources its user
-//! follows, [`PullFollows`], read when it opens and at every heartbeat; an author it does not
-//! know yet goes to the stream, which reads them again), and the stream sends it only if the
-//! friendship stands in Postgres when the event comes (a primary-key read per pulled tweet
-//! and stream: an unfollowed author's new tweet is not sent). A follow made while the stream
-//! is open reaches it at its next settle, as a follow's backfilled rows do.
+//! [`Wire::pulled`]. Each process's hub picks the `streaming/user` clients whose user may
+//! follow its author (each client holds the pull sources its user follows, [`PullFollows`],
+//! read when it opens and at every heartbeat) and asks Postgres which of them follow it now,
+//! in one query per pulled tweet and process, in a task of its own; those get it (an
+//! unfollowed author's new tweet is not sent). A follow made while the stream is open reaches
+//! it at its next settle, as a follow's backfilled rows do.
 mod filter;
 mod hub;
 mod resume;

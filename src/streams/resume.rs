@@ -198,6 +198,10 @@ impl Cursor {
         self.base_at_us = at_us;
         self.newest_us = self.newest_us.max(at_us);
         self.delivered.retain(|_, at| *at > at_us);
+        // A row a token listed keeps an unknown time: settled, it lies at the base (and the
+        // token could not list the base, `.0`).
+        self.delivered.remove(&id);
+        self.delivered.remove(&self.base);
     }
 
     /// A catch-up read the newsfeed to its end, and no live event came in between: every row
@@ -485,6 +489,21 @@ mod tests {
         c.settle(-9, 1_300); // a pulled tweet newer than every row delivered
         assert_eq!(c.token(), "n40.1300.0");
         assert!(c.seen(41, 1_200) && !c.seen(-10, 1_400));
+    }
+
+    /// Review of the pulled streams, finding 1: a resume's catch-up settles on a row its token
+    /// listed, then on a pulled tweet (which keeps the base's id): the token listed the base
+    /// itself, as `.0`, which no longer parsed.
+    #[test]
+    fn a_token_never_lists_its_base() {
+        let Some(Token::Current(mut c)) = Token::parse("n10.1000.600.2.5") else {
+            panic!("parses")
+        };
+        c.settle(12, 1_200);
+        c.settle(-7, 1_300);
+        let t = c.token();
+        assert!(Token::parse(&t).is_some(), "{t} parses");
+        assert!(c.seen(12, 1_200) && c.seen(-7, 1_300) && c.seen(15, 0));
     }
 
     #[test]

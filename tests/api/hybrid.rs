@@ -615,3 +615,54 @@ async fn pulled_tweets_reach_the_followers_user_streams_once_live_and_on_resume(
     let strays = other.next(std::time::Duration::from_millis(200)).await;
     assert!(strays.is_none(), "{strays:?}");
 }
+
+/// A stream's user unfollows a pull source after the stream read whom it follows (and before
+/// its next heartbeat reads it again): the author's next pulled tweet is not sent to it, since
+/// each pulled tweet's followers are read from Postgres when it comes (a stream that trusted
+/// what it had read sent it).
+#[sqlx::test]
+async fn a_stream_is_not_sent_the_pulled_tweet_of_an_author_its_user_unfollowed(db: PgPool) {
+    let app = TestApp::with(db, |c| {
+        c.fanout_pull_above = 2;
+        c.fanout_pull_below = Some(1);
+        c.fanout_pull_settle_ms = 10;
+        c.stream_heartbeat_secs = 15;
+    })
+    .await;
+    let (star, star_token) = app.signup("star").await;
+    let (small, small_token) = app.signup("small").await;
+    let (_, reader) = app.signup("reader").await;
+    for i in 0..2 {
+        let (_, fan) = app.signup(&format!("fan{i}")).await;
+        app.follow(&fan, star).await;
+    }
+    app.follow(&reader, star).await;
+    app.follow(&reader, small).await;
+    app.drain().await;
+    app.tweets(&star_token, "before", 2).await;
+    app.drain().await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &reader, None).await;
+    let followed = app.tweet(&star_token, "followed").await["id"]
+        .as_i64()
+        .expect("id");
+    assert_eq!(streamed(&s.tweets_until(followed).await), vec![followed]);
+    let res = app
+        .post(
+            &format!("/api/friendships/{star}/unfollow/"),
+            Some(&reader),
+            json!({}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    app.drain().await;
+    let unfollowed = app.tweet(&star_token, "after the unfollow").await["id"]
+        .as_i64()
+        .expect("id");
+    assert!(is_pulled(&app, unfollowed).await);
+    let pushed = app.tweet(&small_token, "pushed").await["id"]
+        .as_i64()
+        .expect("id");
+    app.drain().await;
+    assert_eq!(streamed(&s.tweets_until(pushed).await), vec![pushed]);
+}
