@@ -22,6 +22,7 @@ pub const MAX_AVATAR_URL: usize = 500;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(profile, update).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
+        .routes(routes!(update_profile).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
 }
 
 /// A user's profile.
@@ -84,6 +85,40 @@ struct ProfileUpload {
         (status = 403, body = Detail, description = "Not the caller's profile"),
     ))]
 async fn update(
+    state: State<AppState>,
+    auth: Auth,
+    id: PathId,
+    fields: Fields,
+) -> ApiResult<Json<Profile>> {
+    edit(state, auth, id, fields).await
+}
+
+/// Edits the caller's profile under the course's path, as a course front end's profile form
+/// sends it (nickname and avatar, multipart): the same as `PATCH /api/users/{id}/`, the same
+/// validation and answer. chirp keeps one profile per user, under the user's id.
+#[utoipa::path(method(put, patch), path = "/api/profiles/{id}", tag = "users",
+    params(("id" = i64, Path, description = "The user's id (the caller's)")),
+    security(("bearer" = [])),
+    request_body(content(
+        (ProfileBody = "application/json"),
+        (ProfileBody = "application/x-www-form-urlencoded"),
+        (ProfileUpload = "multipart/form-data"),
+    )),
+    responses(
+        (status = 200, body = Profile, description = "The edited profile"),
+        (status = 403, body = Detail, description = "Not the caller's profile"),
+    ))]
+async fn update_profile(
+    state: State<AppState>,
+    auth: Auth,
+    id: PathId,
+    fields: Fields,
+) -> ApiResult<Json<Profile>> {
+    edit(state, auth, id, fields).await
+}
+
+/// A profile edit ([`update`], [`update_profile`]).
+async fn edit(
     State(state): State<AppState>,
     auth: Auth,
     PathId(id): PathId,

@@ -516,3 +516,50 @@ async fn a_key_chirp_never_issues_is_a_404(db: PgPool) {
         assert_eq!(res.status, StatusCode::NOT_FOUND, "{key}: {}", res.body);
     }
 }
+
+/// A course front end edits a profile with `PUT /api/profiles/{id}/` (multipart nickname and
+/// avatar): served as `PATCH /api/users/{id}/` is, with the same validation; someone else's
+/// profile is a 403 and an unknown one a 404, and neither changes anything. (Before, the path
+/// was a 404.)
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn the_courses_profile_path_edits_a_profile_as_the_users_path_does(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (id, token) = app.quick_user("face").await;
+    let (_, other) = app.quick_user("other").await;
+    let uri = format!("/api/profiles/{id}/");
+    let parts = [
+        Part::Text("nickname", "Face"),
+        Part::File("avatar", "me.png", png()),
+    ];
+    let (status, body) = send(&app, Method::PUT, &uri, Some(&token), &parts).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["nickname"], "Face");
+    let avatar = body["avatar_url"].as_str().unwrap().to_owned();
+    assert!(
+        avatar.starts_with(&format!("/media/avatars/{id}/")),
+        "{avatar}"
+    );
+    let profile = app.get(&format!("/api/users/{id}/"), None).await;
+    assert_eq!(profile.body, body, "the profile as the users path shows it");
+    let long = "x".repeat(51);
+    let bad = [Part::Text("nickname", long.as_str())];
+    let (status, errors) = send(&app, Method::PUT, &uri, Some(&token), &bad).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(errors["errors"]["nickname"].is_array(), "{errors}");
+    let rename = [Part::Text("nickname", "Not yours")];
+    let (status, _) = send(&app, Method::PUT, &uri, Some(&other), &rename).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = send(
+        &app,
+        Method::PUT,
+        "/api/profiles/999999/",
+        Some(&token),
+        &rename,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, patched) = send(&app, Method::PATCH, &uri, None, &rename).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{patched}");
+    let after = app.get(&format!("/api/users/{id}/"), None).await;
+    assert_eq!(after.body, body, "nothing changed");
+}
