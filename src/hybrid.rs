@@ -206,6 +206,13 @@ impl PullAuthors {
             .map(|(_, authors)| authors.clone())
     }
 
+    /// How many authors had pulled tweets when this process last read them (`None`: it has
+    /// not read them yet): `/healthz` `fanout.pull_sources`, `chirp_fanout_pull_sources`.
+    pub fn last_read(&self) -> Option<usize> {
+        let held = self.held.lock().ok()?;
+        held.as_ref().map(|(_, authors)| authors.len())
+    }
+
     /// The authors with pulled tweets (ascending ids; usually none).
     ///
     /// # Errors

@@ -333,6 +333,14 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         &[],
     )?;
     fanout_waiting.set(&[], state.backlog.wait_ms() as f64 / 1000.0);
+    let pull_sources = Gauges::new(
+        "chirp_fanout_pull_sources",
+        "Authors whose tweets their followers pull instead of a fan-out (hybrid timelines, \
+         CHIRP_FANOUT_PULL_ABOVE), as this process last read them (0 before it has).",
+        &[],
+    )?;
+    let pulled = state.pull_authors.last_read().unwrap_or(0);
+    pull_sources.set(&[], pulled as f64);
     let queues_read = Gauges::new(
         "chirp_queues_read",
         "1 if this scrape read the fan-out queue and the outbox from Postgres (within 1 s), \
@@ -393,6 +401,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         clients,
         polls,
         fanout_waiting,
+        pull_sources,
         queues_read,
     ] {
         families.extend(g.0.collect());

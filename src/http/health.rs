@@ -49,8 +49,9 @@ async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, Api
 /// FALLING_BEHIND; the Postgres replica (`off`, or whether it is fresh and how many
 /// reads went to it or stayed on the primary); and the fan-out lag (`fanout`: jobs queued and
 /// the oldest one's age in ms, [`crate::jobs::lag`]; how long the oldest job no runner has
-/// taken has waited, and whether composes are refused for it, [`crate::jobs::Backlog`]; `null`
-/// if Postgres does not answer).
+/// taken has waited, and whether composes are refused for it, [`crate::jobs::Backlog`]; how
+/// many authors are pull sources, [`crate::hybrid::PullAuthors::last_read`]; `null` if
+/// Postgres does not answer).
 #[utoipa::path(get, path = "/healthz", tag = "operations",
     responses(
         (status = 200, body = Object, description = "Postgres answers. `{\"status\": \"ok\", \
@@ -67,6 +68,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             let mut fanout = json!(lag);
             fanout["waiting_ms"] = json!(state.backlog.wait_ms());
             fanout["refusing_composes"] = json!(state.backlog.refuse().is_some());
+            fanout["pull_sources"] = json!(state.pull_authors.last_read());
             (true, fanout)
         }
         None => (false, Value::Null),

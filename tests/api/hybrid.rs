@@ -97,6 +97,14 @@ async fn a_pulled_authors_tweet_writes_no_newsfeed_rows_and_is_on_every_follower
         assert_eq!(ids, vec![pulled, pushed[1], pushed[0]]);
         assert_eq!(entries(&page.body)[0].0, -pulled, "a pulled entry's id");
     }
+    // Operators see how many authors are pulled.
+    let health = app.get("/healthz", None).await;
+    assert_eq!(health.body["fanout"]["pull_sources"], 1, "{}", health.body);
+    let (_, _, metrics) = app.get_text("/metrics").await;
+    assert!(
+        metrics.lines().any(|l| l == "chirp_fanout_pull_sources 1"),
+        "{metrics}"
+    );
 }
 
 /// The pull clock (see `chirp::hybrid`): a fan-out batch is stamping its entry at its tweet's
