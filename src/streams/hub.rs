@@ -114,30 +114,57 @@ const SENT_KEPT: usize = 1024;
 
 /// The pull sources ([`crate::hybrid`]) a `streaming/user` client's user follows, as its
 /// session last read them (and its hub learned since): which pulled tweets the hub offers it.
+/// Its memory is the user's followed pull sources (and those its hub learned of since the
+/// read): the list of all of them is shared by every stream that read the same one.
 #[derive(Debug, Default, Clone)]
 pub struct PullFollows {
-    /// Pull source → the friendship's `visible_from` (µs; `i64::MIN` if none) if the user
-    /// follows it (its pulled tweets after it are the user's), `None` if not.
-    known: HashMap<i64, Option<i64>>,
+    /// The pull sources when read ([`crate::hybrid::PullAuthors::current`]; ascending ids).
+    authors: Arc<Vec<i64>>,
+    /// Those the user follows → the friendship's `visible_from` (µs; `i64::MIN` if none):
+    /// their pulled tweets after it are the user's.
+    follows: HashMap<i64, i64>,
+    /// Pull sources not in `authors`, learned since, that the user does not follow.
+    learned: HashSet<i64>,
 }
 
 impl PullFollows {
-    /// Of the pull sources `authors` ([`crate::hybrid::PullAuthors::current`]), those the user
-    /// `follows`, with `visible_from`.
-    pub fn new(authors: &[i64], follows: &[(i64, Option<crate::time::Timestamp>)]) -> Self {
-        let mut known: HashMap<i64, Option<i64>> = authors.iter().map(|a| (*a, None)).collect();
-        for (author, from) in follows {
-            known.insert(*author, Some(from.map_or(i64::MIN, crate::time::to_micros)));
+    /// Of the pull sources `authors`, those the user `follows`, with `visible_from`.
+    pub fn new(authors: Arc<Vec<i64>>, follows: &[(i64, Option<crate::time::Timestamp>)]) -> Self {
+        let follows = follows
+            .iter()
+            .map(|(author, from)| (*author, from.map_or(i64::MIN, crate::time::to_micros)))
+            .collect();
+        PullFollows {
+            authors,
+            follows,
+            learned: HashSet::new(),
         }
-        PullFollows { known }
     }
 
     /// Whether the user's newsfeed has `author`'s pulled tweet of entry time `at_us`: `None`
     /// if `author` was not a pull source when this was read.
     pub fn has(&self, author: i64, at_us: i64) -> Option<bool> {
-        self.known
-            .get(&author)
-            .map(|from| from.is_some_and(|from| at_us > from))
+        match self.follows.get(&author) {
+            Some(from) => Some(at_us > *from),
+            None if self.learned.contains(&author) => Some(false),
+            None => self.authors.binary_search(&author).ok().map(|_| false),
+        }
+    }
+
+    /// Records what Postgres said of `author`: followed since `visible_from` (µs), or not.
+    fn learn(&mut self, author: i64, visible_from: Option<i64>) {
+        match visible_from {
+            Some(from) => {
+                self.follows.insert(author, from);
+                self.learned.remove(&author);
+            }
+            None => {
+                self.follows.remove(&author);
+                if self.authors.binary_search(&author).is_err() {
+                    self.learned.insert(author);
+                }
+            }
+        }
     }
 }
 
@@ -158,8 +185,12 @@ impl Client {
     /// not (`None`).
     fn learn(&self, author: i64, visible_from: Option<i64>) {
         let mut pulls = self.pulls.lock().unwrap_or_else(|p| p.into_inner());
-        if pulls.known.get(&author) != Some(&visible_from) {
-            Arc::make_mut(&mut pulls).known.insert(author, visible_from);
+        let known = match visible_from {
+            Some(from) => pulls.follows.get(&author) == Some(&from),
+            None => pulls.has(author, i64::MAX) == Some(false),
+        };
+        if !known {
+            Arc::make_mut(&mut pulls).learn(author, visible_from);
         }
     }
 
@@ -744,13 +775,13 @@ mod tests {
     #[test]
     fn a_pulled_tweet_goes_to_the_streams_whose_user_follows_its_author() {
         let hub = Arc::new(Hub::default());
-        let known = [1];
+        let known = Arc::new(vec![1]);
         let at = |us: i64| Some(crate::time::from_micros(us));
         let clients = [
-            (7, PullFollows::new(&known, &[(1, None)])),
-            (8, PullFollows::new(&known, &[])),
-            (9, PullFollows::new(&known, &[(1, at(600))])), // followed after it
-            (10, PullFollows::new(&known, &[(1, at(400))])),
+            (7, PullFollows::new(known.clone(), &[(1, None)])),
+            (8, PullFollows::new(known.clone(), &[])),
+            (9, PullFollows::new(known.clone(), &[(1, at(600))])), // followed after it
+            (10, PullFollows::new(known.clone(), &[(1, at(400))])),
             (11, PullFollows::default()),
         ];
         let mut streams = Vec::new();
@@ -783,5 +814,27 @@ mod tests {
             };
             assert_eq!(got, want, "user {user}");
         }
+    }
+
+    /// What a stream learns from its hub's reads of a pulled tweet's followers: of a new pull
+    /// source, that its user follows it (since when) or not; of a known one, a follow or an
+    /// unfollow since the stream read them.
+    #[test]
+    fn a_stream_learns_whom_its_user_follows_among_the_pull_sources() {
+        let mut f = PullFollows::new(Arc::new(vec![1]), &[]);
+        assert_eq!((f.has(1, 10), f.has(2, 10)), (Some(false), None));
+        f.learn(2, None);
+        assert_eq!(f.has(2, 10), Some(false));
+        f.learn(2, Some(5));
+        assert_eq!((f.has(2, 10), f.has(2, 5)), (Some(true), Some(false)));
+        f.learn(1, Some(i64::MIN));
+        assert_eq!(f.has(1, 0), Some(true));
+        f.learn(1, None);
+        assert_eq!(f.has(1, 0), Some(false));
+        assert!(f.learned.contains(&2) || f.follows.contains_key(&2));
+        assert!(
+            !f.learned.contains(&1),
+            "a source of the list read is not learned"
+        );
     }
 }

@@ -544,7 +544,7 @@ async fn load_pull_follows(
 ) -> sqlx::Result<(Arc<Vec<i64>>, streams::PullFollows)> {
     let authors = state.pull_authors.current(&state.db).await?;
     let follows = crate::newsfeeds::pull_follows(&state.db, user_id, &authors).await?;
-    let follows = streams::PullFollows::new(&authors, &follows);
+    let follows = streams::PullFollows::new(authors.clone(), &follows);
     Ok((authors, follows))
 }
 
