@@ -530,6 +530,27 @@ fn streamed(events: &[Ev]) -> Vec<i64> {
         .collect()
 }
 
+/// The stream tests' accounts on an app pulling above 2 followers: a star with two fans and a
+/// reader, which follows the star and `small` (fanned out); the star has crossed the threshold
+/// and settled, so its next tweets are pulled. Returns `(star, star's token, small's token,
+/// reader's token)`.
+async fn a_pulled_star(app: &TestApp) -> (i64, String, String, String) {
+    let (star, star_token) = app.signup("star").await;
+    let (small, small_token) = app.signup("small").await;
+    let (_, reader) = app.signup("reader").await;
+    for i in 0..2 {
+        let (_, fan) = app.signup(&format!("fan{i}")).await;
+        app.follow(&fan, star).await;
+    }
+    app.follow(&reader, star).await;
+    app.follow(&reader, small).await;
+    app.drain().await;
+    app.tweets(&star_token, "before", 2).await;
+    app.drain().await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    (star, star_token, small_token, reader)
+}
+
 /// `streaming/user` sends a large account's pulled tweets to its followers as it sends fanned
 /// out ones: live, once, in newsfeed order beside rows, again after a resume from a token (and
 /// only what came after it), with their deletes; not to a user who does not follow the author;
@@ -544,22 +565,9 @@ async fn pulled_tweets_reach_the_followers_user_streams_once_live_and_on_resume(
         c.stream_heartbeat_secs = 1;
     })
     .await;
-    let (star, star_token) = app.signup("star").await;
-    let (small, small_token) = app.signup("small").await;
-    let (_, reader) = app.signup("reader").await;
+    let (star, star_token, small_token, reader) = a_pulled_star(&app).await;
     let (_, stranger) = app.signup("stranger").await;
     let (_, late) = app.signup("late").await;
-    for i in 0..2 {
-        let (_, fan) = app.signup(&format!("fan{i}")).await;
-        app.follow(&fan, star).await;
-    }
-    app.follow(&reader, star).await;
-    app.follow(&reader, small).await;
-    app.drain().await;
-    // The star crosses the threshold and settles: its next tweets are pulled.
-    app.tweets(&star_token, "before", 2).await;
-    app.drain().await;
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     let uri = "/api/streaming/user/";
     let mut s = Stream::open(&app, uri, &reader, None).await;
     let mut other = Stream::open(&app, uri, &stranger, None).await;
@@ -637,19 +645,7 @@ async fn a_stream_is_not_sent_the_pulled_tweet_of_an_author_its_user_unfollowed(
         c.stream_heartbeat_secs = 15;
     })
     .await;
-    let (star, star_token) = app.signup("star").await;
-    let (small, small_token) = app.signup("small").await;
-    let (_, reader) = app.signup("reader").await;
-    for i in 0..2 {
-        let (_, fan) = app.signup(&format!("fan{i}")).await;
-        app.follow(&fan, star).await;
-    }
-    app.follow(&reader, star).await;
-    app.follow(&reader, small).await;
-    app.drain().await;
-    app.tweets(&star_token, "before", 2).await;
-    app.drain().await;
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let (star, star_token, small_token, reader) = a_pulled_star(&app).await;
     let mut s = Stream::open(&app, "/api/streaming/user/", &reader, None).await;
     let followed = app.tweet(&star_token, "followed").await["id"]
         .as_i64()

@@ -859,13 +859,6 @@ async fn fault_loop(
     redis: Arc<tokio::sync::Mutex<RedisServer>>,
     mut rng: StdRng,
 ) {
-    let conn = async |url: &str| {
-        redis::Client::open(url)
-            .ok()?
-            .get_multiplexed_async_connection()
-            .await
-            .ok()
-    };
     let url = redis.lock().await.url();
     // Under `scripts/test --cluster` the processes talk to the cluster (CHIRP_REDIS_CLUSTER),
     // not to the run's own server: the faults go to the cluster's nodes.
@@ -885,7 +878,7 @@ async fn fault_loop(
             }
             continue;
         }
-        let Some(mut r) = conn(&url).await else {
+        let Some(mut r) = node_conn(&url).await else {
             continue;
         };
         let what = match fault {
@@ -913,17 +906,7 @@ async fn fault_loop(
             }
             3 => {
                 // Redis evicts keys itself, with the policy docs/cache.md recommends.
-                let info: String = redis::cmd("INFO")
-                    .arg("memory")
-                    .query_async(&mut r)
-                    .await
-                    .unwrap_or_default();
-                let used: u64 = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                let limit = used * 9 / 10;
+                let limit = used_memory(&mut r).await * 9 / 10;
                 let _: Result<(), _> = redis::cmd("CONFIG")
                     .arg(&["SET", "maxmemory-policy", "volatile-lru"])
                     .query_async(&mut r)
@@ -1024,6 +1007,21 @@ async fn cluster_nodes(seeds: &[String]) -> Vec<(String, bool)> {
     Vec::new()
 }
 
+/// The bytes a Redis server holds (`INFO memory`'s `used_memory`; 0 if it does not say).
+async fn used_memory(c: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(c)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A connection to the Redis server at `url` (one node of a cluster); `None` if it does not
+/// answer within 2 s.
 async fn node_conn(url: &str) -> Option<redis::aio::MultiplexedConnection> {
     let client = redis::Client::open(url).ok()?;
     let connect = client.get_multiplexed_async_connection();
@@ -1080,19 +1078,10 @@ async fn cluster_fault(fault: usize, seeds: &[String], rng: &mut StdRng) -> Opti
                 let Some(mut c) = node_conn(master).await else {
                     continue;
                 };
-                let info: String = redis::cmd("INFO")
-                    .arg("memory")
-                    .query_async(&mut c)
-                    .await
-                    .unwrap_or_default();
-                let used: u64 = info
-                    .lines()
-                    .find_map(|l| l.strip_prefix("used_memory:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
+                let limit = used_memory(&mut c).await * 9 / 10;
                 let _: Result<(), _> = redis::cmd("CONFIG")
                     .arg(&["SET", "maxmemory"])
-                    .arg(used * 9 / 10)
+                    .arg(limit)
                     .query_async(&mut c)
                     .await;
             }
