@@ -8,7 +8,7 @@
 //! others through Redis pub/sub (or a `pg_notify` of its own when Redis is unavailable). No
 //! `pg_notify` runs inside the write's transaction: Postgres serialises the commits of
 //! notifying transactions on one lock, which halved the commit rate at 16 writers
-//! (BENCHMARKS.md). A runner that misses a wake-up polls every second. A worker claims the oldest ready job with
+//! (docs/benchmarks-journal.md). A runner that misses a wake-up polls every second. A worker claims the oldest ready job with
 //! `FOR UPDATE SKIP LOCKED` and takes a 30 s lease (`locked_until`); it deletes the row when done
 //! (a fan-out part deletes its own row in its last batch's transaction: [`finish`]).
 //! A job that fails is retried with exponential backoff (`run_after`), and after

@@ -1,5 +1,5 @@
 /// mimalloc: measured faster than the system allocator on chirp's allocation-heavy hydration
-/// path (see BENCHMARKS.md). Built with `no_thp`: mimalloc otherwise asks for transparent huge
+/// path (decision 0013). Built with `no_thp`: mimalloc otherwise asks for transparent huge
 /// pages (`madvise`), and every 2 MiB page it purged and touched again was zeroed by the kernel,
 /// which was half of chirp's CPU during a big fan-out
 /// (docs/decisions/0013-mimalloc-without-huge-pages.md). The feature only drops that request:

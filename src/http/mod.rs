@@ -91,11 +91,11 @@ pub fn router(state: AppState) -> Router {
         .fallback(|| async { ApiError::NotFound })
         // One `Router::layer` of the whole stack, outermost first: axum wraps each route in a
         // boxed `Route` per `layer` call and clones that box on every request, so eleven calls
-        // cost eleven clones and futures per request (BENCHMARKS.md, round 24).
+        // cost eleven clones and futures per request (decision 0019; docs/benchmarks-journal.md has the count).
         .layer(
             ServiceBuilder::new()
                 // Outermost: hand-written, as a `from_fn` layer boxes and clones the whole
-                // stack inside it on every request (BENCHMARKS.md, round 22).
+                // stack inside it on every request (decision 0019).
                 .layer(Observe {
                     metrics: state.metrics.clone(),
                 })

@@ -361,7 +361,7 @@ pub struct Leftover {
 /// followers (almost every tweet): one transaction for all of them, with set-based statements
 /// over every (follower, tweet) pair, instead of one job, four commits and about fifteen round
 /// trips per tweet. Under a sustained write mix, the one-tweet path fell behind by six minutes
-/// (issue 36; `scripts/fanout-lag`, BENCHMARKS.md).
+/// (issue 36; `scripts/fanout-lag`, decision 0003).
 ///
 /// The guarantees of [`fn@fanout`] hold pair by pair: the authors' followers locks are taken
 /// shared (ascending ids); every reader's head row is locked in one statement (ascending ids,
