@@ -33,12 +33,14 @@
 //! in one query per pulled tweet and process, in a task of its own; those get it (an
 //! unfollowed author's new tweet is not sent). A follow made while the stream is open reaches
 //! it at its next settle, as a follow's backfilled rows do.
+mod client;
 mod filter;
 mod hub;
 mod resume;
 
+pub use client::{Client, Ended, PullFollows};
 pub use filter::{Filter, Predicates, words};
-pub use hub::{Client, Ended, Event, Hub, HubStats, PullFollows, Registration};
+pub use hub::{Event, Hub, HubStats, Registration};
 pub use resume::{CATCH_UP_PAGE, CaughtUp, Cursor, Token, catch_up_page, legacy_catch_up};
 
 use serde::{Deserialize, Serialize};
