@@ -19,7 +19,7 @@ pub const OBJECTS_TOPIC: &str = "objects";
 /// evicts them everywhere before the write answers, as any versioned value the outbox writes
 /// (docs/decisions/0015-near-cached-counters.md: a warm page then asks Redis for its list
 /// alone). The head of a held list (`hu42`: user 42's tweets, `hc3`: circle 3's, `hl7`: list
-/// 7's timeline; [`ListKey::head_held`]) changes with a tweet written or deleted, or a fan-out
+/// 7's timeline; [`ListKey::has_held_head`]) changes with a tweet written or deleted, or a fan-out
 /// or membership job's batch, whose outbox repair evicts it the same way
 /// (docs/decisions/0016-held-timeline-heads.md: a warm page of such a list then needs no round
 /// trip at all). A user's liked set (`l42`, [`HeldLikes`]) changes with each of the user's likes
@@ -58,7 +58,7 @@ impl NearKey for NearId {
             ("v", id) => id.parse().ok().map(NearId::Hidden),
             ("h", tag) => {
                 let (letter, id) = tag.split_at_checked(1)?;
-                ListKey::held_head(Some((letter, id.parse().ok()?)), None).map(NearId::Head)
+                ListKey::held_list_of(Some((letter, id.parse().ok()?)), None).map(NearId::Head)
             }
             _ => None,
         }
@@ -111,7 +111,7 @@ pub struct Held {
 
 impl Cache {
     /// What this process holds in its near cache for a range read: the head of `head` (a held
-    /// list's newest entries, [`ListKey::head_held`]), the counters of `tweet_ids`, in order
+    /// list's newest entries, [`ListKey::has_held_head`]), the counters of `tweet_ids`, in order
     /// (`None`: not held, or the near cache may not answer now) and the liked set of `likes_of`,
     /// with the lookup to hand to [`Cache::remember_counts`], [`Cache::remember_head`] and
     /// [`Cache::remember_likes`] for what the read finds in Redis instead. Nothing held if the
@@ -265,17 +265,17 @@ mod tests {
         let circle = ListKey::timeline(keys::Owner::Circle(3), "items");
         let list = ListKey::timeline(keys::Owner::List(7), "items");
         for held in [posts, circle, list] {
-            assert!(held.head_held());
+            assert!(held.has_held_head());
             assert_eq!(NearId::of_key(&keys.list(held)), Some(NearId::Head(held)));
         }
         for other in [
             ListKey::timeline(keys::Owner::User(42), "feed"),
             ListKey::timeline(keys::Owner::List(7), "feed"),
         ] {
-            assert!(!other.head_held(), "{other}");
+            assert!(!other.has_held_head(), "{other}");
             assert_eq!(NearId::of_key(&keys.list(other)), None, "{other}");
         }
-        assert!(!ListKey::new(keys::Owner::User(42), "posts").head_held());
+        assert!(!ListKey::new(keys::Owner::User(42), "posts").has_held_head());
         // A write's repairs evict the heads of the held lists they invalidate.
         let repairs = [
             crate::cache::Repair::Invalidate {

@@ -4,11 +4,9 @@
 use std::sync::atomic::Ordering;
 
 use super::held::{NearId, NearObject};
-use super::liked::{
-    HeldLikes, LikedAmong, decode_liked, decode_sample, liked_from_sample, pipe_liked,
-    pipe_liked_sample,
-};
+use super::liked::{HeldLikes, LikedAmong, liked_from_sample};
 use super::objects::{Cached, CachedTweet, CachedUser, decode_tweet};
+use super::piggyback::{Piggyback, Taken};
 use crate::cache::counts::Versioned;
 use crate::cache::keys::Object;
 use crate::cache::{Cache, CacheUnavailable, Keys};
@@ -83,21 +81,26 @@ pub struct Fetched {
     pub liked: Option<LikedAmong>,
 }
 
-fn strings(v: redis::Value) -> Result<Vec<Option<String>>, CacheUnavailable> {
-    redis::from_redis_value::<Vec<Option<String>>>(v).map_err(|_| CacheUnavailable)
+/// Whether hydration also reads the page's tweets' authors ([`Cache::fetch_for_hydration`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authors {
+    /// The authors too: a page of tweets to render.
+    Read,
+    /// The tweets alone (their authors are read elsewhere, or not needed).
+    Skip,
 }
 
 /// The authors of a page's tweets as hydration finds them: sorted ids, each with its user
 /// object once found (`None`: not yet, or not cached).
 #[derive(Default)]
-struct Authors {
+struct PageAuthors {
     ids: Vec<i64>,
     users: Vec<Option<CachedUser>>,
     /// Ids already asked of Redis (a miss there is not asked again).
     asked: Vec<i64>,
 }
 
-impl Authors {
+impl PageAuthors {
     /// Adds the authors `ids` (of tweets read from Redis), taking those the near cache holds
     /// from it.
     fn add(
@@ -200,10 +203,10 @@ impl Cache {
         );
     }
 
-    /// Tweet objects, their counts, their authors (if `with_authors`) and the viewer's likes
-    /// of them, in one pipeline. Tweets, counters and authors this process holds in its near
-    /// cache ([`super::near`]) are taken from there and not asked for: a warm page then asks
-    /// Redis for the likes alone, if for anything.
+    /// Tweet objects, their counts, their authors (with [`Authors::Read`]) and the viewer's
+    /// likes of them, in one pipeline. Tweets, counters and authors this process holds in its
+    /// near cache ([`super::near`]) are taken from there and not asked for: a warm page then
+    /// asks Redis for the likes alone, if for anything.
     ///
     /// A list entry does not name its tweet's author
     /// (docs/decisions/0014-split-time-entries-without-author.md): the authors asked for in the
@@ -220,10 +223,13 @@ impl Cache {
     ///
     /// `prefetched`: counters the range read took along ([`super::pages`]); only the others
     /// are asked for, and a page that needs nothing else makes no round trip at all.
+    ///
+    /// In three steps: what memory holds ([`Cache::held_for_hydration`]), one round trip for
+    /// the rest (a [`Piggyback`]), and the authors of the tweets that round trip found.
     pub async fn fetch_for_hydration(
         &self,
         tweet_ids: &[i64],
-        with_authors: bool,
+        authors: Authors,
         viewer: Option<i64>,
         viewer_likes: Option<&[i64]>,
         prefetched: Prefetched<'_>,
@@ -234,17 +240,116 @@ impl Cache {
             return Ok(Fetched::default());
         }
         let lookup = near.begin(self);
-        // `None`: not known yet; `Some(None)`: not cached (hydration reads Postgres).
-        let mut counts: Vec<Option<Option<TweetCounts>>> = (tweet_ids.iter().enumerate())
-            .map(|(at, id)| prefetched.get(at, *id).map(Some))
-            .collect();
         // The viewer's likes, if a sample or the range read answered them.
-        let mut known = viewer_likes
+        let known = viewer_likes
             .and_then(|sample| liked_from_sample(tweet_ids, sample))
             .or_else(|| prefetched.liked_of(tweet_ids));
         let likes_of = viewer.filter(|_| known.is_none());
-        // The tweets, the counters not prefetched, the viewer's liked set and, in the same
-        // lookup, the tweets' authors.
+        let mut page = self.held_for_hydration(tweet_ids, authors, likes_of, prefetched);
+        page.liked = known.or(page.liked);
+        let plan = Piggyback {
+            tweets: (tweet_ids.iter().zip(&page.tweets))
+                .filter(|(_, t)| matches!(t, Cached::Miss))
+                .map(|(id, _)| *id)
+                .collect(),
+            counts: (tweet_ids.iter().zip(&page.counts))
+                .filter(|(_, c)| c.is_none())
+                .map(|(id, _)| *id)
+                .collect(),
+            users: page.authors.missing(),
+            liked: viewer
+                .filter(|_| page.liked.is_none())
+                .map(|v| (v, tweet_ids)),
+            // A liked set not held: a sample too, to hold it from now on if it is small.
+            hold: likes_of.filter(|_| !page.held_likes && near.may_store(&lookup)),
+            sample: None,
+        };
+        let taken = if plan.is_empty() {
+            if let Some(stats) = self.stats() {
+                stats.prefetched.fetch_add(1, Ordering::Relaxed);
+            }
+            Taken::default()
+        } else {
+            let mut pipe = redis::pipe();
+            plan.push(&mut pipe, keys);
+            let replies = self.run::<Vec<redis::Value>>(&pipe).await?;
+            plan.take(&mut replies.into_iter())?
+        };
+        let mut found = Vec::new();
+        let mut read_authors = Vec::new();
+        let mut tombstones = 0;
+        let mut read = taken.tweets.into_iter().map(decode_tweet);
+        for t in page.tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
+            *t = read.next().unwrap_or(Cached::Miss);
+            tombstones += usize::from(matches!(t, Cached::Deleted));
+            if let Cached::Hit(tweet) = t {
+                found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
+                read_authors.push(tweet.user_id);
+            }
+        }
+        // `plan.counts` are the unknown ones, in order: each takes its reply (`None`: not
+        // cached, hydration reads Postgres).
+        let mut read = plan.counts.iter().zip(taken.counts);
+        for c in page.counts.iter_mut().filter(|c| c.is_none()) {
+            if let Some((id, counts)) = read.next() {
+                if let Some(counts) = counts {
+                    found.push((NearId::Counts(*id), NearObject::Counts(counts)));
+                }
+                *c = counts;
+            }
+        }
+        if !plan.users.is_empty() {
+            page.authors.decode(&plan.users, taken.users, &mut found);
+        }
+        self.count_found(&plan.tweets, &plan.users, &plan.counts, &found, tombstones);
+        if taken.liked.is_some() {
+            page.liked = taken.liked;
+        }
+        if let (Some(v), Some(sample)) = (plan.hold, &taken.hold) {
+            found.extend(HeldLikes::entry(v, sample, HeldLikes::SAMPLE));
+        }
+        if matches!(authors, Authors::Read) && !read_authors.is_empty() {
+            // The authors of the tweets just read: from the near cache, else one more MGET.
+            page.authors.add(self, near, read_authors);
+            let more = Piggyback {
+                users: page.authors.missing(),
+                ..Piggyback::default()
+            };
+            if !more.is_empty() {
+                let mut pipe = redis::pipe();
+                more.push(&mut pipe, keys);
+                let replies = self.run::<Vec<redis::Value>>(&pipe).await?;
+                let taken = more.take(&mut replies.into_iter())?;
+                let before = found.len();
+                page.authors.decode(&more.users, taken.users, &mut found);
+                self.count_found(&[], &more.users, &[], &found[before..], 0);
+            }
+        }
+        if !found.is_empty() {
+            near.insert(self, lookup, found);
+        }
+        Ok(Fetched {
+            tweets: page.tweets,
+            counts: page.counts,
+            authors: page.authors.ids,
+            users: page.authors.users,
+            liked: viewer.and(page.liked),
+        })
+    }
+
+    /// What this process's near cache holds of a page's hydration: the tweets, the counters
+    /// not `prefetched`, the liked set of `likes_of` and, in the same lookup, the held tweets'
+    /// authors (with [`Authors::Read`]).
+    fn held_for_hydration(
+        &self,
+        tweet_ids: &[i64],
+        authors: Authors,
+        likes_of: Option<i64>,
+        prefetched: Prefetched<'_>,
+    ) -> HeldPage {
+        let mut counts: Vec<Option<TweetCounts>> = (tweet_ids.iter().enumerate())
+            .map(|(at, id)| prefetched.get(at, *id))
+            .collect();
         let wanted: Vec<NearId> = (tweet_ids.iter().map(|id| NearId::Tweet(*id)))
             .chain(
                 (tweet_ids.iter().zip(&counts))
@@ -254,149 +359,60 @@ impl Cache {
             .chain(likes_of.map(NearId::Likes))
             .collect();
         let author_of = |o: &NearObject| match o {
-            NearObject::Tweet(t) if with_authors => Some(NearId::User(t.user_id)),
+            NearObject::Tweet(t) if matches!(authors, Authors::Read) => {
+                Some(NearId::User(t.user_id))
+            }
             _ => None,
         };
-        let (mut held, held_authors) = near
-            .get_many_then(self, &wanted, author_of)
+        let (mut held, held_authors) = self
+            .near_objects()
+            .and_then(|near| near.get_many_then(self, &wanted, author_of))
             .unwrap_or_else(|| (vec![None; wanted.len()], Vec::new()));
         let held_likes = match likes_of.and_then(|_| held.pop()) {
             Some(Some(NearObject::Likes(l))) => Some(l),
             _ => None,
         };
-        if let Some(l) = &held_likes {
-            known = l.among(tweet_ids);
-        }
-        let held_counts = held.split_off(tweet_ids.len());
-        let mut held_counts = held_counts.into_iter();
+        let mut held_counts = held.split_off(tweet_ids.len()).into_iter();
         for c in counts.iter_mut().filter(|c| c.is_none()) {
             if let Some(Some(NearObject::Counts(held))) = held_counts.next() {
-                *c = Some(Some(held));
+                *c = Some(held);
             }
         }
-        let mut tweets: Vec<Cached<CachedTweet>> = held
+        let tweets = held
             .into_iter()
             .map(|o| match o {
                 Some(NearObject::Tweet(t)) => Cached::Hit(t),
                 _ => Cached::Miss,
             })
             .collect();
-        let mut authors = Authors::default();
+        let mut page_authors = PageAuthors::default();
         for (key, user) in held_authors {
             if let NearId::User(id) = key {
-                authors.insert(id, user);
+                page_authors.insert(id, user);
             }
         }
-        let ask_tweets: Vec<i64> = (tweet_ids.iter().zip(&tweets))
-            .filter(|(_, t)| matches!(t, Cached::Miss))
-            .map(|(id, _)| *id)
-            .collect();
-        let ask_users = authors.missing();
-
-        let ask_counts: Vec<i64> = (tweet_ids.iter().zip(&counts))
-            .filter(|(_, c)| c.is_none())
-            .map(|(id, _)| *id)
-            .collect();
-
-        let mut pipe = redis::pipe();
-        if !ask_tweets.is_empty() {
-            keys.pipe_mget(&mut pipe, Object::Tweet, &ask_tweets);
-        }
-        if !ask_counts.is_empty() {
-            pipe_counts(&mut pipe, keys, &ask_counts);
-        }
-        if !ask_users.is_empty() {
-            keys.pipe_mget(&mut pipe, Object::User, &ask_users);
-        }
-        let ask_liked = matches!((viewer, &known), (Some(_), None));
-        // A liked set not held: a sample too, to hold it from now on if it is small.
-        let sample_likes = likes_of.filter(|_| held_likes.is_none() && near.may_store(&lookup));
-        if let (Some(v), true) = (viewer, ask_liked) {
-            pipe_liked(&mut pipe, keys, v, tweet_ids);
-        }
-        if let Some(v) = sample_likes {
-            pipe_liked_sample(&mut pipe, keys, v, HeldLikes::SAMPLE);
-        }
-        let asks = !ask_tweets.is_empty() || !ask_counts.is_empty() || !ask_users.is_empty();
-        let mut values: Vec<redis::Value> = if asks || ask_liked {
-            self.run::<Vec<redis::Value>>(&pipe).await?
-        } else {
-            if let Some(stats) = self.stats() {
-                stats.prefetched.fetch_add(1, Ordering::Relaxed);
-            }
-            Vec::new()
-        };
-        values.reverse();
-        let mut next = |what: &str| -> Result<redis::Value, CacheUnavailable> {
-            values.pop().ok_or_else(|| {
-                tracing::warn!(what, "short pipeline reply");
-                CacheUnavailable
-            })
-        };
-        let mut found = Vec::new();
-        let mut read_authors = Vec::new();
-        let mut tombstones = 0;
-        if !ask_tweets.is_empty() {
-            let mut asked = strings(next("tweets")?)?.into_iter().map(decode_tweet);
-            for t in tweets.iter_mut().filter(|t| matches!(t, Cached::Miss)) {
-                *t = asked.next().unwrap_or(Cached::Miss);
-                tombstones += usize::from(matches!(t, Cached::Deleted));
-                if let Cached::Hit(tweet) = t {
-                    found.push((NearId::Tweet(tweet.id), NearObject::Tweet(tweet.clone())));
-                    read_authors.push(tweet.user_id);
-                }
-            }
-        }
-        if !ask_counts.is_empty() {
-            let mut asked = decode_counts(next("counts")?)?.into_iter();
-            for (id, c) in tweet_ids.iter().zip(counts.iter_mut()) {
-                if c.is_none() {
-                    let read = asked.next().flatten();
-                    if let Some(read) = read {
-                        found.push((NearId::Counts(*id), NearObject::Counts(read)));
-                    }
-                    *c = Some(read);
-                }
-            }
-        }
-        let counts = counts.into_iter().map(Option::flatten).collect();
-        if !ask_users.is_empty() {
-            authors.decode(&ask_users, strings(next("users")?)?, &mut found);
-        }
-        self.count_found(&ask_tweets, &ask_users, &ask_counts, &found, tombstones);
-        let liked = match (viewer, known) {
-            (None, _) => None,
-            (Some(_), Some(known)) => Some(known),
-            (Some(_), None) => Some(decode_liked(tweet_ids, next("liked")?)?),
-        };
-        if let Some(v) = sample_likes {
-            let sample = decode_sample(next("likes")?)?;
-            found.extend(HeldLikes::entry(v, &sample, HeldLikes::SAMPLE));
-        }
-        if with_authors && !read_authors.is_empty() {
-            // The authors of the tweets just read: from the near cache, else one more MGET.
-            authors.add(self, near, read_authors);
-            let ask_users = authors.missing();
-            if !ask_users.is_empty() {
-                let mut pipe = redis::pipe();
-                keys.pipe_mget(&mut pipe, Object::User, &ask_users);
-                let (values,): (Vec<Option<String>>,) = self.run(&pipe).await?;
-                let before = found.len();
-                authors.decode(&ask_users, values, &mut found);
-                self.count_found(&[], &ask_users, &[], &found[before..], 0);
-            }
-        }
-        if !found.is_empty() {
-            near.insert(self, lookup, found);
-        }
-        Ok(Fetched {
+        HeldPage {
             tweets,
             counts,
-            authors: authors.ids,
-            users: authors.users,
-            liked,
-        })
+            authors: page_authors,
+            held_likes: held_likes.is_some(),
+            liked: held_likes.and_then(|l| l.among(tweet_ids)),
+        }
     }
+}
+
+/// A page's hydration as [`Cache::held_for_hydration`] found it in memory, completed by
+/// [`Cache::fetch_for_hydration`]'s round trip.
+struct HeldPage {
+    /// The page's tweets, in order ([`Cached::Miss`]: not known yet).
+    tweets: Vec<Cached<CachedTweet>>,
+    /// Their counters, in order (`None`: not known yet; after the round trip: not cached).
+    counts: Vec<Option<TweetCounts>>,
+    authors: PageAuthors,
+    /// The viewer's liked set is held (no sample to hold it).
+    held_likes: bool,
+    /// What the viewer's liked set says of the page, if known.
+    liked: Option<LikedAmong>,
 }
 
 #[cfg(test)]

@@ -121,13 +121,13 @@ impl ListKey {
     /// from none: a held head may still name it, and the page that meets its tombstone forgets
     /// the head and reads again.)
     /// Newsfeeds are not held: every fan-out batch changes a thousand of them.
-    pub fn head_held(self) -> bool {
-        self.split_time && ListKey::held_head(self.owner.tag(), Some(self.name)) == Some(self)
+    pub fn has_held_head(self) -> bool {
+        self.split_time && ListKey::held_list_of(self.owner.tag(), Some(self.name)) == Some(self)
     }
 
-    /// The held list ([`ListKey::head_held`]) of the hash tag `(tag, id)` (`("u", 42)`: the
+    /// The held list ([`ListKey::has_held_head`]) of the hash tag `(tag, id)` (`("u", 42)`: the
     /// tweets of user 42), checked against `name` if given; `None` for any other list.
-    pub fn held_head(tag: Option<(&str, i64)>, name: Option<&str>) -> Option<ListKey> {
+    pub fn held_list_of(tag: Option<(&str, i64)>, name: Option<&str>) -> Option<ListKey> {
         let (owner, held) = match tag? {
             ("u", id) => (Owner::User(id), "posts"),
             ("c", id) => (Owner::Circle(id), "items"),
@@ -262,11 +262,11 @@ impl Keys {
             .map(|o| (o, id))
     }
 
-    /// The held list ([`ListKey::head_held`]) a list key names (any prefix); `None` for any
+    /// The held list ([`ListKey::has_held_head`]) a list key names (any prefix); `None` for any
     /// other key.
     pub fn parse_held_list(key: &str) -> Option<ListKey> {
         let (letter, id, name) = Self::parse_tagged(key)?;
-        ListKey::held_head(Some((letter, id)), Some(name))
+        ListKey::held_list_of(Some((letter, id)), Some(name))
     }
 
     /// The user whose liked set a key names (any prefix); `None` for any other key.

@@ -4,10 +4,9 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::cache::hydration::{decode_counts, pipe_counts};
-use crate::cache::liked::{
-    HeldLikes, LIKED_SAMPLE, LikedAmong, decode_liked, decode_sample, pipe_liked, pipe_liked_sample,
-};
+use crate::cache::held::Held;
+use crate::cache::liked::{HeldLikes, LIKED_SAMPLE, LikedAmong};
+use crate::cache::piggyback::Piggyback;
 use crate::cache::{Cache, CacheUnavailable, Keys, ListKey, Owner, scripts};
 use crate::model::TweetCounts;
 
@@ -67,17 +66,17 @@ pub struct Window {
     /// them when it holds fewer), read in the same round trip when the read asked for it
     /// (`with_owner_likes`), for [`Cache::fetch_for_hydration`].
     pub owner_likes: Option<Vec<i64>>,
-    /// The counters of the tweets the read was asked to prefetch ([`Prefetch::tweets`]), in
+    /// The counters of the tweets the read was asked to prefetch ([`PageGuess::tweets`]), in
     /// that order: held in this process's near cache or read in the same round trip (`None`:
     /// not known, hydration asks again); empty if none were asked or the read had a lower bound
     /// (see [`Cache::range`] and [`super::pages`]).
     pub prefetched: Vec<Option<TweetCounts>>,
-    /// What the liked set of [`Prefetch::liked_by`] says of the prefetched tweets, read in the
+    /// What the liked set of [`PageGuess::liked_by`] says of the prefetched tweets, read in the
     /// same round trip; `None` if it was not asked.
     pub prefetched_liked: Option<LikedAmong>,
 }
 
-/// The newest entries of a held list ([`ListKey::head_held`]) as a first page's range read
+/// The newest entries of a held list ([`ListKey::has_held_head`]) as a first page's range read
 /// found them in Redis, kept in each process's near cache ([`super::held::NearId::Head`]):
 /// a later first page of up to `count` entries is answered from it, without a round trip, if
 /// the list held more than `count` entries or holds them all ([`Head::serves`]).
@@ -98,14 +97,32 @@ impl Head {
     }
 }
 
-/// What a range read asks for along with the list, for hydration ([`super::pages`]).
+/// What a range read reads ahead for hydration along with the list: the page memory's guess
+/// of the page ([`super::pages`]).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Prefetch<'a> {
+pub struct PageGuess<'a> {
     /// The page's tweets the last time it was served: their counters (those the near cache
     /// does not hold) and, with `liked_by`, the viewer's likes of them.
     pub tweets: &'a [i64],
     /// A viewer whose liked set to ask about `tweets` (someone reading another's timeline).
     pub liked_by: Option<i64>,
+}
+
+/// What a newest-first range read ([`Cache::newest`]) found.
+enum Newest {
+    /// The page, answered by the `count + 1` newest members (or the held head).
+    Page(Window),
+    /// Fewer than a page and no completeness marker: read again with the floor, sampling
+    /// `sampled`'s liked set, keeping what was read `ahead`.
+    Short { sampled: Option<i64>, ahead: Ahead },
+}
+
+/// What a range read learnt of the guessed tweets ([`PageGuess::tweets`]) ahead of hydration:
+/// their counters in order (`None`: not known) and the viewer's likes of them.
+#[derive(Default)]
+struct Ahead {
+    counts: Vec<Option<TweetCounts>>,
+    liked: Option<LikedAmong>,
 }
 
 /// How a range read asks for the members strictly between `gt` and `lt` (µs), newest first.
@@ -256,7 +273,7 @@ impl Cache {
     /// than that then needs no `SMISMEMBER` of the page's tweets and its 22 replies
     /// (docs/decisions/0011-liked-sample-with-the-range.md).
     ///
-    /// `prefetch` (tweet ids this page showed the last time, from [`super::pages`]) also asks
+    /// `guess` (tweet ids this page showed the last time, from [`super::pages`]) also asks
     /// for the counters of those this process does not hold in its near cache (and takes the
     /// others from there: [`Cache::held_for_range`]), and whether its viewer liked them, in the
     /// same round trip ([`Window::prefetched`], [`Window::prefetched_liked`]), so that
@@ -265,10 +282,14 @@ impl Cache {
     /// owner's liked set held in this process's near cache ([`HeldLikes`]) answers instead of
     /// the `SMISMEMBER` or the sample; one not held is sampled along, to be held if small.
     ///
-    /// A first page (neither bound) of a held list ([`ListKey::head_held`]: a user's own
+    /// A first page (neither bound) of a held list ([`ListKey::has_held_head`]: a user's own
     /// tweets, a list's timeline, a circle's tweets) takes its members from the list's [`Head`]
     /// in this process's near cache when it serves the page, and remembers the head it read
     /// otherwise: a warm page whose counters are held too makes no round trip at all.
+    ///
+    /// So a range is one of two reads: [`Cache::newest`] (no lower bound) and, when that comes
+    /// back short or there is a lower bound, [`Cache::range_with_floor`]; what each takes
+    /// along is one [`Piggyback`], pushed and taken in the same order.
     pub async fn range(
         &self,
         list: ListKey,
@@ -276,7 +297,7 @@ impl Cache {
         gt: Option<i64>,
         count: usize,
         with_owner_likes: bool,
-        prefetch: Prefetch<'_>,
+        guess: PageGuess<'_>,
     ) -> Result<Option<Window>, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
@@ -284,134 +305,178 @@ impl Cache {
             Owner::User(user) if with_owner_likes => Some(user),
             _ => None,
         };
-        // Whose liked set to sample along with the list (the owner's, unless held).
-        let mut sampled = owner;
         let bounds = Bounds::new(list.split_time, lt, gt);
-        let sample = |pipe: &mut redis::Pipeline, sampled: Option<i64>| {
-            if let Some(user) = sampled {
-                pipe_liked_sample(pipe, &inner.keys, user, LIKED_SAMPLE);
-            }
-        };
-        let (mut prefetched, mut prefetched_liked) = (Vec::new(), None);
-        let ahead = prefetch.tweets;
-        if gt.is_none() {
-            // A first page of a held list: its head from memory, if held (`Head::serves`).
-            let held_list = (lt.is_none() && list.head_held()).then_some(list);
-            let viewer = prefetch.liked_by.filter(|_| !ahead.is_empty());
-            let held = self.held_for_range(held_list, ahead, viewer.or(owner));
-            let (lookup, head) = (held.lookup, held.head.filter(|h| h.serves(count)));
-            if viewer.is_none() && held.likes.is_some() {
-                // The owner's liked set is held whole (hydration takes it from memory), or is
-                // known to be larger than a sample: no sample.
-                sampled = None;
-            }
-            let mut pipe = redis::pipe();
-            if head.is_none() {
-                bounds.pipe_members(&mut pipe, &key, count);
-            }
-            sample(&mut pipe, sampled);
-            // The counters of the page's last tweets: from memory, else read along.
-            let unheld: Vec<i64> = (ahead.iter().zip(&held.counts))
-                .filter(|(_, c)| c.is_none())
-                .map(|(id, _)| *id)
-                .collect();
-            prefetched = held.counts;
-            if !unheld.is_empty() {
-                pipe_counts(&mut pipe, &inner.keys, &unheld);
-            }
-            // The viewer's likes of them: from memory, else read along (with a sample of the
-            // set, to hold it from now on if it is small).
-            let viewer_likes = viewer.and(held.likes.as_deref());
-            prefetched_liked = viewer_likes.and_then(|l| l.among(ahead));
-            let ask_liked = viewer.filter(|_| prefetched_liked.is_none());
-            let sample_viewer =
-                ask_liked.filter(|_| viewer_likes.is_none() && self.may_hold(lookup));
-            if let Some(viewer) = ask_liked {
-                pipe_liked(&mut pipe, &inner.keys, viewer, ahead);
-            }
-            if let Some(viewer) = sample_viewer {
-                pipe_liked_sample(&mut pipe, &inner.keys, viewer, HeldLikes::SAMPLE);
-            }
-            // A warm page of a held list whose counters are held too needs no round trip.
-            let mut replies = if !pipe.is_empty() {
-                self.run::<Vec<redis::Value>>(&pipe).await?.into_iter()
-            } else {
-                Vec::new().into_iter()
-            };
-            let mut items = match &head {
-                Some(head) => head.items.iter().take(count + 1).cloned().collect(),
-                None => bounds.members(&mut replies)?,
-            };
-            let mut next = || replies.next().ok_or(CacheUnavailable);
-            let owner_likes: Option<Vec<i64>> = match sampled {
-                Some(owner) => {
-                    let sample = decode_sample(next()?)?;
-                    self.remember_likes(lookup, owner, &sample, LIKED_SAMPLE);
-                    Some(sample)
-                }
-                None => None,
-            };
-            if !unheld.is_empty() {
-                let read = decode_counts(next()?)?;
-                self.remember_counts(lookup, &unheld, &read);
-                let mut read = read.into_iter();
-                for c in prefetched.iter_mut().filter(|c| c.is_none()) {
-                    *c = read.next().flatten();
-                }
-            }
-            if ask_liked.is_some() {
-                prefetched_liked = Some(decode_liked(ahead, next()?)?);
-            }
-            if let Some(viewer) = sample_viewer {
-                let sample = decode_sample(next()?)?;
-                self.remember_likes(lookup, viewer, &sample, HeldLikes::SAMPLE);
-            }
-            let complete = match &head {
-                // As Redis would answer `count + 1`: complete only if the page holds it all.
-                Some(head) => head.complete && head.items.len() <= count,
-                None => items.last().is_some_and(|m| m == MARKER.as_bytes()),
-            };
-            if complete || items.len() > count {
-                items.retain(|member| member != MARKER.as_bytes());
-                if let (Some(list), None) = (held_list, &head) {
-                    let found = Head {
-                        items: items.clone(),
-                        complete,
-                    };
-                    self.remember_head(lookup, list, found);
-                }
-                items.truncate(count);
-                return Ok(Some(Window {
-                    complete,
-                    floor: None,
-                    items,
-                    owner_likes,
-                    prefetched,
-                    prefetched_liked,
-                }));
+        if gt.is_some() {
+            return self
+                .range_with_floor(&key, &bounds, count, owner, Ahead::default())
+                .await;
+        }
+        match self
+            .newest(list, &key, &bounds, count, owner, guess)
+            .await?
+        {
+            Newest::Page(window) => Ok(Some(window)),
+            Newest::Short { sampled, ahead } => {
+                self.range_with_floor(&key, &bounds, count, sampled, ahead)
+                    .await
             }
         }
-        // MULTI/EXEC of plain reads: atomic like a script, at about half the Redis CPU of the
-        // Lua script it replaces (measured: `INFO commandstats`, docs/benchmarks-journal.md).
+    }
+
+    /// A range without a lower bound, read first as its `count + 1` newest members alone
+    /// (from the held head if it serves the page), with what [`Cache::range_piggyback`] takes
+    /// along: [`Newest::Page`] if that answers the page, else [`Newest::Short`] with what was
+    /// read ahead.
+    async fn newest(
+        &self,
+        list: ListKey,
+        key: &str,
+        bounds: &Bounds,
+        count: usize,
+        owner: Option<i64>,
+        guess: PageGuess<'_>,
+    ) -> Result<Newest, CacheUnavailable> {
+        let inner = self.live()?;
+        let held_list = (bounds.lt.is_none() && list.has_held_head()).then_some(list);
+        let ahead_ids = guess.tweets;
+        let viewer = guess.liked_by.filter(|_| !ahead_ids.is_empty());
+        let mut held = self.held_for_range(held_list, ahead_ids, viewer.or(owner));
+        let head = held.head.take().filter(|h| h.serves(count));
+        let (plan, mut ahead) = self.range_piggyback(&mut held, owner, viewer, ahead_ids);
+        let mut pipe = redis::pipe();
+        if head.is_none() {
+            bounds.pipe_members(&mut pipe, key, count);
+        }
+        plan.push(&mut pipe, &inner.keys);
+        // A warm page of a held list whose counters are held too needs no round trip.
+        let mut replies = if pipe.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.run::<Vec<redis::Value>>(&pipe).await?.into_iter()
+        };
+        let mut items = match &head {
+            Some(head) => head.items.iter().take(count + 1).cloned().collect(),
+            None => bounds.members(&mut replies)?,
+        };
+        let taken = plan.take(&mut replies)?;
+        let lookup = held.lookup;
+        if let (Some(user), Some(sample)) = (plan.sample, &taken.sample) {
+            self.remember_likes(lookup, user, sample, LIKED_SAMPLE);
+        }
+        if !plan.counts.is_empty() {
+            self.remember_counts(lookup, &plan.counts, &taken.counts);
+            let mut read = taken.counts.into_iter();
+            for c in ahead.counts.iter_mut().filter(|c| c.is_none()) {
+                *c = read.next().flatten();
+            }
+        }
+        if taken.liked.is_some() {
+            ahead.liked = taken.liked;
+        }
+        if let (Some(user), Some(sample)) = (plan.hold, &taken.hold) {
+            self.remember_likes(lookup, user, sample, HeldLikes::SAMPLE);
+        }
+        let complete = match &head {
+            // As Redis would answer `count + 1`: complete only if the page holds it all.
+            Some(head) => head.complete && head.items.len() <= count,
+            None => items.last().is_some_and(|m| m == MARKER.as_bytes()),
+        };
+        if !complete && items.len() <= count {
+            // An incomplete list ending inside the page, or no list: ask for the floor.
+            return Ok(Newest::Short {
+                sampled: plan.sample,
+                ahead,
+            });
+        }
+        items.retain(|member| member != MARKER.as_bytes());
+        if let (Some(list), None) = (held_list, &head) {
+            let found = Head {
+                items: items.clone(),
+                complete,
+            };
+            self.remember_head(lookup, list, found);
+        }
+        items.truncate(count);
+        Ok(Newest::Page(Window {
+            complete,
+            floor: None,
+            items,
+            owner_likes: taken.sample,
+            prefetched: ahead.counts,
+            prefetched_liked: ahead.liked,
+        }))
+    }
+
+    /// What a newest-first range read takes along ([`Cache::newest`]), from what this process
+    /// `held`: a sample of the `owner`'s liked set unless it is held (hydration then takes it
+    /// from memory); the counters of the guessed tweets (`ahead_ids`) that are not held; and
+    /// the `viewer`'s likes of them unless its held set answers, with a sample to hold the set
+    /// if it is not held. Returns the plan and what memory answered ahead already.
+    fn range_piggyback<'a>(
+        &self,
+        held: &mut Held,
+        owner: Option<i64>,
+        viewer: Option<i64>,
+        ahead_ids: &'a [i64],
+    ) -> (Piggyback<'a>, Ahead) {
+        // The owner's liked set is held whole (hydration takes it from memory), or is known
+        // to be larger than a sample: no sample.
+        let sample = owner.filter(|_| viewer.is_some() || held.likes.is_none());
+        let counts = (ahead_ids.iter().zip(&held.counts))
+            .filter(|(_, c)| c.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        let viewer_likes = viewer.and(held.likes.as_deref());
+        let liked = viewer_likes.and_then(|l| l.among(ahead_ids));
+        let ask_liked = viewer.filter(|_| liked.is_none());
+        let plan = Piggyback {
+            counts,
+            liked: ask_liked.map(|user| (user, ahead_ids)),
+            sample,
+            hold: ask_liked.filter(|_| viewer_likes.is_none() && self.may_hold(held.lookup)),
+            ..Piggyback::default()
+        };
+        let ahead = Ahead {
+            counts: std::mem::take(&mut held.counts),
+            liked,
+        };
+        (plan, ahead)
+    }
+
+    /// A range read with its list's floor: `ZRANGE 0 0 WITHSCORES` (the completeness marker
+    /// or the lowest entry) and the members, atomically (`MULTI`/`EXEC` of plain reads: atomic
+    /// like a script, at about half the Redis CPU of the Lua script it replaces; measured with
+    /// `INFO commandstats`, docs/benchmarks-journal.md), with a sample of the `sampled` user's
+    /// liked set. `ahead`: what a first attempt ([`Cache::newest`]) read ahead.
+    async fn range_with_floor(
+        &self,
+        key: &str,
+        bounds: &Bounds,
+        count: usize,
+        sampled: Option<i64>,
+        ahead: Ahead,
+    ) -> Result<Option<Window>, CacheUnavailable> {
+        let inner = self.live()?;
+        let plan = Piggyback {
+            sample: sampled,
+            ..Piggyback::default()
+        };
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("ZRANGE")
-            .arg(&key)
+            .arg(key)
             .arg(0)
             .arg(0)
             .arg("WITHSCORES");
-        bounds.pipe_members(&mut pipe, &key, count);
-        sample(&mut pipe, sampled);
+        bounds.pipe_members(&mut pipe, key, count);
+        plan.push(&mut pipe, &inner.keys);
         let mut replies = self.run::<Vec<redis::Value>>(&pipe).await?.into_iter();
         let lowest: Members = replies
             .next()
             .and_then(|v| redis::from_redis_value(v).ok())
             .ok_or(CacheUnavailable)?;
         let mut items = bounds.members(&mut replies)?;
-        let owner_likes: Option<Vec<i64>> = match sampled {
-            Some(_) => Some(decode_sample(replies.next().ok_or(CacheUnavailable)?)?),
-            None => None,
-        };
+        let taken = plan.take(&mut replies)?;
         let mut lowest = lowest.into_iter();
         let Some(first) = lowest.next() else {
             return Ok(None); // an empty reply: the list is not cached
@@ -427,9 +492,9 @@ impl Cache {
             complete,
             floor,
             items,
-            owner_likes,
-            prefetched,
-            prefetched_liked,
+            owner_likes: taken.sample,
+            prefetched: ahead.counts,
+            prefetched_liked: ahead.liked,
         }))
     }
 

@@ -6,7 +6,7 @@
 
 use std::collections::HashSet;
 
-use super::hydration::Prefetched;
+use super::hydration::{Authors, Prefetched};
 use crate::cache::Scored;
 use crate::cache::counts::Versioned;
 use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey};
@@ -233,7 +233,7 @@ impl Cache {
         ids: &[i64],
     ) -> Result<(Vec<Cached<CachedTweet>>, Vec<Option<TweetCounts>>), CacheUnavailable> {
         let f = self
-            .fetch_for_hydration(ids, false, None, None, Prefetched::default())
+            .fetch_for_hydration(ids, Authors::Skip, None, None, Prefetched::default())
             .await?;
         Ok((f.tweets, f.counts))
     }

@@ -169,7 +169,7 @@ pub fn near_evictions(repairs: &[Repair]) -> Vec<NearId> {
             | Repair::Invalidate { key } => evict.extend(NearId::of_key(key)),
             Repair::InvalidateMany { tag, name, ids, .. } => evict.extend(
                 (ids.iter())
-                    .filter_map(|id| ListKey::held_head(Some((tag, *id)), Some(name)))
+                    .filter_map(|id| ListKey::held_list_of(Some((tag, *id)), Some(name)))
                     .map(NearId::Head),
             ),
         }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use sqlx::PgPool;
 
 use crate::cache::Cache;
-use crate::cache::hydration::Prefetched;
+use crate::cache::hydration::{Authors, Prefetched};
 use crate::cache::objects::Cached;
 use crate::model::{TweetCounts, TweetRecord};
 use crate::time::{self, Timestamp};
@@ -30,7 +30,7 @@ pub(super) async fn hydrate(
     let ids: Vec<i64> = entries.iter().map(|e| e.tweet_id).collect();
     // One round trip: tweets, their counts, their authors, the viewer's likes.
     let fetched = cache
-        .fetch_for_hydration(&ids, true, viewer, viewer_likes, prefetched)
+        .fetch_for_hydration(&ids, Authors::Read, viewer, viewer_likes, prefetched)
         .await?;
     let mut author_ids = fetched.authors;
 

@@ -9,7 +9,7 @@ use sqlx::PgPool;
 use crate::cache::hydration::Prefetched;
 use crate::cache::objects::Hydrated;
 use crate::cache::pages::PageShape;
-use crate::cache::{Cache, CacheUnavailable, Prefetch, Scored, Update, Window};
+use crate::cache::{Cache, CacheUnavailable, PageGuess, Scored, Update, Window};
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
 
@@ -103,17 +103,17 @@ async fn read_cached(
         gt,
         count: want,
     };
-    let guess = match (gt, cache.pages()) {
+    let shown_last = match (gt, cache.pages()) {
         (None, Some(pages)) => pages.guess(&shape),
         _ => Box::default(),
     };
-    let prefetch = Prefetch {
-        tweets: &guess,
+    let guess = PageGuess {
+        tweets: &shown_last,
         // An owner's likes come with the sample above.
         liked_by: viewer.filter(|_| !owner_likes),
     };
     let window = match cache
-        .range(timeline.key(), lt, gt, want, owner_likes, prefetch)
+        .range(timeline.key(), lt, gt, want, owner_likes, guess)
         .await?
     {
         Some(w) => {
@@ -148,7 +148,7 @@ async fn read_cached(
 
     let likes = window.owner_likes.as_deref();
     let prefetched = Prefetched {
-        ids: &guess,
+        ids: &shown_last,
         counts: &window.prefetched,
         liked: window.prefetched_liked.as_ref(),
     };
@@ -156,7 +156,7 @@ async fn read_cached(
     // Only a page that changed is stored again (an unchanged one needs no lock nor copy).
     let page_ids = entries.iter().map(|e| e.tweet_id);
     if let (None, Some(pages)) = (gt, cache.pages())
-        && !page_ids.clone().eq(guess.iter().copied())
+        && !page_ids.clone().eq(shown_last.iter().copied())
     {
         pages.remember(shape, &page_ids.collect::<Vec<_>>());
     }
@@ -220,7 +220,7 @@ async fn load_window(
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
     let loading = flight.acquire().await;
     if let Some(window) = cache
-        .range(list, lt, gt, want, false, Prefetch::default())
+        .range(list, lt, gt, want, false, PageGuess::default())
         .await?
     {
         return Ok(Loaded::Window(window)); // another request loaded it while we waited
