@@ -318,13 +318,14 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
     let stream_events = Counters::new(
         "chirp_stream_events_total",
         "Stream work: messages received from the subscription, events queued for clients, \
-         clients cut off as falling behind.",
+         clients cut off as falling behind, new pulled tweets left to the streams' next settle.",
         &["event"],
     )?;
     let s = &state.streams.stats;
     stream_events.set(&["messages"], get(&s.messages));
     stream_events.set(&["queued"], get(&s.queued));
     stream_events.set(&["fell_behind"], get(&s.fell_behind));
+    stream_events.set(&["pulled_deferred"], get(&s.pulled_deferred));
 
     let fanout_waiting = Gauges::new(
         "chirp_fanout_waiting_seconds",

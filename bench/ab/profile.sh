@@ -7,7 +7,8 @@
 #
 # Seeds one database (chirp_ab_prof) through the API with the FIRST build listed (seed.py: 200
 # users, 20 follows and 10 tweets each), then for each build in order runs `scripts/profile`
-# on the warm newsfeed first page of the 200 seeded users and on `GET /livez`, and prints
+# on the warm newsfeed first page of the 200 seeded users, on each one's warm first page of
+# another's tweets (logged in) and on `GET /livez`, and prints
 # instructions per request. List older builds first: a newer build migrates the database
 # forward, and an older one then refuses to start. Builds as in run.sh (/tmp/ab-X-target).
 set -euo pipefail
@@ -33,9 +34,15 @@ for _ in $(seq 1 600); do
 done
 kill "$spid"; wait "$spid" 2>/dev/null || true
 awk 'NF { printf "GET\t/api/newsfeeds/\t%s\t\n", $1 }' /tmp/ab-prof-tokens.txt > .local/bench/ab-feed.tsv
+# Logged-in readers of another user's tweets (a held head, the reader's likes read ahead).
+psql "$DATABASE_URL" -X -qtA -c "select id from users where username like 'abuser%' order by id" \
+  > /tmp/ab-prof-ids.txt
+paste /tmp/ab-prof-tokens.txt <(tail -n +2 /tmp/ab-prof-ids.txt; head -n 1 /tmp/ab-prof-ids.txt) \
+  | awk -F'\t' 'NF == 2 { printf "GET\t/api/tweets/?user_id=%s\t%s\t\n", $2, $1 }' \
+  > .local/bench/ab-tweets.tsv
 for _ in $(seq 1 200); do printf 'GET\t/livez\t\t\n'; done > .local/bench/ab-livez.tsv
 for X in "$@"; do
-  for row in ab-feed ab-livez; do
+  for row in ab-feed ab-tweets ab-livez; do
     # scripts/profile ends on `| head` (a SIGPIPE under pipefail): only its first line counts.
     out="$(CHIRP_BIN="/tmp/ab-$X-target/release/chirp" scripts/profile "$row.tsv" "${PROFILE_SECONDS:-10}" || true)"
     per="$(echo "$out" | sed -n 's/.* \([0-9]*\) per request$/\1/p')"

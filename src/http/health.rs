@@ -113,6 +113,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "messages": state.streams.stats.messages.load(Ordering::Relaxed),
             "events_queued": state.streams.stats.queued.load(Ordering::Relaxed),
             "fell_behind": state.streams.stats.fell_behind.load(Ordering::Relaxed),
+            "pulled_deferred": state.streams.stats.pulled_deferred.load(Ordering::Relaxed),
         },
         "replica": if state.replica.configured() {
             json!({

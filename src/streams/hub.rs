@@ -92,7 +92,14 @@ pub struct HubStats {
     pub fell_behind: AtomicU64,
     /// Messages received from the subscription.
     pub messages: AtomicU64,
+    /// New pulled tweets not offered live because [`PULLED_READS`] reads of followers were in
+    /// flight: their streams get them at their next settle (heartbeat) instead.
+    pub pulled_deferred: AtomicU64,
 }
+
+/// Reads of a pulled tweet's followers ([`Hub::offer_pulled`]) a process runs at once, at
+/// most: each holds a Postgres connection of the process's pool, which requests need too.
+pub const PULLED_READS: usize = 4;
 
 #[derive(Debug, Default)]
 struct Clients {
@@ -104,7 +111,7 @@ struct Clients {
 
 /// This process's stream clients, fed by its one subscription ([`TOPIC`] on the process's
 /// [`Subscriber`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Hub {
     clients: Mutex<Clients>,
     next_id: AtomicU64,
@@ -116,7 +123,24 @@ pub struct Hub {
     edits: Mutex<RecentEdits>,
     /// Where a pulled tweet's followers are read ([`Hub::offer_pulled`]); `None` in unit tests.
     db: Option<sqlx::PgPool>,
+    /// Permits for those reads ([`PULLED_READS`]).
+    pulled_reads: Arc<tokio::sync::Semaphore>,
     pub stats: HubStats,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub {
+            clients: Mutex::default(),
+            next_id: AtomicU64::default(),
+            generation: AtomicU64::default(),
+            inbox: std::sync::OnceLock::new(),
+            edits: Mutex::default(),
+            db: None,
+            pulled_reads: Arc::new(tokio::sync::Semaphore::new(PULLED_READS)),
+            stats: HubStats::default(),
+        }
+    }
 }
 
 /// Stream messages waiting for the dispatch task, at most: past this the process cannot keep
@@ -438,8 +462,10 @@ impl Hub {
     /// its own: the dispatch never waits for Postgres), so a stream whose user unfollowed the
     /// author after its session last read its pull sources is not sent the tweet; each
     /// candidate learns the answer ([`super::PullFollows`]). A failed read sends nothing (a stream's
-    /// next settle sends what is its user's). Without a database (unit tests), the candidates
-    /// that know they follow the author get it.
+    /// next settle sends what is its user's), and so does a tweet that comes while
+    /// [`PULLED_READS`] reads are in flight (counted in [`HubStats::pulled_deferred`]): the
+    /// reads, and the tasks waiting for them, stay bounded however fast pulled tweets come.
+    /// Without a database (unit tests), the candidates that know they follow the author get it.
     fn offer_pulled(
         self: &Arc<Self>,
         candidates: Vec<Arc<Client>>,
@@ -459,8 +485,14 @@ impl Hub {
             }
             return;
         };
+        let Ok(permit) = self.pulled_reads.clone().try_acquire_owned() else {
+            self.stats.pulled_deferred.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(author, "pulled tweet deferred to the streams' next settle");
+            return;
+        };
         let hub = self.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut users: Vec<i64> = candidates.iter().map(|c| c.user_id).collect();
             users.sort_unstable();
             users.dedup();
@@ -643,5 +675,41 @@ mod tests {
             };
             assert_eq!(got, want, "user {user}");
         }
+    }
+
+    #[tokio::test]
+    async fn follower_reads_of_pulled_tweets_stay_bounded_and_the_rest_wait_for_a_settle() {
+        // A pool that never connects: the reads it would run are not reached here.
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://127.0.0.1:1/none")
+            .expect("a valid url");
+        let hub = Arc::new(Hub {
+            db: Some(db),
+            ..Hub::default()
+        });
+        let (registration, mut rx) = hub.register(7, None, 16);
+        let follows = PullFollows::new(Arc::new(vec![1]), &[(1, None)]);
+        registration.client.set_pull_follows(follows);
+        let event = |id| Event::Tweet {
+            tweet_id: id,
+            author: 1,
+            data: Arc::from("{}"),
+            row: Some((-id, 500)),
+        };
+        // Every permit taken, as by reads in flight: a new pulled tweet is left to the
+        // stream's next settle, without a task of its own.
+        let held = hub
+            .pulled_reads
+            .clone()
+            .try_acquire_many_owned(PULLED_READS as u32)
+            .expect("every permit is free");
+        for id in 1..=100 {
+            hub.offer_pulled(vec![registration.client.clone()], 1, 500, event(id));
+        }
+        assert_eq!(hub.stats.pulled_deferred.load(Ordering::Relaxed), 100);
+        assert_eq!(hub.pulled_reads.available_permits(), 0);
+        drop(held);
+        assert_eq!(hub.pulled_reads.available_permits(), PULLED_READS);
+        assert!(rx.try_recv().is_err(), "nothing offered live");
     }
 }
