@@ -30,10 +30,12 @@ pub struct Cursor {
     /// listed). At most [`RECENT_MAX`]: a full cursor settles before it takes another.
     delivered: BTreeMap<i64, i64>,
     /// Rows delivered that a catch-up then no longer found (deleted: an unfollow's unmerge),
-    /// newest last, at most [`GONE_KEPT`]; not in the token. A fan-out batch that read such a
-    /// row before its delete (it streams the rows it found there as well as those it
-    /// inserted) may still publish it: it is not delivered twice.
-    gone: VecDeque<i64>,
+    /// with their entry times (µs; for a row a token listed, the token's newest, which bounds
+    /// it), newest last, at most [`GONE_KEPT`]. A fan-out batch that read such a row before its
+    /// delete (it streams the rows it found there as well as those it inserted) may still
+    /// publish it: it is not delivered twice, on this connection nor, since the token lists
+    /// those above the base, on the client's next one.
+    gone: VecDeque<(i64, i64)>,
 }
 
 /// How many forgotten rows a cursor remembers ([`Cursor::caught_up`]).
@@ -146,7 +148,7 @@ impl Cursor {
     }
 
     /// The resume token: `n{base}.{base_at µs}.{newest − base_at µs}.{id − base}…`, every
-    /// delivered row above the base listed (at most [`RECENT_MAX`]).
+    /// delivered row above the base listed, forgotten ones too (at most [`RECENT_MAX`]).
     pub fn token(&self) -> String {
         let mut out = format!(
             "n{}.{}.{}",
@@ -157,13 +159,25 @@ impl Cursor {
         for id in self.delivered.keys() {
             let _ = write!(out, ".{}", id - self.base);
         }
+        // Forgotten rows above the base are delivered ones too, to a client that resumes
+        // (newest first, as many as the token has room for).
+        let room = RECENT_MAX.saturating_sub(self.delivered.len());
+        let gone = (self.gone.iter().rev())
+            .filter(|(id, at)| *at > self.base_at_us && *id != self.base)
+            .filter(|(id, _)| !self.delivered.contains_key(id))
+            .take(room);
+        for (id, _) in gone {
+            let _ = write!(out, ".{}", id - self.base);
+        }
         out
     }
 
     /// Whether the row `id` with entry time `at_us` was delivered already (or was delivered,
     /// then deleted: [`Cursor::caught_up`]).
     pub fn seen(&self, id: i64, at_us: i64) -> bool {
-        at_us <= self.base_at_us || self.delivered.contains_key(&id) || self.gone.contains(&id)
+        at_us <= self.base_at_us
+            || self.delivered.contains_key(&id)
+            || self.gone.iter().any(|(g, _)| *g == id)
     }
 
     /// Records the live delivery of row `id` whose entry time is `at_us`.
@@ -209,11 +223,12 @@ impl Cursor {
     /// drops them from its token, and remembers the last [`GONE_KEPT`] of them, so that a late
     /// event of one is not delivered again.
     pub fn caught_up(&mut self) {
-        for (id, _) in std::mem::take(&mut self.delivered) {
+        for (id, at) in std::mem::take(&mut self.delivered) {
             if self.gone.len() == GONE_KEPT {
                 self.gone.pop_front();
             }
-            self.gone.push_back(id);
+            let at = if at == UNKNOWN { self.newest_us } else { at };
+            self.gone.push_back((id, at));
         }
     }
 }
@@ -449,9 +464,11 @@ mod tests {
         // An older row never moves it back.
         c.settle(5, 500);
         assert_eq!(c.token(), "n12.2000.1000.8");
-        // A full read found nothing more: 20 was deleted.
+        // A full read found nothing more: 20 was deleted. It was delivered all the same: the
+        // token keeps it while it lies above the base.
         c.caught_up();
-        assert_eq!(c.token(), "n12.2000.1000");
+        assert_eq!(c.token(), "n12.2000.1000.8");
+        assert!(c.seen(20, 3_000));
     }
 
     /// What the history checker's seed 18216501852272590224 showed (row 64604 delivered
@@ -465,9 +482,29 @@ mod tests {
         c.advance(20, 3_000);
         c.settle(12, 2_000);
         c.caught_up(); // 20 was deleted
-        assert_eq!(c.token(), "n12.2000.1000", "the token does not carry it");
         assert!(c.seen(20, 3_000), "its late event is not delivered again");
         assert!(!c.seen(21, 3_100));
+        // Nor on the client's next connection: the token lists it while it is above the base.
+        assert_eq!(c.token(), "n12.2000.1000.8");
+        let Some(Token::Current(mut next)) = Token::parse(&c.token()) else {
+            panic!("the token parses");
+        };
+        assert!(
+            next.seen(20, 3_000),
+            "a new connection does not deliver it again"
+        );
+        assert!(!next.seen(21, 3_100));
+        // That connection's catch-up does not find it either: it stays known (its time now
+        // the token's newest) until the base passes it.
+        next.caught_up();
+        assert!(next.seen(20, 3_000));
+        assert_eq!(next.token(), "n12.2000.1000.8");
+        next.settle(30, 3_500);
+        assert_eq!(
+            next.token(),
+            "n30.3500.0",
+            "below the base: no longer listed"
+        );
     }
 
     /// Pulled tweets are entries with the tweet's id negated ([`crate::hybrid`]): they travel
