@@ -139,6 +139,23 @@ mod tests {
         Value::BulkString(s.as_bytes().to_vec())
     }
 
+    /// Each command of `pipe` as its words (command name and arguments).
+    fn words(pipe: &redis::Pipeline) -> Vec<Vec<String>> {
+        pipe.cmd_iter()
+            .map(|c| {
+                let packed = String::from_utf8_lossy(&c.get_packed_command()).into_owned();
+                // RESP: `*n`, then `$len` and the word for each.
+                packed
+                    .split("\r\n")
+                    .skip(2)
+                    .step_by(2)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .filter(|w: &Vec<String>| !w.is_empty())
+            .collect()
+    }
+
     #[test]
     fn a_piggyback_pushes_what_it_asks_and_takes_the_replies_in_the_same_order() {
         let keys = Keys::new("t").expect("a valid prefix");
@@ -153,25 +170,19 @@ mod tests {
         };
         let mut pipe = redis::pipe();
         ask.push(&mut pipe, &keys);
-        let names: Vec<String> = pipe
-            .cmd_iter()
-            .map(|c| {
-                let packed = c.get_packed_command();
-                let text = String::from_utf8_lossy(&packed).into_owned();
-                text.split("\r\n").nth(2).unwrap_or_default().to_owned()
-            })
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "MGET",
-                "MGET",
-                "MGET",
-                "SMISMEMBER",
-                "SRANDMEMBER",
-                "SRANDMEMBER"
-            ]
-        );
+        let (liked9, liked8) = (keys.liked(9), keys.liked(8));
+        let (sample, hold) = (LIKED_SAMPLE.to_string(), HeldLikes::SAMPLE.to_string());
+        let w = |words: &[&str]| -> Vec<String> { words.iter().map(|x| x.to_string()).collect() };
+        let counts = |id| keys.object(Object::TweetCounts, id);
+        let want = vec![
+            w(&["MGET", &keys.tweet(30)]),
+            w(&["MGET", &counts(30), &counts(20)]),
+            w(&["MGET", &keys.object(Object::User, 7)]),
+            w(&["SMISMEMBER", &liked9, "-1", "-2", "30", "20"]),
+            w(&["SRANDMEMBER", &liked9, &sample]),
+            w(&["SRANDMEMBER", &liked8, &hold]),
+        ];
+        assert_eq!(words(&pipe), want);
         let replies = vec![
             Value::Array(vec![bulk("tweet 30")]),
             Value::Array(vec![Value::Nil, Value::Nil]),
@@ -200,11 +211,41 @@ mod tests {
         // A short reply is an error, not a guess.
         let short = vec![Value::Array(vec![bulk("tweet 30")])];
         assert!(ask.take(&mut short.into_iter()).is_err());
+
+        // Part of it: only what is asked is pushed, and taken in its place.
+        let part = Piggyback {
+            counts: vec![20],
+            hold: Some(8),
+            ..Piggyback::default()
+        };
+        let mut pipe = redis::pipe();
+        part.push(&mut pipe, &keys);
+        assert_eq!(
+            words(&pipe),
+            [
+                w(&["MGET", &counts(20)]),
+                w(&["SRANDMEMBER", &liked8, &hold])
+            ]
+        );
+        let replies = vec![
+            Value::Array(vec![bulk("5:0:1")]),
+            Value::Array(vec![bulk("-1"), bulk("3")]),
+        ];
+        let taken = part.take(&mut replies.into_iter()).expect("decodes");
+        assert_eq!(taken.counts.len(), 1);
+        assert_eq!(taken.hold, Some(vec![-1, 3]));
+        assert!(taken.tweets.is_empty() && taken.users.is_empty());
+        assert!(taken.liked.is_none() && taken.sample.is_none());
+
         // Nothing asked: nothing pushed, nothing taken.
         let none = Piggyback::default();
         assert!(none.is_empty());
         let mut pipe = redis::pipe();
         none.push(&mut pipe, &keys);
         assert!(pipe.is_empty());
+        let taken = none
+            .take(&mut Vec::new().into_iter())
+            .expect("nothing to decode");
+        assert!(taken.counts.is_empty() && taken.hold.is_none());
     }
 }

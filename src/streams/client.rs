@@ -193,7 +193,7 @@ mod tests {
     /// source, that its user follows it (since when) or not; of a known one, a follow or an
     /// unfollow since the stream read them.
     #[test]
-    pub(super) fn a_stream_learns_whom_its_user_follows_among_the_pull_sources() {
+    fn a_stream_learns_whom_its_user_follows_among_the_pull_sources() {
         let mut f = PullFollows::new(Arc::new(vec![1]), &[]);
         assert_eq!((f.has(1, 10), f.has(2, 10)), (Some(false), None));
         f.learn(2, None);
