@@ -220,8 +220,8 @@ impl Cursor {
 
     /// A catch-up read the newsfeed to its end, and no live event came in between: every row
     /// delivered before had committed, so one it did not find again was deleted. The cursor
-    /// drops them from its token, and remembers the last [`GONE_KEPT`] of them, so that a late
-    /// event of one is not delivered again.
+    /// forgets them as delivered rows and remembers the last [`GONE_KEPT`] of them as gone (its
+    /// token lists those above the base), so that a late event of one is not delivered again.
     pub fn caught_up(&mut self) {
         for (id, at) in std::mem::take(&mut self.delivered) {
             if self.gone.len() == GONE_KEPT {
