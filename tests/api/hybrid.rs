@@ -118,20 +118,14 @@ async fn a_fan_out_batch_overtaken_by_a_pulled_tweet_stamps_again_so_no_refresh_
     db: PgPool,
 ) {
     let app = std::sync::Arc::new(hybrid_app(db, 2, 2).await);
-    let (star, star_token) = app.signup("star").await;
-    let (small, small_token) = app.signup("small").await;
-    let (reader, reader_token) = app.signup("reader").await;
-    for i in 0..2 {
-        let (_, fan) = app.signup(&format!("fan{i}")).await;
-        app.follow(&fan, star).await;
-    }
-    app.follow(&reader_token, star).await;
-    app.follow(&reader_token, small).await;
-    app.drain().await;
-    // The star crosses the threshold and settles: its next tweet is pulled.
-    app.tweets(&star_token, "before", 2).await;
-    app.drain().await;
-    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    // The star has crossed the threshold and settled: its next tweet is pulled.
+    let PulledStar {
+        star_token,
+        small_token,
+        reader,
+        reader_token,
+        ..
+    } = a_pulled_star(&app).await;
 
     let mut held: HashMap<i64, i64> = HashMap::new();
     let mut newest = String::new();
@@ -530,25 +524,39 @@ fn streamed(events: &[Ev]) -> Vec<i64> {
         .collect()
 }
 
-/// The stream tests' accounts on an app pulling above 2 followers: a star with two fans and a
+/// The hybrid tests' accounts on an app pulling above 2 followers: a star with two fans and a
 /// reader, which follows the star and `small` (fanned out); the star has crossed the threshold
-/// and settled, so its next tweets are pulled. Returns `(star, star's token, small's token,
-/// reader's token)`.
-async fn a_pulled_star(app: &TestApp) -> (i64, String, String, String) {
+/// and settled, so its next tweets are pulled.
+struct PulledStar {
+    star: i64,
+    star_token: String,
+    small_token: String,
+    reader: i64,
+    reader_token: String,
+}
+
+/// Makes the accounts of [`PulledStar`] on `app`.
+async fn a_pulled_star(app: &TestApp) -> PulledStar {
     let (star, star_token) = app.signup("star").await;
     let (small, small_token) = app.signup("small").await;
-    let (_, reader) = app.signup("reader").await;
+    let (reader, reader_token) = app.signup("reader").await;
     for i in 0..2 {
         let (_, fan) = app.signup(&format!("fan{i}")).await;
         app.follow(&fan, star).await;
     }
-    app.follow(&reader, star).await;
-    app.follow(&reader, small).await;
+    app.follow(&reader_token, star).await;
+    app.follow(&reader_token, small).await;
     app.drain().await;
     app.tweets(&star_token, "before", 2).await;
     app.drain().await;
     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-    (star, star_token, small_token, reader)
+    PulledStar {
+        star,
+        star_token,
+        small_token,
+        reader,
+        reader_token,
+    }
 }
 
 /// `streaming/user` sends a large account's pulled tweets to its followers as it sends fanned
@@ -565,7 +573,13 @@ async fn pulled_tweets_reach_the_followers_user_streams_once_live_and_on_resume(
         c.stream_heartbeat_secs = 1;
     })
     .await;
-    let (star, star_token, small_token, reader) = a_pulled_star(&app).await;
+    let PulledStar {
+        star,
+        star_token,
+        small_token,
+        reader_token: reader,
+        ..
+    } = a_pulled_star(&app).await;
     let (_, stranger) = app.signup("stranger").await;
     let (_, late) = app.signup("late").await;
     let uri = "/api/streaming/user/";
@@ -645,7 +659,13 @@ async fn a_stream_is_not_sent_the_pulled_tweet_of_an_author_its_user_unfollowed(
         c.stream_heartbeat_secs = 15;
     })
     .await;
-    let (star, star_token, small_token, reader) = a_pulled_star(&app).await;
+    let PulledStar {
+        star,
+        star_token,
+        small_token,
+        reader_token: reader,
+        ..
+    } = a_pulled_star(&app).await;
     let mut s = Stream::open(&app, "/api/streaming/user/", &reader, None).await;
     let followed = app.tweet(&star_token, "followed").await["id"]
         .as_i64()
