@@ -62,6 +62,7 @@ impl Kind {
             Kind::Timeline(Timeline::List(_)) => "list timelines",
             Kind::Timeline(Timeline::Circle(_)) => "circle tweets",
             Kind::Timeline(Timeline::Pulled(_)) => "pulled tweets",
+            Kind::Timeline(Timeline::Hashtag(_)) => "hashtag tweets",
             Kind::Tweet(_) => "tweet objects",
             Kind::TweetCounts(_) => "tweet counts",
             Kind::User(_) => "user objects",
@@ -98,7 +99,10 @@ fn classify(prefix: &str, key: &str) -> Kind {
         ("items", Some(b'c')) => {
             id("c").map_or(Kind::Other, |c| Kind::Timeline(Timeline::Circle(c)))
         }
-        ("tweetv", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
+        ("items", Some(b'h')) => {
+            id("h").map_or(Kind::Other, |h| Kind::Timeline(Timeline::Hashtag(h)))
+        }
+        ("tweetv2", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
         ("cnt", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
@@ -532,7 +536,7 @@ mod tests {
             classify(p, "p:{c3}:items"),
             Kind::Timeline(Timeline::Circle(3))
         );
-        assert_eq!(classify(p, "p:{t9}:tweetv"), Kind::Tweet(9));
+        assert_eq!(classify(p, "p:{t9}:tweetv2"), Kind::Tweet(9));
         assert_eq!(
             classify(p, "p:{t9}:tweet"),
             Kind::Other,

@@ -13,6 +13,7 @@ pub mod db;
 pub mod error;
 pub mod fanout;
 pub mod friendships;
+pub mod hashtags;
 pub mod http;
 pub mod hybrid;
 pub mod import;

@@ -67,6 +67,8 @@ pub struct Shared {
     pub pull_authors: Arc<crate::hybrid::PullAuthors>,
     /// This process's Prometheus registry (`GET /metrics`).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The trends as this process last counted them (`GET /api/trends/`).
+    pub trends: crate::hashtags::Trends,
 }
 
 impl AppState {
@@ -136,6 +138,7 @@ impl AppState {
             backlog: Arc::new(crate::jobs::Backlog::new(config_replica.fanout_max_wait_ms)),
             pull,
             pull_authors: Arc::new(crate::hybrid::PullAuthors::new(&pull)),
+            trends: crate::hashtags::Trends::default(),
         })))
     }
 }

@@ -17,6 +17,7 @@
 //! | `{p}:{u42}:posts` | sorted set | user 42's own tweets: [`pack_entry`]`(created_at, [tweet_id])` |
 //! | `{p}:{l7}:items` | sorted set | list 7's timeline: [`pack_entry`]`(created_at, [tweet_id])` |
 //! | `{p}:{c3}:items` | sorted set | circle 3's tweets: [`pack_entry`]`(created_at, [tweet_id])` |
+//! | `{p}:{h9}:items` | sorted set | the tweets with hashtag 9 (`hashtags.id`): [`pack_entry`]`(created_at, [tweet_id])` |
 //! | `{p}:{c3d20261122}:rank` | sorted set | circle 3's rank of 2026-11-22 (UTC): member `"{created_at µs, 17 digits}:{tweet_id}:{author_id}"`, score = likes + comments |
 //! | `{p}:{ch5}:msgs` | sorted set | chat channel 5's recent backlog: member `"{id}\|{user_id}\|{created_at µs}\|{content}"`, score = message id |
 //! | `{p}:{c3d20261122}:rank:ver` | hash | the `counts_version` each rank score was written with |
@@ -25,10 +26,11 @@
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
-//! | `{p}:{t17}:tweetv` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v`: versioned; older builds' `tweet` keys expire with their TTL) |
+//! | `{p}:{t17}:tweetv2` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v2`: versioned, with hashtags; older builds' `tweet` and `tweetv` keys expire with their TTL) |
 //! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
 //! | `{p}:{bus}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
+//! | `{p}:{trends}:1h`, `{p}:{trends}:24h` | string | the last count of that window's trends (JSON), with a TTL of its freshness (500 ms); `…:lock`: the count in progress (see [`super::trends`]) |
 //! | `{p}:epoch` | string | the cache epoch, also kept in Postgres (see [`super::epoch`]) |
 
 use std::fmt;
@@ -46,6 +48,8 @@ pub enum Owner {
     CircleDay(i64, u32),
     /// A chat channel (`{ch5}`).
     Channel(i64),
+    /// A hashtag, by its id in `hashtags` (`{h9}`).
+    Hashtag(i64),
 }
 
 impl Owner {
@@ -57,6 +61,7 @@ impl Owner {
             Owner::List(id) => Some(("l", id)),
             Owner::Circle(id) => Some(("c", id)),
             Owner::Channel(id) => Some(("ch", id)),
+            Owner::Hashtag(id) => Some(("h", id)),
             Owner::CircleDay(..) => None,
         }
     }
@@ -71,6 +76,7 @@ impl fmt::Display for Owner {
             Owner::Circle(id) => write!(f, "c{id}"),
             Owner::CircleDay(id, day) => write!(f, "c{id}d{day}"),
             Owner::Channel(id) => write!(f, "ch{id}"),
+            Owner::Hashtag(id) => write!(f, "h{id}"),
         }
     }
 }
@@ -154,7 +160,7 @@ pub struct Keys {
 /// The kinds of per-object cache entries that hydration reads in bulk ([`Keys::pipe_mget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
-    /// A tweet object, `{p}:{t17}:tweetv`.
+    /// A tweet object, `{p}:{t17}:tweetv2`.
     Tweet,
     /// A tweet's counts, `{p}:{t17}:cnt`.
     TweetCounts,
@@ -166,7 +172,7 @@ impl Object {
     /// The hash tag's letter and the key's name.
     fn parts(self) -> (&'static str, &'static str) {
         match self {
-            Object::Tweet => ("t", "tweetv"),
+            Object::Tweet => ("t", "tweetv2"),
             Object::TweetCounts => ("t", "cnt"),
             Object::User => ("u", "user"),
         }
@@ -376,6 +382,14 @@ impl Keys {
             .ok()
     }
 
+    /// The shared count of the trends of `window` (`1h`, `24h`): `{p}:{trends}:1h`, and its
+    /// lock (`{p}:{trends}:1h:lock`), in one slot (see [`super::trends`]).
+    pub fn trends(&self, window: &str) -> (String, String) {
+        let key = format!("{}:{{trends}}:{window}", self.prefix);
+        let lock = format!("{key}:lock");
+        (key, lock)
+    }
+
     /// The cache epoch (see [`super::epoch`]).
     pub fn epoch(&self) -> String {
         format!("{}:epoch", self.prefix)
@@ -448,7 +462,7 @@ mod tests {
         assert_eq!(keys.liked(42), "p:{u42}:liked");
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
-        assert_eq!(keys.tweet(7), "p:{t7}:tweetv");
+        assert_eq!(keys.tweet(7), "p:{t7}:tweetv2");
         assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
         for object in [Object::Tweet, Object::TweetCounts, Object::User] {
             let ids = [7, 1_234_567_890_123, 42];

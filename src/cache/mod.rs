@@ -37,6 +37,7 @@ pub mod scripts;
 pub mod streams;
 pub mod tokens;
 mod transport;
+pub mod trends;
 pub mod update;
 pub mod writers;
 

@@ -29,7 +29,7 @@ pub enum Cached<T> {
 
 /// A tweet object as cached: its author, version and public fields as ready JSON object
 /// members in the order of the public `Tweet`:
-/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null`.
+/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[]`.
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
 /// Stored as `"{version}|{user_id}|{created_at µs}|{members}"`, `version` being the tweet's
@@ -61,6 +61,8 @@ struct PublicFields<'a> {
     place: Option<&'a crate::model::Place>,
     #[serde(serialize_with = "crate::time::serialize_option")]
     edited_at: Option<crate::time::Timestamp>,
+    /// Derived from `content` ([`crate::hashtags::parse`]).
+    hashtags: Vec<String>,
 }
 
 impl CachedTweet {
@@ -75,6 +77,7 @@ impl CachedTweet {
             coordinates: tweet.coordinates.as_deref(),
             place: tweet.place.as_ref().map(|p| &p.0),
             edited_at: tweet.edited_at,
+            hashtags: crate::hashtags::parse(&tweet.content),
         };
         // Serialising plain strings, numbers and `Place` can not fail.
         let json = serde_json::to_string(&fields).unwrap_or_else(|_| "{}".to_owned());
@@ -452,7 +455,7 @@ mod tests {
         let mut tweet = TweetRecord {
             id: 17,
             user_id: 42,
-            content: "say \"hi\" | ok, 1,2".to_owned(),
+            content: "say \"hi\" | ok, 1,2 #Rust".to_owned(),
             created_at: crate::time::from_micros(1_763_900_000_123_456),
             circle_id: Some(3),
             photo_urls: vec!["/media/a.png".to_owned()],
@@ -472,7 +475,13 @@ mod tests {
             "{}",
             cached.members
         );
-        assert!(cached.members.ends_with(r#","edited_at":null"#));
+        assert!(
+            cached
+                .members
+                .ends_with(r#","edited_at":null,"hashtags":["rust"]"#),
+            "{}",
+            cached.members
+        );
         assert_eq!(cached.record(), Some(tweet.clone()));
         let stored = cached.encode();
         assert!(
@@ -481,14 +490,14 @@ mod tests {
         );
         assert_eq!(CachedTweet::decode(&stored), Some(cached));
 
-        tweet.content = "edited".to_owned();
+        tweet.content = "edited #Tokio #tokio".to_owned();
         tweet.edited_at = Some(crate::time::from_micros(1_763_900_060_000_001));
         tweet.edit_version = 2;
         let edited = CachedTweet::of(&tweet);
         assert!(
             edited
                 .members
-                .ends_with(r#","edited_at":"2025-11-23T12:14:20.000001Z""#),
+                .ends_with(r#","edited_at":"2025-11-23T12:14:20.000001Z","hashtags":["tokio"]"#),
             "{}",
             edited.members
         );

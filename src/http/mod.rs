@@ -8,6 +8,7 @@ pub mod client_ip;
 pub mod comments;
 pub mod extract;
 pub mod friendships;
+pub mod hashtags;
 pub mod health;
 pub mod likes;
 pub mod limits;
@@ -76,6 +77,7 @@ pub fn routes() -> OpenApiRouter<AppState> {
         .merge(likes::router())
         .merge(lists::router())
         .merge(circles::router())
+        .merge(hashtags::router())
         .merge(notifications::router())
         .merge(media::router())
         .merge(health::router())

@@ -49,6 +49,7 @@ use crate::state::AppState;
         (name = "friendships", description = "Follows"),
         (name = "blocks", description = "Mutes and blocks (private to their owner)"),
         (name = "comments"), (name = "likes"), (name = "lists"), (name = "circles"),
+        (name = "hashtags", description = "Hashtag timelines and trends"),
         (name = "notifications"), (name = "media"),
         (name = "chat", description = "Poll-based chat channels"),
         (name = "streams", description = "Server-sent events or NDJSON streams"),

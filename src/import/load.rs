@@ -92,7 +92,8 @@ pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
         "truncate users, auth_tokens, tweets, friendships, newsfeeds, feed_heads, jobs, cache_outbox,
                   comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
                   circles, circle_members, notifications, chat_channels, chat_members,
-                  chat_messages, mutes, blocks, tweet_edits restart identity",
+                  chat_messages, mutes, blocks, tweet_edits, tweet_hashtags, hashtags
+         restart identity",
     )
     .execute(&mut *conn)
     .await?;
@@ -181,7 +182,8 @@ pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()
         "create temp table import_users (id bigint) on commit drop;
          create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
          create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb) on commit drop;
-         create temp table import_comments (id bigint, tweet_id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;",
+         create temp table import_comments (id bigint, tweet_id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;
+         create temp table import_tags (tweet_id bigint, tag text) on commit drop;",
     )
     .execute(&mut *conn)
     .await?;
@@ -253,10 +255,41 @@ pub(super) async fn tweets_and_comments(
     )
     .execute(&mut *conn)
     .await?;
+    hashtags(conn, mapped).await?;
     sqlx::query(
         "insert into comments (id, tweet_id, user_id, content, created_at)
          select c.id, c.tweet_id, c.user_id, c.content, c.created_at
          from import_comments c join tweets t on t.id = c.tweet_id on conflict do nothing",
+    )
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Lists the tweets just added under their hashtags ([`crate::hashtags::parse`] of their text,
+/// as a post does): the tags' rows, then one `tweet_hashtags` row per (tag, tweet).
+async fn hashtags(conn: &mut PgConnection, mapped: &Mapped<'_>) -> anyhow::Result<()> {
+    copy_rows(
+        conn,
+        "copy import_tags (tweet_id, tag) from stdin",
+        mapped.tweets().flat_map(|p| {
+            crate::hashtags::parse(p.content)
+                .into_iter()
+                .map(move |tag| {
+                    let mut line = format!("{}\t", p.id);
+                    copy_text(&tag, &mut line);
+                    line
+                })
+        }),
+    )
+    .await?;
+    sqlx::raw_sql(
+        "insert into hashtags (name) select distinct tag from import_tags order by 1
+         on conflict do nothing;
+         insert into tweet_hashtags (hashtag_id, tweet_id, user_id, created_at)
+         select h.id, t.id, t.user_id, t.created_at
+         from import_tags i join hashtags h on h.name = i.tag join tweets t on t.id = i.tweet_id
+         on conflict do nothing;",
     )
     .execute(&mut *conn)
     .await?;

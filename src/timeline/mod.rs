@@ -50,7 +50,7 @@ use crate::cache::objects::{CachedTweet, CachedUser, Hydrated};
 use crate::cache::{Cache, Guard, ListKey, Owner, Scored, Update};
 use crate::model::{Place, TweetCounts, TweetRecord, UserRecord};
 use crate::time::{self, Timestamp};
-use crate::{circles, lists, newsfeeds, tweets, users};
+use crate::{circles, hashtags, lists, newsfeeds, tweets, users};
 
 /// A timeline: which list, of whom.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -67,11 +67,14 @@ pub enum Timeline {
     /// followers, [`crate::hybrid`]), from `tweets` where `pulled`: one list that every reader
     /// of the author merges into its newsfeed ([`newsfeeds::read`]).
     Pulled(i64),
+    /// The tweets with a hashtag (by the tag's id), from `tweet_hashtags` (see
+    /// [`crate::hashtags`]).
+    Hashtag(i64),
 }
 
 impl Timeline {
     /// The cached list of this timeline (`{p}:{u42}:feed`, `{p}:{u42}:posts`,
-    /// `{p}:{l7}:items`, `{p}:{c3}:items`, `{p}:{u42}:pulled`), in the split-time layout
+    /// `{p}:{l7}:items`, `{p}:{c3}:items`, `{p}:{u42}:pulled`, `{p}:{h9}:items`), in the split-time layout
     /// ([`crate::cache::lists::pack_entry`]). The names changed with each change of encoding,
     /// so lists of an older one are never read (they expire with their TTL).
     pub fn key(self) -> ListKey {
@@ -81,6 +84,7 @@ impl Timeline {
             Timeline::Pulled(user) => ListKey::timeline(Owner::User(user), "pulled"),
             Timeline::List(list) => ListKey::timeline(Owner::List(list), "items"),
             Timeline::Circle(circle) => ListKey::timeline(Owner::Circle(circle), "items"),
+            Timeline::Hashtag(tag) => ListKey::timeline(Owner::Hashtag(tag), "items"),
         }
     }
 
@@ -97,6 +101,7 @@ impl Timeline {
             Timeline::UserTweets(_)
             | Timeline::List(_)
             | Timeline::Circle(_)
+            | Timeline::Hashtag(_)
             | Timeline::Pulled(_) => pack_member(entry.sub_micros, &[entry.tweet_id]),
         }
     }
@@ -113,6 +118,7 @@ impl Timeline {
             Timeline::UserTweets(_)
             | Timeline::List(_)
             | Timeline::Circle(_)
+            | Timeline::Hashtag(_)
             | Timeline::Pulled(_) => {
                 let (sub, [tweet_id]) = unpack_entry::<1>(member)?;
                 (sub, tweet_id, tweet_id, 0)
@@ -168,6 +174,7 @@ impl Timeline {
             Timeline::Pulled(user) => tweets::pulled_entries(db, user, lt, limit).await,
             Timeline::List(list) => lists::feed_entries(db, list, lt, limit).await,
             Timeline::Circle(circle) => circles::timeline_entries(db, circle, lt, limit).await,
+            Timeline::Hashtag(tag) => hashtags::timeline_entries(db, tag, lt, limit).await,
         }
     }
 
@@ -186,6 +193,7 @@ impl Timeline {
             Timeline::UserTweets(user) => !users::load_many(db, cache, &[user]).await?.is_empty(),
             Timeline::List(list) => lists::get(db, list).await?.is_some(),
             Timeline::Circle(circle) => circles::get(db, circle).await?.is_some(),
+            Timeline::Hashtag(tag) => hashtags::exists(db, tag).await?,
         })
     }
 
@@ -204,6 +212,7 @@ impl Timeline {
             Timeline::Newsfeed(_)
             | Timeline::UserTweets(_)
             | Timeline::Circle(_)
+            | Timeline::Hashtag(_)
             | Timeline::Pulled(_) => Ok(Vec::new()),
         }
     }
@@ -222,6 +231,7 @@ impl Timeline {
             Timeline::Pulled(user) => tweets::pulled_page(db, user, lt, gt, limit).await,
             Timeline::List(list) => lists::feed_page(db, list, lt, gt, limit).await,
             Timeline::Circle(circle) => circles::timeline_page(db, circle, lt, gt, limit).await,
+            Timeline::Hashtag(tag) => hashtags::timeline_page(db, tag, lt, gt, limit).await,
         }
     }
 }

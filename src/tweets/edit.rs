@@ -2,13 +2,15 @@
 
 use anyhow::Context;
 use serde::Serialize;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 
 use super::{EDIT_WINDOW, Tweet, TweetRow};
 use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
+use crate::model::TweetRecord;
 use crate::time::{self, Timestamp};
-use crate::{streams, users};
+use crate::timeline::{ListEntry, Timeline};
+use crate::{hashtags, streams, users};
 
 /// One version of a tweet's text (`GET /api/tweets/{id}/history/`).
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -27,8 +29,9 @@ pub struct TweetVersion {
 /// up by one and `edited_at` is set. After the commit the new object is written through to
 /// Redis (`SET_IF_NEWER`: no reader that loaded the old text can put it back) and evicted from
 /// every process's near cache before this returns ([`Update::TweetEdited`]); then the `edit`
-/// stream event goes out. Timeline lists hold ids only, so nothing else changes. The same text
-/// again changes nothing (and is not a new version).
+/// stream event goes out. Timeline lists hold ids only, so nothing else changes but the
+/// hashtag timelines of the tags the edit adds or removes. The same text again changes nothing
+/// (and is not a new version).
 ///
 /// Returns the tweet as it now is (`has_liked` false: the caller's own is the caller's to add).
 ///
@@ -101,9 +104,14 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     .fetch_one(&mut *tx)
     .await
     .context("reading the tweet's readers")?;
-    let updates = [Update::TweetEdited {
+    let mut updates = vec![Update::TweetEdited {
         tweet: new.record.clone(),
     }];
+    updates.extend(
+        retag(&mut tx, &old.record, &new.record)
+            .await
+            .context("moving the tweet's hashtag rows")?,
+    );
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the edit")?;
     cache.finish(db, staged).await;
@@ -111,6 +119,49 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     let old_text = old.record.content.as_str();
     streams::publish_edited(cache, &tweet, &new.record, (old_text, &readers), pulled).await;
     Ok(tweet)
+}
+
+/// Lists an edited tweet under the tags its new text has and its old one had not, at its own
+/// time (below newer tweets of those tags: their cached lists are dropped, not merged into),
+/// and unlists it from the tags it lost; returns the cache updates.
+async fn retag(
+    tx: &mut PgConnection,
+    old: &TweetRecord,
+    new: &TweetRecord,
+) -> sqlx::Result<Vec<Update>> {
+    let (before, after) = (hashtags::parse(&old.content), hashtags::parse(&new.content));
+    let lost: Vec<String> = before
+        .iter()
+        .filter(|t| !after.contains(t))
+        .cloned()
+        .collect();
+    let gained: Vec<String> = after
+        .iter()
+        .filter(|t| !before.contains(t))
+        .cloned()
+        .collect();
+    let mut updates = Vec::new();
+    if !lost.is_empty() {
+        let ids: Vec<i64> = hashtags::ids_of(tx, &lost).await?.into_values().collect();
+        let entry = ListEntry::stamped(new.id, new.id, new.user_id, new.created_at, new.created_at);
+        for tag in hashtags::delete_rows(tx, new.id, Some(&ids)).await? {
+            let timeline = Timeline::Hashtag(tag);
+            updates.push(Update::Remove {
+                list: timeline.key(),
+                members: vec![timeline.member(&entry)],
+            });
+        }
+    }
+    let gained: Vec<i64> = hashtags::lock(tx, &gained)
+        .await?
+        .iter()
+        .map(|t| t.id)
+        .collect();
+    hashtags::insert_rows(tx, new.id, new.user_id, new.created_at, &gained).await?;
+    updates.extend(gained.into_iter().map(|tag| Update::Invalidate {
+        list: Timeline::Hashtag(tag).key(),
+    }));
+    Ok(updates)
 }
 
 /// The versions of tweet `id`'s text, oldest first, and its author; `None` if there is no such

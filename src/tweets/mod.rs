@@ -16,7 +16,7 @@ use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 use crate::timeline::{AuthorBody, FeedRow, Item, ListEntry, Timeline, TweetBody};
 use crate::users::{self, User};
-use crate::{circles, lists, newsfeeds, notifications, streams};
+use crate::{circles, hashtags, lists, newsfeeds, notifications, streams};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -53,6 +53,9 @@ pub struct Tweet {
     #[schema(value_type = Option<String>, format = DateTime)]
     #[serde(serialize_with = "time::serialize_option")]
     pub edited_at: Option<Timestamp>,
+    /// The `#tags` of its text: lowercase, without `#`, without repeats, in order of first use
+    /// ([`crate::hashtags::parse`]).
+    pub hashtags: Vec<String>,
 }
 
 /// What a new tweet says besides its author: text (validated), circle, photos and location.
@@ -73,7 +76,6 @@ impl Tweet {
             id: record.id,
             user,
             created_at: record.created_at,
-            content: record.content,
             likes_count: counts.likes,
             comments_count: counts.comments,
             has_liked,
@@ -82,6 +84,8 @@ impl Tweet {
             coordinates: record.coordinates,
             place: record.place.map(|p| p.0),
             edited_at: record.edited_at,
+            hashtags: crate::hashtags::parse(&record.content),
+            content: record.content,
         }
     }
 
@@ -300,6 +304,7 @@ pub async fn create(
     committed: impl FnOnce(),
 ) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
+    let tag_names = &hashtags::parse(&new.content);
     let (tweet, staged) = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
         // Tries rolled back by the pull clock's check (crate::hybrid::check).
         let mut conflicts = 0;
@@ -316,6 +321,9 @@ pub async fn create(
             if let Some(circle) = circle {
                 circles::shift_tweets(&mut tx, circle, 1).await?;
             }
+            // Its hashtags' rows next, in name order, with each tag's newest tweet.
+            let tags = hashtags::lock(&mut tx, tag_names).await?;
+            let newest_tagged = tags.iter().filter_map(|t| t.newest).max();
             // The author's newest tweet, its newest pulled one if this one is pulled, and its
             // circle's newest: the predecessors that guard the merges into the cached lists.
             let (newest, newest_pulled, newest_in_circle): (
@@ -333,9 +341,9 @@ pub async fn create(
             .bind(circle)
             .fetch_one(&mut *tx)
             .await?;
-            // Above both (under both row locks): the author's tweets and the circle's commit in
-            // the order of their times, so a refresh of either misses none.
-            let created_at = match newest.max(newest_in_circle) {
+            // Above all of them (under their row locks): the author's tweets, the circle's and
+            // each tag's commit in the order of their times, so a refresh of any misses none.
+            let created_at = match newest.max(newest_in_circle).max(newest_tagged) {
                 Some(newest) if newest >= now => {
                     crate::time::from_micros(crate::time::to_micros(newest) + 1)
                 }
@@ -370,6 +378,8 @@ pub async fn create(
             .bind(pulled)
             .fetch_one(&mut *tx)
             .await?;
+            let tag_ids: Vec<i64> = tags.iter().map(|t| t.id).collect();
+            hashtags::insert_rows(&mut tx, tweet.id, author, created_at, &tag_ids).await?;
             let (newsfeed_id, feed_at, feed_prev) =
                 newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
             let fanout = Job::Fanout {
@@ -383,12 +393,16 @@ pub async fn create(
             // Each merge names its predecessor: a list that lacks it (an earlier write's cache
             // step has not landed yet) is dropped instead.
             let pulled_list = pulled.then_some((Timeline::Pulled(author), own, newest_pulled));
+            let tag_lists = tags
+                .iter()
+                .map(|t| (Timeline::Hashtag(t.id), own, t.newest));
             let updates = [
                 (Timeline::UserTweets(author), own, newest),
                 (Timeline::Newsfeed(author), feed, feed_prev),
             ]
             .into_iter()
             .chain(pulled_list)
+            .chain(tag_lists)
             .map(|(t, entry, after)| Update::Merge {
                 list: t.key(),
                 guard: Guard::None,
@@ -457,8 +471,8 @@ async fn shift_tweets_count(
     .await
 }
 
-/// Deletes tweet `id` of user `me`: the tweet, every newsfeed and list timeline row of it (and
-/// its circle's count), and every cached entry (the tweet object becomes a tombstone, so no
+/// Deletes tweet `id` of user `me`: the tweet, every newsfeed, list timeline and hashtag row of
+/// it (and its circle's count), and every cached entry (the tweet object becomes a tombstone, so no
 /// late reader can bring it back). A tweet with more
 /// than [`MAX_EAGER_REMOVALS`] readers (newsfeeds and lists) leaves their cached entries to the
 /// tombstone.
@@ -496,6 +510,9 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         circles::shift_tweets(&mut tx, circle, -1).await?;
     }
     notifications::forget_tweet(&mut tx, id).await?;
+    let tags = hashtags::delete_rows(&mut tx, id, None)
+        .await
+        .context("deleting the tweet's hashtag rows")?;
     // Its comments and likes go with it (on delete cascade).
     let pulled: bool = sqlx::query_scalar("delete from tweets where id = $1 returning pulled")
         .bind(id)
@@ -526,6 +543,13 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         });
     }
     updates.extend(circles::deleted_updates(&tweet));
+    updates.extend(tags.into_iter().map(|tag| {
+        let timeline = Timeline::Hashtag(tag);
+        Update::Remove {
+            list: timeline.key(),
+            members: vec![timeline.member(&entry_of(id, id, &tweet))],
+        }
+    }));
     if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
         let feeds = readers
             .into_iter()

@@ -309,6 +309,48 @@ async fn a_reset_import_also_empties_notifications_and_chat(db: PgPool) {
     assert_eq!(left, (2, 0, 0, 0), "only the imported graph is left");
 }
 
+/// Imported tweets are listed under their hashtags, as posted ones are; a reset import empties
+/// the tags of what was there before.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_import_lists_tweets_under_their_hashtags(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, token) = app.signup("alice").await;
+    app.tweet(&token, "before the reset #Old #news").await;
+    let files = Files::new();
+    let at = |h: u32| format!("Thu Nov 10 0{h}:00:00 +0000 2016");
+    let tweets = [
+        tweet(2001, 500, &at(1), "#News of the day #news", None),
+        tweet(2002, 600, &at(2), "more #news &#38; #tech", None),
+        tweet(2003, 600, &at(3), "nothing tagged, #42", None),
+    ]
+    .join("\n");
+    let args = ImportArgs {
+        follows: Some(files.write("graph.txt", "500 600\n")),
+        tweets: vec![files.write("tweets.jsonl.gz", &tweets)],
+        reset: true,
+        tokens_out: None,
+        tokens: 1,
+        circles: None,
+    };
+    chirp::import::run(app.db(), &args)
+        .await
+        .expect("the import");
+    assert_eq!(
+        page_all(&app, "/api/hashtags/news/tweets/", None, 1).await,
+        vec![2002, 2001]
+    );
+    assert_eq!(
+        page_all(&app, "/api/hashtags/tech/tweets/", None, 5).await,
+        vec![2002]
+    );
+    assert_eq!(
+        page_all(&app, "/api/hashtags/old/tweets/", None, 5).await,
+        Vec::<i64>::new()
+    );
+    let detail = app.get("/api/tweets/2002/", None).await;
+    assert_eq!(detail.body["hashtags"], json!(["news", "tech"]));
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn an_import_keeps_coordinates_and_the_place_box(db: PgPool) {
     let app = TestApp::new(db).await;

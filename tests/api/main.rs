@@ -15,6 +15,7 @@ mod connections;
 mod edits;
 mod fanout;
 mod friendships;
+mod hashtags;
 mod helpers;
 mod hybrid;
 mod import;
