@@ -124,6 +124,14 @@ impl Cursor {
         }
     }
 
+    /// The cursor with `now_us` as the time its token was made, if later than its newest entry:
+    /// a stream opened on a newsfeed that is empty, or whose newest entry is older than a
+    /// resume may reach back, still gives a token that resumes (its first `id:`).
+    pub fn made_at(mut self, now_us: i64) -> Self {
+        self.newest_us = self.newest_us.max(now_us);
+        self
+    }
+
     /// Parses what follows the token's `n`: `{base}.{base_at µs}.{newest − base_at µs}.{id −
     /// base}…`.
     fn parse(token: &str) -> Option<Self> {

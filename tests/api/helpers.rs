@@ -914,6 +914,9 @@ pub struct Stream {
     /// Comment lines seen (`:ok`, heartbeats).
     pub comments: usize,
     pub ended: bool,
+    /// The last `id:` received, with or without an event (an EventSource's last event id:
+    /// what a reconnect sends as `Last-Event-ID`).
+    pub last_id: Option<String>,
 }
 
 impl Stream {
@@ -960,11 +963,18 @@ impl Stream {
             buf: String::new(),
             comments: 0,
             ended: false,
+            last_id: None,
         };
-        // The first frame is the `:ok` comment (or, NDJSON, an empty line); it is consumed
-        // here.
+        // The first frame is the `:ok` comment (with `streaming/user`'s place as its `id:`) or,
+        // NDJSON, an empty line; it is consumed here.
         s.fill(std::time::Duration::from_secs(5)).await;
-        if let Some(rest) = s.buf.strip_prefix(":ok\nretry: 2000\n\n") {
+        if let Some(rest) = s.buf.strip_prefix(":ok\nretry: 2000\n") {
+            let (id, rest) = match rest.strip_prefix("id: ") {
+                Some(with_id) => with_id.split_once('\n').expect("a whole first frame"),
+                None => ("", rest),
+            };
+            let rest = rest.strip_prefix('\n').expect("the first frame ends");
+            s.last_id = (!id.is_empty()).then(|| id.to_owned());
             s.buf = rest.to_owned();
         } else if let Some(rest) = s.buf.strip_prefix('\n') {
             s.buf = rest.to_owned();
@@ -1010,6 +1020,7 @@ impl Stream {
                         ev.kind = v.to_owned();
                     } else if let Some(v) = line.strip_prefix("id: ") {
                         ev.id = Some(v.to_owned());
+                        self.last_id = Some(v.to_owned());
                     } else if let Some(v) = line.strip_prefix("data: ") {
                         ev.data = serde_json::from_str(v).expect("data is JSON");
                     } else if line.starts_with(':') {

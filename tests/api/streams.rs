@@ -357,6 +357,45 @@ async fn a_user_stream_resumes_in_arrival_order_with_nothing_lost_or_twice(db: P
     assert_eq!(tweet_ids(&replayed), vec![early, late, away, live]);
 }
 
+/// A `streaming/user` connection's first frame carries its place as an `id:` (no event), so a
+/// client whose connection ends before any tweet resumes from where it opened: what came while
+/// it was away arrives, once. Before, it had no id to send and a new stream began at its own
+/// start, skipping those tweets (the history checker's seed 11: "stream none missed").
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_user_stream_that_ends_before_any_tweet_resumes_from_where_it_opened(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (x_id, x) = app.signup("xavier").await;
+    let (_, c) = app.signup("carol").await;
+    app.follow(&c, x_id).await;
+    let before = post(&app, &x, json!({"content": "before the stream"})).await;
+    app.drain().await;
+    let s = Stream::open(&app, "/api/streaming/user/", &c, None).await;
+    let place = s.last_id.clone().expect("the first frame's id");
+    drop(s);
+    let away = post(&app, &x, json!({"content": "posted while away"})).await;
+    app.drain().await;
+    let own = post(&app, &c, json!({"content": "my own, while away"})).await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &c, Some(&place)).await;
+    let got = s.tweets_until(own).await;
+    assert_eq!(tweet_ids(&got), vec![away, own]);
+    assert!(!tweet_ids(&got).contains(&before));
+    assert!(
+        s.next(Duration::from_millis(300)).await.is_none(),
+        "nothing twice"
+    );
+    // An empty newsfeed has a place too (a token made now, which a resume accepts).
+    let (_, d) = app.signup("dana").await;
+    let s = Stream::open(&app, "/api/streaming/user/", &d, None).await;
+    let place = s.last_id.clone().expect("the first frame's id");
+    drop(s);
+    let first = post(&app, &d, json!({"content": "my first"})).await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &d, Some(&place)).await;
+    assert_eq!(tweet_ids(&s.tweets_until(first).await), vec![first]);
+    // NDJSON's first line stays empty; statuses streams carry no place.
+    let filter = Stream::open(&app, "/api/streaming/statuses/sample/", &c, None).await;
+    assert_eq!(filter.last_id, None);
+}
+
 /// `since` is strictly after: a client that opens its stream from the newest newsfeed entry it
 /// holds does not get that entry again (its fan-out row arrived after its own time), only what
 /// came after it.

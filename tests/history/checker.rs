@@ -746,8 +746,10 @@ impl Watcher {
         let mut stream = match opened {
             Ok(s) => s,
             Err((status, body)) => {
-                // A 503 (Redis down: streams need the subscription) is an answer; a 500 is not.
-                if status == StatusCode::INTERNAL_SERVER_ERROR {
+                // A 503 (Redis down: streams need the subscription) is an answer; a 500 is not,
+                // nor a 400 to a token the server gave.
+                if status == StatusCode::INTERNAL_SERVER_ERROR || status == StatusCode::BAD_REQUEST
+                {
                     world.record.violate(
                         format!("a stream open answered {status}: {body}"),
                         vec![self.user],
@@ -767,15 +769,21 @@ impl Watcher {
             // After the open: a row committed meanwhile is left out of the last check.
             self.before = Some(self.rows(world).await);
         }
+        if let Some(id) = &stream.last_id {
+            self.last_id = Some(id.clone());
+        }
         let until = Instant::now() + read_for;
         while Instant::now() < until {
             let left = until.saturating_duration_since(Instant::now());
-            let Some(ev) = stream.next(idle.min(left)).await else {
-                break;
-            };
-            if let Some(id) = &ev.id {
+            let ev = stream.next(idle.min(left)).await;
+            // As an EventSource: the last `id:` received, also one without an event (the
+            // stream's place, sent first).
+            if let Some(id) = &stream.last_id {
                 self.last_id = Some(id.clone());
             }
+            let Some(ev) = ev else {
+                break;
+            };
             if ev.kind != "tweet" {
                 continue;
             }

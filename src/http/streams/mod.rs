@@ -454,7 +454,8 @@ async fn open(
         Some(start) => {
             let (base, at) =
                 crate::newsfeeds::newest_entry(&state.db, auth.user_id, &authors, None).await?;
-            let cursor = Cursor::after(base, at.map_or(0, time::to_micros));
+            let cursor = Cursor::after(base, at.map_or(0, time::to_micros))
+                .made_at(time::to_micros(chrono::Utc::now()));
             let catch_up = match start {
                 Some(Token::Legacy {
                     base,
@@ -496,10 +497,19 @@ async fn open(
         connection,
         done: false,
     };
-    session.pending.push_back(Bytes::from_static(match format {
-        Format::Sse => b":ok\nretry: 2000\n\n",
-        Format::Ndjson => b"\n",
-    }));
+    // The stream's place as its first `id:` (SSE, `streaming/user`): an `id:` without data sets
+    // an EventSource's last event id without an event, so a client whose connection ends
+    // before any tweet resumes from where it opened instead of from a new one's start (which
+    // would skip what came between). Not for a legacy token, whose catch-up the cursor does
+    // not describe.
+    let first = match (format, &session.cursor, &session.catch_up) {
+        (Format::Sse, Some(cursor), None | Some(Catch::Newsfeed)) => {
+            Bytes::from(format!(":ok\nretry: 2000\nid: {}\n\n", cursor.token()))
+        }
+        (Format::Sse, ..) => Bytes::from_static(b":ok\nretry: 2000\n\n"),
+        (Format::Ndjson, ..) => Bytes::from_static(b"\n"),
+    };
+    session.pending.push_back(first);
     tracing::debug!(user_id = auth.user_id, is_user, "stream opened");
     // The session runs in its own task and hands chunks to the body through a short queue, so
     // it notices a client that stopped reading (hyper polls the body only when the socket
