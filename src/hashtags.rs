@@ -210,6 +210,43 @@ pub async fn id_of(db: &PgPool, name: &str) -> sqlx::Result<Option<i64>> {
         .await
 }
 
+/// Tag ids by name as this process read them (`GET /api/hashtags/{tag}/tweets/` would otherwise
+/// ask Postgres for the id on every page): an id is never reused for another name while the
+/// database lives, so a name found stays right; each is kept [`TAG_IDS_SECS`] (a `chirp import
+/// --reset` renumbers them), at most [`TAG_IDS_HELD`] (emptied when full). Unknown names are
+/// not kept (any post may create them).
+#[derive(Debug, Default)]
+pub struct TagIds(std::sync::Mutex<HashMap<String, (i64, Instant)>>);
+
+/// Most tag ids a process keeps.
+pub const TAG_IDS_HELD: usize = 100_000;
+/// How long a process keeps a tag's id, in seconds.
+pub const TAG_IDS_SECS: u64 = 60;
+
+impl TagIds {
+    /// The id of tag `name` (lowercase), if any tweet ever used it.
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn get(&self, db: &PgPool, name: &str) -> sqlx::Result<Option<i64>> {
+        let keep = Duration::from_secs(TAG_IDS_SECS);
+        if let Ok(ids) = self.0.lock()
+            && let Some((id, at)) = ids.get(name)
+            && at.elapsed() < keep
+        {
+            return Ok(Some(*id));
+        }
+        let id = id_of(db, name).await?;
+        if let (Some(id), Ok(mut ids)) = (id, self.0.lock()) {
+            if ids.len() >= TAG_IDS_HELD {
+                ids.clear();
+            }
+            ids.insert(name.to_owned(), (id, Instant::now()));
+        }
+        Ok(id)
+    }
+}
+
 /// Whether tag `id` exists.
 ///
 /// # Errors
@@ -382,46 +419,128 @@ pub async fn trends_at(db: &PgPool, window: Window, now: Timestamp) -> sqlx::Res
 /// them ([`crate::cache::trends`]): a window's ranking is served from this process's memory while
 /// fresh, else from Redis while fresh there, else counted from Postgres by the one process that
 /// takes the count's lock (the others wait for its result, at most [`TRENDS_LOCK_WAIT`], then
-/// count themselves). Fresh means counted within [`TRENDS_MAX_AGE`]. Without Redis each process
-/// counts for itself, one count at a time.
+/// count themselves). Fresh means counted within [`TRENDS_MAX_AGE`]. A ranking that is no
+/// longer fresh but younger than [`TRENDS_MAX_STALE`] is still answered while one task reads
+/// the next in the background (stale-while-revalidate: no reader waits for a count then); an
+/// older one, or none, is waited for. Without Redis each process counts for itself, one count
+/// at a time.
 #[derive(Debug, Default)]
 pub struct Trends {
-    windows: Mutex<HashMap<Window, Held>>,
+    windows: std::sync::Mutex<HashMap<Window, Held>>,
+    /// Held by the one task of this process that reads a new ranking.
+    counting: Mutex<()>,
 }
 
-/// A ranking in a process's memory: until when it is fresh, and the ranking.
-type Held = (Instant, Arc<Vec<Trend>>);
+/// A ranking in a process's memory.
+#[derive(Debug, Clone)]
+struct Held {
+    trends: Arc<Vec<Trend>>,
+    /// Answered as it is until then.
+    fresh_until: Instant,
+    /// Answered while a new one is read until then.
+    stale_until: Instant,
+    /// A task is reading the next one.
+    refreshing: bool,
+}
 
 /// How long a process waits for another's count of a window before it counts itself.
 pub const TRENDS_LOCK_WAIT: Duration = Duration::from_secs(1);
+/// How old a ranking (from the start of its count) may be answered while the next is read.
+pub const TRENDS_MAX_STALE: Duration = Duration::from_secs(1);
 
 impl Trends {
-    /// The trends of `window`, counted within the last [`TRENDS_MAX_AGE`].
+    /// The trends of `window`: counted within the last [`TRENDS_MAX_AGE`], or within
+    /// [`TRENDS_MAX_STALE`] while a newer count runs.
     ///
     /// # Errors
     /// Postgres failed.
     pub async fn get(
-        &self,
+        self: &Arc<Self>,
         db: &PgPool,
         cache: &Cache,
         window: Window,
     ) -> sqlx::Result<Arc<Vec<Trend>>> {
-        // Held while reading or counting: this process's readers that come meanwhile take the
-        // result.
-        let mut windows = self.windows.lock().await;
-        if let Some((fresh_until, trends)) = windows.get(&window)
-            && Instant::now() < *fresh_until
-        {
-            return Ok(trends.clone());
+        if let Some(trends) = self.held(db, cache, window) {
+            return Ok(trends);
         }
+        // Too old or none: wait for one count (this process's readers that come meanwhile
+        // take its result).
+        let _counting = self.counting.lock().await;
+        if let Some(trends) = self.held(db, cache, window) {
+            return Ok(trends);
+        }
+        let started = Instant::now();
         let (trends, fresh) = shared_count(db, cache, window).await?;
+        Ok(self.keep(window, trends, started, fresh))
+    }
+
+    /// The held ranking of `window` if it may be answered, starting its refresh if it is no
+    /// longer fresh.
+    fn held(
+        self: &Arc<Self>,
+        db: &PgPool,
+        cache: &Cache,
+        window: Window,
+    ) -> Option<Arc<Vec<Trend>>> {
+        let now = Instant::now();
+        let mut windows = self.windows.lock().ok()?;
+        let held = windows.get_mut(&window)?;
+        if now < held.fresh_until {
+            return Some(held.trends.clone());
+        }
+        if now >= held.stale_until {
+            return None;
+        }
+        if !held.refreshing {
+            held.refreshing = true;
+            let (this, db, cache) = (self.clone(), db.clone(), cache.clone());
+            tokio::spawn(async move {
+                let _counting = this.counting.lock().await;
+                let started = Instant::now();
+                match shared_count(&db, &cache, window).await {
+                    Ok((trends, fresh)) => {
+                        this.keep(window, trends, started, fresh);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "counting the trends failed");
+                        if let Ok(mut windows) = this.windows.lock()
+                            && let Some(held) = windows.get_mut(&window)
+                        {
+                            held.refreshing = false;
+                        }
+                    }
+                }
+            });
+        }
+        Some(held.trends.clone())
+    }
+
+    /// Holds a ranking whose count started at `started` (or that Redis held, fresh for
+    /// `fresh` more).
+    fn keep(
+        &self,
+        window: Window,
+        trends: Vec<Trend>,
+        started: Instant,
+        fresh: Duration,
+    ) -> Arc<Vec<Trend>> {
         let trends = Arc::new(trends);
-        windows.insert(window, (Instant::now() + fresh, trends.clone()));
-        Ok(trends)
+        let fresh_until = (started + fresh).min(Instant::now() + fresh);
+        let held = Held {
+            trends: trends.clone(),
+            fresh_until,
+            stale_until: fresh_until + TRENDS_MAX_STALE.saturating_sub(TRENDS_MAX_AGE),
+            refreshing: false,
+        };
+        if let Ok(mut windows) = self.windows.lock() {
+            windows.insert(window, held);
+        }
+        trends
     }
 }
 
-/// The fleet's count of `window` and how long it stays fresh: from Redis, or counted here
+/// The fleet's count of `window` and how long it stays fresh: from Redis (what is left of its
+/// TTL), or counted here
 /// under the count's lock (stored for the others), or counted here without it (Redis failed,
 /// or the lock's holder did not store a count within [`TRENDS_LOCK_WAIT`]).
 async fn shared_count(

@@ -67,8 +67,10 @@ pub struct Shared {
     pub pull_authors: Arc<crate::hybrid::PullAuthors>,
     /// This process's Prometheus registry (`GET /metrics`).
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// The trends as this process last counted them (`GET /api/trends/`).
-    pub trends: crate::hashtags::Trends,
+    /// The trends as this process last read them (`GET /api/trends/`).
+    pub trends: Arc<crate::hashtags::Trends>,
+    /// Hashtag ids by name, as this process read them.
+    pub tag_ids: crate::hashtags::TagIds,
 }
 
 impl AppState {
@@ -138,7 +140,8 @@ impl AppState {
             backlog: Arc::new(crate::jobs::Backlog::new(config_replica.fanout_max_wait_ms)),
             pull,
             pull_authors: Arc::new(crate::hybrid::PullAuthors::new(&pull)),
-            trends: crate::hashtags::Trends::default(),
+            trends: Arc::default(),
+            tag_ids: crate::hashtags::TagIds::default(),
         })))
     }
 }

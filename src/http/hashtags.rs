@@ -41,7 +41,7 @@ async fn hashtag_tweets(
     };
     let tag = hashtags::parse_path_tag(&raw).ok_or(ApiError::NotFound)?;
     let req = query.page()?;
-    match hashtags::id_of(&state.db, &tag).await? {
+    match state.tag_ids.get(&state.db, &tag).await? {
         Some(id) => owned_timeline_page(&state, Timeline::Hashtag(id), &req, caller.id()).await,
         None => Ok(timeline_body(Vec::new(), &req, false)),
     }
@@ -50,7 +50,8 @@ async fn hashtag_tweets(
 /// Trending hashtags: at most 20, by distinct accounts in the window against the window before
 /// it (Mastodon's rule: score `(accounts - expected)² / expected`, `expected` being the accounts
 /// of the window before, at least 1; at least 3 accounts, and more than expected). Counted from
-/// Postgres by one process at a time and shared through Redis; at most 500 ms old.
+/// Postgres by one process at a time and shared through Redis; at most 500 ms old, or 1 s
+/// while the next count runs.
 #[utoipa::path(get, path = "/api/trends", tag = "hashtags",
     params(("window" = Option<String>, Query, pattern = "^(1h|24h)$",
         description = "`1h` (the default) or `24h`")),
