@@ -48,7 +48,21 @@ impl Cache {
         Ok(taken.is_some())
     }
 
-    /// Stores a count of `window` (JSON), fresh for `fresh`, and releases the lock.
+    /// Releases the lock on counting `window` (a count that failed or came too late to store).
+    ///
+    /// # Errors
+    /// Redis is off or failed.
+    pub async fn unlock_trends(&self, window: &str) -> Result<(), CacheUnavailable> {
+        let inner = self.live()?;
+        let (_, lock) = inner.keys.trends(window);
+        let mut pipe = redis::pipe();
+        pipe.cmd("DEL").arg(&lock).ignore();
+        self.run(&pipe).await
+    }
+
+    /// Stores a count of `window` (JSON), fresh for `fresh` (what is left of its freshness since
+    /// its count began), and releases the lock. (Any holder's lock: one that expired while this
+    /// count ran lets one more process count, which costs a count, not correctness.)
     ///
     /// # Errors
     /// Redis is off or failed.
@@ -65,7 +79,7 @@ impl Cache {
             .arg(&key)
             .arg(json)
             .arg("PX")
-            .arg(u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX))
+            .arg(u64::try_from(fresh.as_millis()).unwrap_or(u64::MAX).max(1))
             .ignore()
             .cmd("DEL")
             .arg(&lock)

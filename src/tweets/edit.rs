@@ -9,7 +9,7 @@ use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::model::TweetRecord;
 use crate::time::{self, Timestamp};
-use crate::timeline::{ListEntry, Timeline};
+use crate::timeline::Timeline;
 use crate::{hashtags, streams, users};
 
 /// One version of a tweet's text (`GET /api/tweets/{id}/history/`).
@@ -122,8 +122,8 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
 }
 
 /// Lists an edited tweet under the tags its new text has and its old one had not, at its own
-/// time (below newer tweets of those tags: their cached lists are dropped, not merged into),
-/// and unlists it from the tags it lost; returns the cache updates.
+/// time (below newer tweets of those tags), and unlists it from the tags it lost; the cached
+/// lists of both are dropped (not merged into nor trimmed); returns the cache updates.
 async fn retag(
     tx: &mut PgConnection,
     old: &TweetRecord,
@@ -143,12 +143,11 @@ async fn retag(
     let mut updates = Vec::new();
     if !lost.is_empty() {
         let ids: Vec<i64> = hashtags::ids_of(tx, &lost).await?.into_values().collect();
-        let entry = ListEntry::stamped(new.id, new.id, new.user_id, new.created_at, new.created_at);
+        // Dropped, not trimmed of the entry: a removal that lands late (after a later edit
+        // gave the tag back and a reader refilled the list) would take out a listed tweet.
         for tag in hashtags::delete_rows(tx, new.id, Some(&ids)).await? {
-            let timeline = Timeline::Hashtag(tag);
-            updates.push(Update::Remove {
-                list: timeline.key(),
-                members: vec![timeline.member(&entry)],
+            updates.push(Update::Invalidate {
+                list: Timeline::Hashtag(tag).key(),
             });
         }
     }
