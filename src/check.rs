@@ -102,8 +102,8 @@ fn classify(prefix: &str, key: &str) -> Kind {
         ("items", Some(b'h')) => {
             id("h").map_or(Kind::Other, |h| Kind::Timeline(Timeline::Hashtag(h)))
         }
-        ("tweetv2", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
-        ("cnt", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
+        ("tweetv3", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
+        ("cnt2", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
         ("liked", Some(b'u')) => id("u").map_or(Kind::Other, Kind::Liked),
@@ -536,13 +536,13 @@ mod tests {
             classify(p, "p:{c3}:items"),
             Kind::Timeline(Timeline::Circle(3))
         );
-        assert_eq!(classify(p, "p:{t9}:tweetv2"), Kind::Tweet(9));
+        assert_eq!(classify(p, "p:{t9}:tweetv3"), Kind::Tweet(9));
         assert_eq!(
             classify(p, "p:{t9}:tweet"),
             Kind::Other,
             "an older build's key"
         );
-        assert_eq!(classify(p, "p:{t9}:cnt"), Kind::TweetCounts(9));
+        assert_eq!(classify(p, "p:{t9}:cnt2"), Kind::TweetCounts(9));
         assert_eq!(classify(p, "p:{u4}:user"), Kind::User(4));
         assert_eq!(classify(p, "p:{u4}:cnt"), Kind::UserCounts(4));
         assert_eq!(classify(p, "p:{u4}:liked"), Kind::Liked(4));

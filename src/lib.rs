@@ -27,6 +27,7 @@ pub mod newsfeeds;
 pub mod notifications;
 pub mod pagination;
 pub mod replica;
+pub mod replies;
 pub mod startup;
 pub mod state;
 pub mod streams;

@@ -37,6 +37,12 @@ pub struct TweetRecord {
     /// How many times it was edited (0: as posted): the version of its cached object.
     #[serde(default)]
     pub edit_version: i64,
+    /// The tweet this one replies to (it may have been deleted since), if it is a reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to_tweet_id: Option<i64>,
+    /// The author of the tweet this one replies to, if it is a reply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to_user_id: Option<i64>,
 }
 
 /// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon
@@ -67,6 +73,9 @@ pub struct TweetCounts {
     pub likes: i64,
     #[sqlx(rename = "comments_count")]
     pub comments: i64,
+    /// Direct replies ([`crate::replies`]).
+    #[sqlx(rename = "replies_count")]
+    pub replies: i64,
     #[sqlx(rename = "counts_version")]
     pub version: i64,
 }

@@ -1,4 +1,4 @@
-//! Cached counters: `likes_count` / `comments_count` of tweets and the profile counts of users.
+//! Cached counters: `likes_count` / `comments_count` / `replies_count` of tweets and the profile counts of users.
 //!
 //! Postgres is the truth: each count is a denormalized column changed atomically
 //! (`set likes_count = likes_count + 1, counts_version = counts_version + 1 ... returning`) in
@@ -65,13 +65,17 @@ impl Versioned for TweetCounts {
         self.version
     }
     fn encode(&self) -> String {
-        format!("{}|{}|{}", self.version, self.likes, self.comments)
+        format!(
+            "{}|{}|{}|{}",
+            self.version, self.likes, self.comments, self.replies
+        )
     }
     fn decode(raw: &str) -> Option<Self> {
-        let [version, likes, comments] = numbers(raw)?;
+        let [version, likes, comments, replies] = numbers(raw)?;
         Some(TweetCounts {
             likes,
             comments,
+            replies,
             version,
         })
     }
@@ -188,10 +192,11 @@ mod tests {
         assert_eq!(c.encode(), "7|3|0|12");
         assert_eq!(UserCounts::decode("7|3|0|12"), Some(c));
         assert_eq!(UserCounts::decode("7|x"), None);
-        assert_eq!(TweetCounts::decode("7|3|0|12"), None, "wrong arity");
+        assert_eq!(TweetCounts::decode("7|3|0"), None, "wrong arity");
         let t = TweetCounts {
             likes: 2,
             comments: 5,
+            replies: 4,
             version: 9,
         };
         assert_eq!(TweetCounts::decode(&t.encode()), Some(t));

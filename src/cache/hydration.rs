@@ -424,6 +424,7 @@ mod tests {
         let c = |likes| TweetCounts {
             likes,
             comments: 0,
+            replies: 0,
             version: 1,
         };
         let liked = LikedAmong::Liked([20].into_iter().collect());

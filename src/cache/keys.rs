@@ -26,8 +26,9 @@
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
-//! | `{p}:{t17}:tweetv2` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v2`: versioned, with hashtags; older builds' `tweet` and `tweetv` keys expire with their TTL) |
-//! | `{p}:{t17}:cnt` | string | `"{counts_version}\|{likes}\|{comments}"` |
+//! | `{p}:{t17}:tweetv3` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v3`: versioned, with hashtags and reply ids; older builds' `tweet`, `tweetv` and `tweetv2` keys expire with their TTL) |
+//! | `{p}:{t17}:cnt2` | string | `"{counts_version}\|{likes}\|{comments}\|{replies}"` (`2`: with replies; older builds' `cnt` keys expire with their TTL) |
+//! | `{p}:{t17}:thread` | string | a thread's shape, on its first tweet: `"{threads.version}\|{JSON [[id, parent or 0, created_at µs, author], …]}"` ([`crate::cache::threads`]) |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
 //! | `{p}:{bus}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
 //! | `{p}:{trends}:1h`, `{p}:{trends}:24h` | string | the last count of that window's trends (JSON), with a TTL of its freshness (500 ms); `…:lock`: the count in progress (see [`super::trends`]) |
@@ -160,9 +161,9 @@ pub struct Keys {
 /// The kinds of per-object cache entries that hydration reads in bulk ([`Keys::pipe_mget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
-    /// A tweet object, `{p}:{t17}:tweetv2`.
+    /// A tweet object, `{p}:{t17}:tweetv3`.
     Tweet,
-    /// A tweet's counts, `{p}:{t17}:cnt`.
+    /// A tweet's counts, `{p}:{t17}:cnt2`.
     TweetCounts,
     /// A user object, `{p}:{u42}:user`.
     User,
@@ -172,8 +173,8 @@ impl Object {
     /// The hash tag's letter and the key's name.
     fn parts(self) -> (&'static str, &'static str) {
         match self {
-            Object::Tweet => ("t", "tweetv2"),
-            Object::TweetCounts => ("t", "cnt"),
+            Object::Tweet => ("t", "tweetv3"),
+            Object::TweetCounts => ("t", "cnt2"),
             Object::User => ("u", "user"),
         }
     }
@@ -305,6 +306,11 @@ impl Keys {
     pub fn object(&self, object: Object, id: i64) -> String {
         let (tag, name) = object.parts();
         self.tagged(tag, id, name)
+    }
+
+    /// The cached shape of the thread whose first tweet is `root` ([`crate::cache::threads`]).
+    pub fn thread(&self, root: i64) -> String {
+        self.tagged("t", root, "thread")
     }
 
     /// A user's profile counts.
@@ -462,8 +468,9 @@ mod tests {
         assert_eq!(keys.liked(42), "p:{u42}:liked");
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
-        assert_eq!(keys.tweet(7), "p:{t7}:tweetv2");
-        assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt");
+        assert_eq!(keys.tweet(7), "p:{t7}:tweetv3");
+        assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt2");
+        assert_eq!(keys.thread(7), "p:{t7}:thread");
         for object in [Object::Tweet, Object::TweetCounts, Object::User] {
             let ids = [7, 1_234_567_890_123, 42];
             let (mut bulk, mut one_by_one) = (redis::pipe(), redis::pipe());

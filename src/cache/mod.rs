@@ -35,6 +35,7 @@ pub mod pubsub;
 pub mod rank;
 pub mod scripts;
 pub mod streams;
+pub mod threads;
 pub mod tokens;
 mod transport;
 pub mod trends;

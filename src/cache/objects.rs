@@ -29,7 +29,7 @@ pub enum Cached<T> {
 
 /// A tweet object as cached: its author, version and public fields as ready JSON object
 /// members in the order of the public `Tweet`:
-/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[]`.
+/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[],"in_reply_to_tweet_id":null,"in_reply_to_user_id":null`.
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
 /// Stored as `"{version}|{user_id}|{created_at µs}|{members}"`, `version` being the tweet's
@@ -63,6 +63,8 @@ struct PublicFields<'a> {
     edited_at: Option<crate::time::Timestamp>,
     /// Derived from `content` ([`crate::hashtags::parse`]).
     hashtags: Vec<String>,
+    in_reply_to_tweet_id: Option<i64>,
+    in_reply_to_user_id: Option<i64>,
 }
 
 impl CachedTweet {
@@ -78,6 +80,8 @@ impl CachedTweet {
             place: tweet.place.as_ref().map(|p| &p.0),
             edited_at: tweet.edited_at,
             hashtags: crate::hashtags::parse(&tweet.content),
+            in_reply_to_tweet_id: tweet.in_reply_to_tweet_id,
+            in_reply_to_user_id: tweet.in_reply_to_user_id,
         };
         // Serialising plain strings, numbers and `Place` can not fail.
         let json = serde_json::to_string(&fields).unwrap_or_else(|_| "{}".to_owned());
@@ -466,6 +470,8 @@ mod tests {
             })),
             edited_at: None,
             edit_version: 0,
+            in_reply_to_tweet_id: Some(5),
+            in_reply_to_user_id: Some(8),
         };
         let cached = CachedTweet::of(&tweet);
         assert!(
@@ -478,7 +484,7 @@ mod tests {
         assert!(
             cached
                 .members
-                .ends_with(r#","edited_at":null,"hashtags":["rust"]"#),
+                .ends_with(r#","edited_at":null,"hashtags":["rust"],"in_reply_to_tweet_id":5,"in_reply_to_user_id":8"#),
             "{}",
             cached.members
         );
@@ -497,7 +503,7 @@ mod tests {
         assert!(
             edited
                 .members
-                .ends_with(r#","edited_at":"2025-11-23T12:14:20.000001Z","hashtags":["tokio"]"#),
+                .contains(r#","edited_at":"2025-11-23T12:14:20.000001Z","hashtags":["tokio"],"#),
             "{}",
             edited.members
         );

@@ -82,6 +82,12 @@ pub enum Update {
     /// liking it (`false`): drop the set (a like and a cancel may reach Redis in either order;
     /// a dropped set is reloaded with the next read).
     Liked { user: i64, tweet: i64, liked: bool },
+    /// Write through the shape of the thread whose first tweet is `root`, read in the
+    /// transaction that bumped its version (a reply posted or deleted).
+    Thread {
+        root: i64,
+        shape: super::threads::ThreadShape,
+    },
     /// Write through `user`'s hidden set, committed with its version (a mute or block).
     Hidden {
         user: i64,
@@ -315,6 +321,9 @@ impl Update {
             ),
             Update::Hidden { user, hidden } => {
                 direct(pipe, vec![Repair::versioned(keys.hidden(*user), hidden)])
+            }
+            Update::Thread { root, shape } => {
+                direct(pipe, vec![Repair::versioned(keys.thread(*root), shape)])
             }
             Update::UserCounts { id, counts } => {
                 direct(pipe, vec![Repair::versioned(keys.user_counts(*id), counts)])

@@ -321,6 +321,22 @@ impl QueryMap {
         .parse()
     }
 
+    /// The page of an oldest-first listing (a context view's descendants), where
+    /// `created_at__gt` pages forward: like [`QueryMap::page`], but always `page_size` items.
+    pub fn forward_page(&self) -> Result<PageRequest, ApiError> {
+        let req = self.page()?;
+        let sized = PageQuery {
+            lt: None,
+            gt: None,
+            page_size: self.0.get("page_size").cloned(),
+        }
+        .parse()?;
+        Ok(PageRequest {
+            limit: sized.limit,
+            ..req
+        })
+    }
+
     /// A required integer parameter (400 naming it if missing or malformed).
     pub fn required_id(&self, name: &str) -> Result<i64, ApiError> {
         match self.0.get(name).map(|v| v.trim()) {

@@ -19,6 +19,7 @@ use crate::likes::{self, Like};
 use crate::media::{self, Media};
 use crate::model::TweetCounts;
 use crate::pagination::PageRequest;
+use crate::replies;
 use crate::state::AppState;
 use crate::timeline::Timeline;
 use crate::tweets::{self, NewTweet, Tweet};
@@ -28,6 +29,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(list, create).layer(DefaultBodyLimit::max(UPLOAD_BODY_BYTES)))
         .routes(routes!(detail, remove, edit))
         .routes(routes!(history))
+        .routes(routes!(context))
 }
 
 /// A user's tweets, newest first.
@@ -55,6 +57,8 @@ struct TweetBody {
     content: String,
     /// The circle to post into (the caller must be a member); absent, null or "": none.
     circle_id: Option<i64>,
+    /// The tweet this one replies to (400 if there is none); absent, null or "": not a reply.
+    in_reply_to_tweet_id: Option<i64>,
     /// Longitude in degrees, with `lat`.
     #[schema(minimum = -180.0, maximum = 180.0)]
     lon: Option<f64>,
@@ -70,6 +74,7 @@ struct TweetUpload {
     #[schema(min_length = 1)]
     content: String,
     circle_id: Option<i64>,
+    in_reply_to_tweet_id: Option<i64>,
     #[schema(minimum = -180.0, maximum = 180.0)]
     lon: Option<f64>,
     #[schema(minimum = -90.0, maximum = 90.0)]
@@ -90,7 +95,8 @@ struct TweetUpload {
     )),
     responses(
         (status = 201, body = Tweet, description = "The new tweet"),
-        (status = 403, body = Detail, description = "Not a member of `circle_id`"),
+        (status = 400, body = Detail, description = "Bad fields, or no tweet `in_reply_to_tweet_id`"),
+        (status = 403, body = Detail, description = "Not a member of `circle_id`, or blocked by (or blocking) the author of `in_reply_to_tweet_id`"),
     ))]
 async fn create(
     State(state): State<AppState>,
@@ -100,6 +106,7 @@ async fn create(
     let mut errors = FieldErrors::new();
     let raw = fields.required_text("content", &mut errors);
     let circle = fields.optional_id("circle_id", &mut errors);
+    let in_reply_to = fields.optional_id("in_reply_to_tweet_id", &mut errors);
     let lon = fields.optional_number("lon", (-180.0, 180.0), &mut errors);
     let lat = fields.optional_number("lat", (-90.0, 90.0), &mut errors);
     let coordinates = match (lon, lat) {
@@ -134,6 +141,7 @@ async fn create(
         photo_urls,
         coordinates,
         place: None,
+        in_reply_to_tweet_id: in_reply_to,
     };
     let (db, cache, pull) = (&state.db, &state.cache, &state.pull);
     let created = tweets::create(db, cache, pull, auth.user_id, &new, || {
@@ -144,7 +152,7 @@ async fn create(
         Ok(created) => created,
         Err(e) => {
             state.media.delete_urls(&new.photo_urls).await;
-            return Err(e.into());
+            return Err(e);
         }
     };
     let tweet = match object {
@@ -291,6 +299,33 @@ async fn history(
         tweet_id: id,
         versions,
     }))
+}
+
+/// A tweet's thread around it: the tweets it replies to and the replies below it (Mastodon's
+/// `GET /api/v1/statuses/:id/context`), without accounts the caller mutes or blocks.
+#[utoipa::path(get, path = "/api/tweets/{id}/context", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet"),
+        ("created_at__gt" = Option<String>, Query,
+            description = "Only descendants after this time (the next page: the last one's `created_at`)"),
+        ("created_at__lt" = Option<String>, Query, description = "Only descendants before this time"),
+        ("page_size" = Option<u32>, Query, minimum = 1, maximum = 100,
+            description = "Descendants per page (default 20)")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, body = replies::Context,
+            description = "Ancestors (oldest first) and a page of descendants (oldest first)"),
+        (status = 400, body = Detail, description = "A bad cursor or page size"),
+        (status = 404, body = Detail, description = "No such tweet, or its author blocks the caller"),
+    ))]
+async fn context(
+    State(state): State<AppState>,
+    caller: MaybeAuth,
+    PathId(id): PathId,
+    query: QueryMap,
+) -> ApiResult<Json<replies::Context>> {
+    let req = query.forward_page()?;
+    let context = replies::context(&state.db, &state.cache, id, caller.id(), &req).await?;
+    Ok(Json(context))
 }
 
 /// Deletes the caller's tweet (with its comments, likes and photos).

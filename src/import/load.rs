@@ -36,31 +36,26 @@ fn copy_time(t: &Timestamp) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
 }
 
-/// A tweet (`id, user_id, content, created_at, coordinates, place`) or comment (`id, tweet_id,
-/// user_id, content, created_at`) as a `COPY` text-format line (`\N` for a missing location).
+/// A tweet (`id, user_id, content, created_at, coordinates, place`) as a `COPY` text-format line
+/// (`\N` for a missing location).
 fn post_line(p: &Post<'_>) -> String {
     let mut line = String::with_capacity(p.content.len() + 64);
     let _ = write!(line, "{}\t", p.id);
-    if let Some(tweet_id) = p.tweet_id {
-        let _ = write!(line, "{tweet_id}\t");
-    }
     let _ = write!(line, "{}\t", p.user_id);
     copy_text(p.content, &mut line);
     let _ = write!(line, "\t{}", copy_time(&p.created_at));
-    if let Some((coordinates, place)) = p.location {
-        match coordinates {
-            Some([lon, lat]) => {
-                let _ = write!(line, "\t{{{lon},{lat}}}");
-            }
-            None => line.push_str("\t\\N"),
+    match p.coordinates {
+        Some([lon, lat]) => {
+            let _ = write!(line, "\t{{{lon},{lat}}}");
         }
-        match place.and_then(|p| serde_json::to_string(p).ok()) {
-            Some(json) => {
-                line.push('\t');
-                copy_text(&json, &mut line);
-            }
-            None => line.push_str("\t\\N"),
+        None => line.push_str("\t\\N"),
+    }
+    match p.place.and_then(|p| serde_json::to_string(p).ok()) {
+        Some(json) => {
+            line.push('\t');
+            copy_text(&json, &mut line);
         }
+        None => line.push_str("\t\\N"),
     }
     line
 }
@@ -92,7 +87,7 @@ pub(super) async fn reset(conn: &mut PgConnection) -> anyhow::Result<()> {
         "truncate users, auth_tokens, tweets, friendships, newsfeeds, feed_heads, jobs, cache_outbox,
                   comments, tweet_likes, comment_likes, lists, list_members, list_feeds,
                   circles, circle_members, notifications, chat_channels, chat_members,
-                  chat_messages, mutes, blocks, tweet_edits, tweet_hashtags, hashtags
+                  chat_messages, mutes, blocks, tweet_edits, tweet_hashtags, hashtags, threads
          restart identity",
     )
     .execute(&mut *conn)
@@ -182,7 +177,7 @@ pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()
         "create temp table import_users (id bigint) on commit drop;
          create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
          create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb) on commit drop;
-         create temp table import_comments (id bigint, tweet_id bigint, user_id bigint, content text, created_at timestamptz) on commit drop;
+         create temp table import_replies (id bigint, parent bigint, root bigint) on commit drop;
          create temp table import_tags (tweet_id bigint, tag text) on commit drop;",
     )
     .execute(&mut *conn)
@@ -231,8 +226,10 @@ pub(super) async fn friendships(
     Ok(())
 }
 
-/// Adds the tweets, then the comments on tweets that exist.
-pub(super) async fn tweets_and_comments(
+/// Adds the tweets, then links the replies to the tweets they answer (`in_reply_to_tweet_id`,
+/// `in_reply_to_user_id`, their thread) and counts them (`replies_count`, the threads' rows),
+/// as posting them one by one would have ([`crate::replies`]).
+pub(super) async fn tweets_and_replies(
     conn: &mut PgConnection,
     mapped: &Mapped<'_>,
 ) -> anyhow::Result<()> {
@@ -244,8 +241,10 @@ pub(super) async fn tweets_and_comments(
     .await?;
     copy_rows(
         conn,
-        "copy import_comments (id, tweet_id, user_id, content, created_at) from stdin",
-        mapped.comments().map(|p| post_line(&p)),
+        "copy import_replies (id, parent, root) from stdin",
+        mapped
+            .replies()
+            .map(|(id, parent, root)| format!("{id}\t{parent}\t{root}")),
     )
     .await?;
     sqlx::query(
@@ -256,10 +255,17 @@ pub(super) async fn tweets_and_comments(
     .execute(&mut *conn)
     .await?;
     hashtags(conn, mapped).await?;
-    sqlx::query(
-        "insert into comments (id, tweet_id, user_id, content, created_at)
-         select c.id, c.tweet_id, c.user_id, c.content, c.created_at
-         from import_comments c join tweets t on t.id = c.tweet_id on conflict do nothing",
+    sqlx::raw_sql(
+        "update tweets t set in_reply_to_tweet_id = r.parent, in_reply_to_user_id = p.user_id,
+                             thread_id = r.root
+         from import_replies r join tweets p on p.id = r.parent
+         where t.id = r.id and t.in_reply_to_tweet_id is null;
+         update tweets t set replies_count = c.n, counts_version = t.counts_version + 1
+         from (select in_reply_to_tweet_id as id, count(*) as n from tweets
+               where in_reply_to_tweet_id in (select parent from import_replies) group by 1) c
+         where c.id = t.id and t.replies_count <> c.n;
+         insert into threads as h (root_id, version) select distinct root, 1 from import_replies
+         on conflict (root_id) do update set version = h.version + 1;",
     )
     .execute(&mut *conn)
     .await?;

@@ -1,5 +1,5 @@
-//! Mapping what was read to chirp's rows: authors to accounts, replies to comments on the root
-//! of their chain, and unique times. Pure: no I/O.
+//! Mapping what was read to chirp's rows: authors to accounts, replies to the tweets they answer
+//! (with the root of their chain, their thread), and unique times. Pure: no I/O.
 
 use std::collections::{HashMap, HashSet};
 
@@ -50,16 +50,16 @@ fn unique_times(items: &mut [(i64, Timestamp)]) {
     }
 }
 
-/// One row of `tweets` or `comments`.
+/// One row of `tweets`.
 pub(super) struct Post<'a> {
     pub(super) id: i64,
-    /// For a comment, the tweet it is on (the root of its reply chain); `None` for a tweet.
-    pub(super) tweet_id: Option<i64>,
     pub(super) user_id: i64,
     pub(super) content: &'a str,
     pub(super) created_at: Timestamp,
-    /// For a tweet, where it was posted (`None` for a comment).
-    pub(super) location: Option<(Option<[f64; 2]>, Option<&'a Place>)>,
+    /// `[lon, lat]`, if it has coordinates.
+    pub(super) coordinates: Option<[f64; 2]>,
+    /// Where it was posted, if it names a place.
+    pub(super) place: Option<&'a Place>,
 }
 
 /// What the import writes, derived from what was read. The rows are made as they are
@@ -74,10 +74,8 @@ pub(super) struct Mapped<'a> {
     /// Reply → the tweet it replies to, for replies whose parent is in the data.
     parent: HashMap<i64, i64>,
     by_id: HashMap<i64, &'a InTweet>,
-    /// `(id, unique created_at)` of the tweets, in time order.
+    /// `(id, unique created_at)` of the tweets (replies included), in time order.
     tweet_times: Vec<(i64, Timestamp)>,
-    /// `(id, unique created_at)` of the comments, in time order.
-    comment_times: Vec<(i64, Timestamp)>,
 }
 
 /// Maps the tweets and follower graph as read (see the module docs of `import`).
@@ -91,17 +89,9 @@ pub(super) fn map<'a>(tweets: &'a [InTweet], edges: &[(i64, i64)]) -> anyhow::Re
         .iter()
         .filter_map(|t| Some((t.id, t.reply_to.filter(|p| ids.contains(p) && *p != t.id)?)))
         .collect();
-    let mut tweet_times: Vec<(i64, Timestamp)> = Vec::new();
-    let mut comment_times: Vec<(i64, Timestamp)> = Vec::new();
-    for t in tweets {
-        if parent.contains_key(&t.id) {
-            comment_times.push((t.id, t.created_at));
-        } else {
-            tweet_times.push((t.id, t.created_at));
-        }
-    }
+    let mut tweet_times: Vec<(i64, Timestamp)> =
+        tweets.iter().map(|t| (t.id, t.created_at)).collect();
     unique_times(&mut tweet_times);
-    unique_times(&mut comment_times);
     let by_id: HashMap<i64, &InTweet> = tweets.iter().map(|t| (t.id, t)).collect();
     let crawl = Utc
         .with_ymd_and_hms(2012, 1, 1, 0, 0, 0)
@@ -117,7 +107,6 @@ pub(super) fn map<'a>(tweets: &'a [InTweet], edges: &[(i64, i64)]) -> anyhow::Re
         parent,
         by_id,
         tweet_times,
-        comment_times,
     })
 }
 
@@ -134,34 +123,35 @@ impl<'a> Mapped<'a> {
             .map(move |(i, (a, b))| (*a, *b, crawl + chrono::Duration::microseconds(i as i64)))
     }
 
-    /// The tweets' rows: the tweets that are not replies to a tweet in the data.
+    /// The tweets' rows, replies included.
     pub(super) fn tweets(&self) -> impl Iterator<Item = Post<'a>> + '_ {
         self.tweet_times
             .iter()
-            .filter_map(|(id, at)| self.post(*id, *at, false))
+            .filter_map(|(id, at)| self.post(*id, *at))
     }
 
-    /// The comments' rows: the replies to a tweet in the data, on the root of their chain.
-    pub(super) fn comments(&self) -> impl Iterator<Item = Post<'a>> + '_ {
-        self.comment_times
+    /// `(reply, the tweet it answers, its thread's root)` of each reply whose parent is in the
+    /// data (a reply to a tweet outside it is a plain tweet, as the parent is unknown).
+    pub(super) fn replies(&self) -> impl Iterator<Item = (i64, i64, i64)> + '_ {
+        self.parent
             .iter()
-            .filter_map(|(id, at)| self.post(*id, *at, true))
+            .map(|(reply, parent)| (*reply, *parent, self.root_of(*reply)))
     }
 
-    fn post(&self, id: i64, created_at: Timestamp, comment: bool) -> Option<Post<'a>> {
+    fn post(&self, id: i64, created_at: Timestamp) -> Option<Post<'a>> {
         let t = self.by_id.get(&id)?;
         let user_id = *self.account_of.get(&t.author)?;
         Some(Post {
             id,
-            tweet_id: comment.then(|| self.root_of(id)),
             user_id,
             content: &t.text,
             created_at,
-            location: (!comment).then_some((t.coordinates, t.place.as_ref())),
+            coordinates: t.coordinates,
+            place: t.place.as_ref(),
         })
     }
 
-    /// A reply whose parent is in the data becomes a comment on the root of its chain.
+    /// The first tweet of a reply's chain within the data.
     fn root_of(&self, mut id: i64) -> i64 {
         for _ in 0..1000 {
             match self.parent.get(&id) {

@@ -15,10 +15,12 @@
 //!   `full_text`, else `text`. `created_at` is parsed from Twitter's format and made unique, as
 //!   chirp requires, by moving each tweet that collides to 1 µs after the one before it, in
 //!   `(created_at, id)` order.
-//! - **Replies** whose parent is in the data become comments on it (on the root tweet of a reply
-//!   chain), keeping their id; other replies are tweets.
-//! - **Newsfeeds**: one row for every follower of every imported tweet's author, and one for the
-//!   author, made with set-based SQL, so feeds are complete right after the import.
+//! - **Replies** whose parent is in the data stay replies (`in_reply_to_tweet_id`,
+//!   `in_reply_to_user_id`, their thread, the parents' `replies_count`: [`crate::replies`]);
+//!   a reply to a tweet outside the data is a plain tweet.
+//! - **Newsfeeds**: one row for every follower of every imported tweet's author (a reply only
+//!   for followers who follow the replied-to account too), and one for the author, made with
+//!   set-based SQL, so feeds are complete right after the import.
 //! - **Lists** (`--circles`, SNAP ego-Twitter circles: `ego<TAB>circle name<TAB>member…`): each
 //!   circle becomes a list named as in the file, owned by the ego's account, with its members;
 //!   every list's timeline is filled with its members' tweets. Egos and members that are not
@@ -89,8 +91,8 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
         load::users(&mut tx, &mapped).await?;
         phases.start("load friendships");
         load::friendships(&mut tx, &mapped, &edges.edges).await?;
-        phases.start("load tweets and comments");
-        load::tweets_and_comments(&mut tx, &mapped).await?;
+        phases.start("load tweets and replies");
+        load::tweets_and_replies(&mut tx, &mapped).await?;
         phases.start("fan out newsfeeds");
         load::newsfeeds(&mut tx).await?;
     }

@@ -12,6 +12,7 @@ use crate::cache::{ListKey, Update};
 use crate::hybrid;
 use crate::jobs::{self, Worker};
 use crate::model::TweetRecord;
+use crate::replies;
 use crate::streams;
 use crate::time::Timestamp;
 use crate::timeline::{ListEntry, Timeline};
@@ -76,15 +77,15 @@ pub async fn fanout(
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
-        let tweet: Option<(i64, Timestamp, bool, i64)> = sqlx::query_as(
-            "select user_id, created_at, pulled, edit_version from tweets
+        let tweet: Option<(i64, Timestamp, bool, i64, Option<i64>)> = sqlx::query_as(
+            "select user_id, created_at, pulled, edit_version, in_reply_to_user_id from tweets
              where id = $1 for key share",
         )
         .bind(tweet_id)
         .fetch_optional(&mut *tx)
         .await
         .context("locking the tweet")?;
-        let Some((author, created_at, pulled, version)) = tweet else {
+        let Some((author, created_at, pulled, version, reply_to)) = tweet else {
             break; // deleted meanwhile
         };
         // Edited since the object was read: the streams get the text as it is now (from
@@ -114,7 +115,14 @@ pub async fn fanout(
         let Some(&(_, last)) = batch.last() else {
             break;
         };
-        let followers: Vec<i64> = batch.iter().map(|(f, _)| *f).collect();
+        let mut followers: Vec<i64> = batch.iter().map(|(f, _)| *f).collect();
+        // A reply goes to the followers who follow the replied-to user too (crate::replies).
+        if let Some(to) = reply_to.filter(|_| !replies::reaches_all(author, reply_to)) {
+            let kept = replies::reaching(&mut tx, to, &followers)
+                .await
+                .context("reading who follows the replied-to user")?;
+            followers.retain(|f| kept.contains(f));
+        }
         let lists: Vec<ListKey> = followers
             .iter()
             .map(|f| Timeline::Newsfeed(*f).key())
@@ -387,6 +395,10 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
     }
 }
 
+/// A tweet of a batched fan-out: id, author, time, followers to write (0 if pulled), pulled,
+/// edit version, and the author it replies to.
+type BatchTweet = (i64, i64, Timestamp, i64, bool, i64, Option<i64>);
+
 /// One try of [`fanout_batch`]: `None` if the pull clock's check rolled it back (a pulled tweet
 /// newer than some of its entries committed meanwhile; see [`hybrid::check`]). `lock_first`:
 /// hold the pull clock before stamping, so the check cannot fail.
@@ -403,9 +415,10 @@ async fn fanout_batch_once(
     let mut tx = worker.db.begin().await?;
     // Also waits for, or excludes, a concurrent delete of each tweet.
     // A pulled tweet (crate::hybrid) counts no followers: its readers pull it.
-    let mut tweets: Vec<(i64, i64, Timestamp, i64, bool, i64)> = sqlx::query_as(
+    let mut tweets: Vec<BatchTweet> = sqlx::query_as(
         "select t.id, t.user_id, t.created_at,
-                case when t.pulled then 0 else u.followers_count end, t.pulled, t.edit_version
+                case when t.pulled then 0 else u.followers_count end, t.pulled, t.edit_version,
+                t.in_reply_to_user_id
          from tweets t join users u on u.id = t.user_id
          where t.id = any($1) for key share of t",
     )
@@ -493,10 +506,27 @@ async fn fanout_batch_once(
         }
         fits
     });
+    // A reply goes to the followers who follow the replied-to user too (crate::replies).
+    let reply_to: HashMap<i64, i64> = tweets
+        .iter()
+        .filter(|t| !replies::reaches_all(t.1, t.6))
+        .filter_map(|t| Some((t.0, t.6?)))
+        .collect();
+    let mut reached: HashMap<i64, std::collections::HashSet<i64>> = HashMap::new();
+    for &(id, author, ..) in batch.iter().filter(|t| reply_to.contains_key(&t.0)) {
+        let readers = followers_of.get(&author).map_or(&[][..], Vec::as_slice);
+        let kept = replies::reaching(&mut tx, reply_to[&id], readers)
+            .await
+            .context("reading who follows the replied-to users")?;
+        reached.insert(id, kept);
+    }
     // Each reader's entries, in the order of their tweets.
     let mut wanted: HashMap<i64, Vec<(i64, i64, Timestamp)>> = HashMap::new();
     for &(id, author, at, _) in batch.iter().filter(|t| !pulled.contains(&t.0)) {
         for &reader in followers_of.get(&author).map_or(&[][..], Vec::as_slice) {
+            if reached.get(&id).is_some_and(|kept| !kept.contains(&reader)) {
+                continue;
+            }
             wanted.entry(reader).or_default().push((id, author, at));
         }
     }

@@ -537,11 +537,15 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         // newsfeed has already are skipped (an entry of the tweet is never below the tweet's
         // time); the rest are stamped above the head and the newest pulled tweet in their own
         // order (`greatest` of increasing sequences), and the head moves.
-        copy: "with x as (
-                   select id, created_at from tweets where user_id = $2
+        copy: concat!(
+            "with x as (
+                   select id, created_at from tweets t where user_id = $2
                      and (not pulled or created_at <= (
                          select coalesce(visible_from, '-infinity') from friendships
                          where from_user_id = $1 and to_user_id = $2))
+                     and ",
+            crate::reply_reaches!("t", "$1"),
+            "
                    order by created_at desc limit $3 for key share),
                t as (
                    select id, created_at, row_number() over (order by created_at) as r from x
@@ -564,7 +568,8 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                    where user_id = $1 and exists (select 1 from ins))
                select ins.id, ins.tweet_id, $2::bigint as author_id, ins.created_at,
                       (extract(epoch from ins.created_at - t.created_at) * 1000000)::bigint as shift
-               from ins join t on t.id = ins.tweet_id",
+               from ins join t on t.id = ins.tweet_id"
+        ),
         remove: concat!(
             "delete from newsfeeds n using tweets t
              where n.user_id = $1 and t.user_id = $2 and n.tweet_id = t.id
@@ -597,16 +602,22 @@ pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::R
 /// Fans out the tweets staged in `import_tweets` (the temporary table `chirp import` fills
 /// inside its transaction, so call this on that transaction's connection): one newsfeed row
 /// for every follower of each staged tweet's author, as `friendships` says, and one for the
-/// author, at the tweet's `created_at`. Rows already there are left alone. Imported rows have
+/// author, at the tweet's `created_at` (a reply only to the followers who follow the replied-to
+/// user too: [`crate::replies`]). Rows already there are left alone. Imported rows have
 /// no `arrived_at`: they are not late for anyone's refresh. Returns how many rows were added.
 pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64> {
     let added = sqlx::query(
-        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+        concat!(
+            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
          select f.from_user_id, t.id, t.created_at, null::timestamptz
          from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
+         where ",
+            crate::reply_reaches!("t", "f.from_user_id"),
+            "
          union all
          select t.user_id, t.id, t.created_at, null from import_tweets i join tweets t on t.id = i.id
-         on conflict do nothing",
+         on conflict do nothing"
+        ),
     )
     .execute(&mut *conn)
     .await?;

@@ -20,7 +20,7 @@ pub struct Predicates {
     /// Phrases as lists of lowercase words: a phrase matches when all its words are words of
     /// the text.
     pub track: Vec<Vec<String>>,
-    /// Authors.
+    /// Accounts: their tweets, and replies to their tweets (Twitter v1.1's `follow`).
     pub follow: HashSet<i64>,
     /// Boxes `[sw_lon, sw_lat, ne_lon, ne_lat]` (edges included).
     pub locations: Vec<[f64; 4]>,
@@ -58,7 +58,11 @@ impl Predicates {
     /// Whether `about` matches any predicate; `text_words` caches the text's words across
     /// the clients of one message.
     fn matches(&self, about: &About, text_words: &mut Option<HashSet<String>>) -> bool {
-        if self.follow.contains(&about.user_id) {
+        if self.follow.contains(&about.user_id)
+            || about
+                .in_reply_to_user_id
+                .is_some_and(|to| self.follow.contains(&to))
+        {
             return true;
         }
         let located = self.locations.iter().any(|b| {
@@ -100,6 +104,7 @@ mod tests {
             version: 0,
             coordinates: None,
             bbox: None,
+            in_reply_to_user_id: None,
         };
         assert!(p.matches(&about("World, HELLO!"), &mut None));
         assert!(p.matches(&about("I like #Rust."), &mut None));
@@ -120,11 +125,33 @@ mod tests {
             version: 0,
             coordinates,
             bbox,
+            in_reply_to_user_id: None,
         };
         assert!(p.matches(&at(Some([10.0, -10.0]), None), &mut None));
         assert!(!p.matches(&at(Some([10.0001, 0.0]), None), &mut None));
         assert!(p.matches(&at(None, Some([10.0, 10.0, 20.0, 20.0])), &mut None));
         assert!(!p.matches(&at(None, Some([10.5, 0.0, 20.0, 20.0])), &mut None));
+    }
+
+    #[test]
+    fn follow_keeps_the_accounts_tweets_and_the_replies_to_them() {
+        let p = Predicates {
+            follow: [7].into_iter().collect(),
+            ..Predicates::default()
+        };
+        let about = |user_id, in_reply_to_user_id| About {
+            tweet_id: 1,
+            user_id,
+            text: String::new(),
+            version: 0,
+            coordinates: None,
+            bbox: None,
+            in_reply_to_user_id,
+        };
+        assert!(p.matches(&about(7, None), &mut None));
+        assert!(p.matches(&about(8, Some(7)), &mut None));
+        assert!(!p.matches(&about(8, Some(9)), &mut None));
+        assert!(!p.matches(&about(8, None), &mut None));
     }
 
     #[test]
@@ -139,6 +166,7 @@ mod tests {
                     version: 0,
                     coordinates: None,
                     bbox: None,
+                    in_reply_to_user_id: None,
                 };
                 f.keeps(&about, &mut None)
             })

@@ -542,6 +542,7 @@ mod tests {
                 version,
                 coordinates: None,
                 bbox: None,
+                in_reply_to_user_id: None,
             },
             tweet: (!deleted)
                 .then(|| serde_json::value::RawValue::from_string(tweet).ok())

@@ -75,6 +75,9 @@ pub struct About {
     pub coordinates: Option<[f64; 2]>,
     /// The place's `[sw_lon, sw_lat, ne_lon, ne_lat]`.
     pub bbox: Option<[f64; 4]>,
+    /// The author of the tweet it replies to (a `follow` predicate of theirs keeps it).
+    #[serde(default)]
+    pub in_reply_to_user_id: Option<i64>,
 }
 
 impl About {
@@ -89,6 +92,7 @@ impl About {
                 .as_deref()
                 .and_then(|c| <[f64; 2]>::try_from(c).ok()),
             bbox: record.place.as_ref().map(|p| p.bbox),
+            in_reply_to_user_id: record.in_reply_to_user_id,
         }
     }
 }

@@ -386,7 +386,8 @@ pub struct Item {
 macro_rules! feed_row_columns {
     () => {
         " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
-          t.edited_at, t.edit_version, t.likes_count, t.comments_count, t.counts_version,
+          t.edited_at, t.edit_version, t.in_reply_to_tweet_id, t.in_reply_to_user_id,
+          t.likes_count, t.comments_count, t.replies_count, t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at, t.created_at as tweet_created_at "
     };
@@ -405,6 +406,8 @@ pub struct FeedRow {
     pub place: Option<sqlx::types::Json<Place>>,
     pub edited_at: Option<Timestamp>,
     pub edit_version: i64,
+    pub in_reply_to_tweet_id: Option<i64>,
+    pub in_reply_to_user_id: Option<i64>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -442,6 +445,8 @@ impl FeedRow {
             place: self.place,
             edited_at: self.edited_at,
             edit_version: self.edit_version,
+            in_reply_to_tweet_id: self.in_reply_to_tweet_id,
+            in_reply_to_user_id: self.in_reply_to_user_id,
         };
         let author = UserRecord {
             id: self.author_id,
@@ -476,6 +481,8 @@ impl From<FeedRow> for Item {
                 place: r.place,
                 edited_at: r.edited_at,
                 edit_version: r.edit_version,
+                in_reply_to_tweet_id: r.in_reply_to_tweet_id,
+                in_reply_to_user_id: r.in_reply_to_user_id,
             })),
             author: AuthorBody::Record(Box::new(UserRecord {
                 id: r.author_id,

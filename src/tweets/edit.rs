@@ -52,7 +52,8 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     // two edits take turns.
     let row: Option<TweetRow> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                edited_at, edit_version, likes_count, comments_count, counts_version
+                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
+                likes_count, comments_count, replies_count, counts_version
          from tweets where id = $1 for update",
     )
     .bind(id)

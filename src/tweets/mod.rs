@@ -16,7 +16,7 @@ use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
 use crate::timeline::{AuthorBody, FeedRow, Item, ListEntry, Timeline, TweetBody};
 use crate::users::{self, User};
-use crate::{circles, hashtags, lists, newsfeeds, notifications, streams};
+use crate::{circles, hashtags, lists, newsfeeds, notifications, replies, streams};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -40,6 +40,8 @@ pub struct Tweet {
     pub content: String,
     pub comments_count: i64,
     pub likes_count: i64,
+    /// Its direct replies ([`crate::replies`]).
+    pub replies_count: i64,
     pub has_liked: bool,
     /// The circle the tweet was posted into, or null.
     pub circle_id: Option<i64>,
@@ -56,6 +58,10 @@ pub struct Tweet {
     /// The `#tags` of its text: lowercase, without `#`, without repeats, in order of first use
     /// ([`crate::hashtags::parse`]).
     pub hashtags: Vec<String>,
+    /// The tweet this one replies to (it may have been deleted since), or null.
+    pub in_reply_to_tweet_id: Option<i64>,
+    /// The author of the tweet this one replies to, or null.
+    pub in_reply_to_user_id: Option<i64>,
 }
 
 /// What a new tweet says besides its author: text (validated), circle, photos and location.
@@ -67,6 +73,8 @@ pub struct NewTweet {
     /// `[lon, lat]` in degrees.
     pub coordinates: Option<[f64; 2]>,
     pub place: Option<Place>,
+    /// The tweet it replies to ([`crate::replies`]), checked by [`create`].
+    pub in_reply_to_tweet_id: Option<i64>,
 }
 
 impl Tweet {
@@ -78,6 +86,7 @@ impl Tweet {
             created_at: record.created_at,
             likes_count: counts.likes,
             comments_count: counts.comments,
+            replies_count: counts.replies,
             has_liked,
             circle_id: record.circle_id,
             photo_urls: record.photo_urls,
@@ -85,6 +94,8 @@ impl Tweet {
             place: record.place.map(|p| p.0),
             edited_at: record.edited_at,
             hashtags: crate::hashtags::parse(&record.content),
+            in_reply_to_tweet_id: record.in_reply_to_tweet_id,
+            in_reply_to_user_id: record.in_reply_to_user_id,
             content: record.content,
         }
     }
@@ -108,7 +119,8 @@ impl Tweet {
 #[derive(Debug)]
 pub enum TweetJson {
     Typed(Box<Tweet>),
-    /// `{"user":…,"comments_count":…,"likes_count":…,"has_liked":…,` and the tweet's members.
+    /// `{"user":…,"comments_count":…,"likes_count":…,"replies_count":…,"has_liked":…,` and the
+    /// tweet's members.
     Spliced {
         user: UserJson,
         counts: TweetCounts,
@@ -205,6 +217,8 @@ impl TweetJson {
                 out.extend_from_slice(itoa::Buffer::new().format(counts.comments).as_bytes());
                 out.extend_from_slice(b",\"likes_count\":");
                 out.extend_from_slice(itoa::Buffer::new().format(counts.likes).as_bytes());
+                out.extend_from_slice(b",\"replies_count\":");
+                out.extend_from_slice(itoa::Buffer::new().format(counts.replies).as_bytes());
                 out.extend_from_slice(if *has_liked {
                     b",\"has_liked\":true,"
                 } else {
@@ -238,7 +252,8 @@ impl Serialize for TweetJson {
 macro_rules! returning_tweet_row {
     () => {
         " returning id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                    edited_at, edit_version, likes_count, comments_count, counts_version"
+                    edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
+                likes_count, comments_count, replies_count, counts_version"
     };
 }
 
@@ -292,8 +307,12 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
 /// (`None` if its author could not be loaded after the commit: the tweet stands, and the
 /// caller builds the object itself).
 ///
+/// A reply (`new.in_reply_to_tweet_id`) is counted on the tweet it answers and joins its thread
+/// ([`crate::replies`]).
+///
 /// # Errors
-/// Postgres failed before the commit.
+/// 400 if the replied-to tweet does not exist, 403 if its author and `author` block each other
+/// (nothing is written); Postgres failed before the commit.
 #[tracing::instrument(name = "tweets::create", skip(db, cache, new, committed), fields(circle = new.circle_id))]
 pub async fn create(
     db: &PgPool,
@@ -302,10 +321,10 @@ pub async fn create(
     author: i64,
     new: &NewTweet,
     committed: impl FnOnce(),
-) -> anyhow::Result<(TweetRecord, Option<Tweet>)> {
+) -> ApiResult<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let tag_names = &hashtags::parse(&new.content);
-    let (tweet, staged) = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
+    let created = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
         // Tries rolled back by the pull clock's check (crate::hybrid::check).
         let mut conflicts = 0;
         loop {
@@ -314,8 +333,21 @@ pub async fn create(
             // the order of their times (also across processes whose clocks differ), so a
             // refresh of the author's tweets from the newest one a client holds misses none.
             let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-            // Fanned out, or pulled by its readers (crate::hybrid).
-            let pulled = hybrid::mode(&mut tx, pull, author).await?;
+            // Fanned out, or pulled by its readers (crate::hybrid); a reply is always fanned
+            // out, to the readers who follow both (crate::replies).
+            let pulled = match new.in_reply_to_tweet_id {
+                Some(_) => false,
+                None => hybrid::mode(&mut tx, pull, author).await?,
+            };
+            // The thread's row and the replied-to tweet's next (crate::replies: the order of
+            // tweet deletes), before the circle's.
+            let parent = match new.in_reply_to_tweet_id {
+                None => None,
+                Some(id) => match replies::lock_parent(&mut tx, author, id).await? {
+                    Ok(parent) => Some(parent),
+                    Err(refused) => return Ok(Err(refused)),
+                },
+            };
             // The circle's row before any newsfeed head and the pull clock (the order every
             // compose locks in: no two wait for each other in a cycle).
             if let Some(circle) = circle {
@@ -363,10 +395,12 @@ pub async fn create(
             };
             let tweet: TweetRecord = sqlx::query_as(
                 "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
-                                     coordinates, place, pulled)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8)
+                                     coordinates, place, pulled, in_reply_to_tweet_id,
+                                     in_reply_to_user_id, thread_id)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
-                           place, edited_at, edit_version",
+                           place, edited_at, edit_version, in_reply_to_tweet_id,
+                           in_reply_to_user_id",
             )
             .bind(author)
             .bind(&new.content)
@@ -376,8 +410,18 @@ pub async fn create(
             .bind(new.coordinates.map(Vec::from))
             .bind(new.place.clone().map(sqlx::types::Json))
             .bind(pulled)
+            .bind(parent.as_ref().map(|p| p.row.record.id))
+            .bind(parent.as_ref().map(|p| p.row.record.user_id))
+            .bind(parent.as_ref().map(|p| p.root))
             .fetch_one(&mut *tx)
             .await?;
+            // The replied-to tweet's count and the thread's shape with this reply in it.
+            let mut reply_updates = Vec::new();
+            if let Some(parent) = &parent {
+                reply_updates.extend(parent.row.counts_updates());
+                reply_updates
+                    .push(replies::shape_update(&mut tx, parent.root, parent.version).await?);
+            }
             let tag_ids: Vec<i64> = tags.iter().map(|t| t.id).collect();
             hashtags::insert_rows(&mut tx, tweet.id, author, created_at, &tag_ids).await?;
             let (newsfeed_id, feed_at, feed_prev) =
@@ -420,6 +464,7 @@ pub async fn create(
                 },
             ])
             .chain(circles::created_updates(&tweet, newest_in_circle))
+            .chain(reply_updates)
             .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             // The author's own row is a newsfeed entry, ordered with pulled tweets.
@@ -430,11 +475,12 @@ pub async fn create(
                 continue; // rolled back: post it again
             }
             tx.commit().await?;
-            return Ok((tweet, (staged, (newsfeed_id, feed_at), pulled)));
+            return Ok(Ok((tweet, (staged, (newsfeed_id, feed_at), pulled))));
         }
     })
     .await
     .context("inserting the tweet")?;
+    let (tweet, staged) = created?;
     // The fan-out job is queued: its runners need the commit, not the cache step below.
     committed();
     let (staged, own_row, pulled) = staged;
@@ -484,11 +530,30 @@ async fn shift_tweets_count(
 #[tracing::instrument(name = "tweets::delete", skip(db, cache))]
 pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<TweetRecord> {
     let mut tx = db.begin().await?;
+    // Its author and thread never change: read first, to lock in the order of every compose
+    // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
+    let head: Option<(i64, Option<i64>)> =
+        sqlx::query_as("select user_id, thread_id from tweets where id = $1")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let thread = match head {
+        None => return Err(ApiError::NotFound),
+        Some((author, _)) if author != me => return Err(ApiError::Forbidden),
+        Some((_, thread)) => thread,
+    };
+    let author_counts = shift_tweets_count(&mut tx, me, -1)
+        .await
+        .context("moving tweets_count")?;
+    let thread = match thread {
+        Some(root) => Some((root, replies::lock_thread(&mut tx, root).await?)),
+        None => None,
+    };
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                edited_at, edit_version
+                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id
          from tweets where id = $1 for update",
     )
     .bind(id)
@@ -519,9 +584,13 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         .fetch_one(&mut *tx)
         .await
         .context("deleting the tweet")?;
-    let author_counts = shift_tweets_count(&mut tx, me, -1)
-        .await
-        .context("moving tweets_count")?;
+    // A reply: the replied-to tweet's count and its thread's shape.
+    let reply_updates = match thread {
+        Some((root, version)) => replies::detach(&mut tx, &tweet, root, version)
+            .await
+            .context("detaching the reply from its thread")?,
+        None => Vec::new(),
+    };
     let own = Timeline::UserTweets(me);
     let mut updates = vec![
         Update::TweetDeleted { id },
@@ -543,6 +612,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         });
     }
     updates.extend(circles::deleted_updates(&tweet));
+    updates.extend(reply_updates);
     updates.extend(tags.into_iter().map(|tag| {
         let timeline = Timeline::Hashtag(tag);
         Update::Remove {
@@ -590,7 +660,8 @@ fn entry_of(id: i64, tweet_id: i64, tweet: &TweetRecord) -> ListEntry {
 pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>> {
     sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                edited_at, edit_version, likes_count, comments_count, counts_version
+                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
+                likes_count, comments_count, replies_count, counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)
@@ -747,6 +818,8 @@ mod tests {
                 place: None,
                 edited_at: None,
                 edit_version: 0,
+                in_reply_to_tweet_id: None,
+                in_reply_to_user_id: None,
             };
             let spliced = TweetJson::Spliced {
                 user: UserJson::Json("{}".to_owned()),

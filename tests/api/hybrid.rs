@@ -690,3 +690,47 @@ async fn a_stream_is_not_sent_the_pulled_tweet_of_an_author_its_user_unfollowed(
     app.drain().await;
     assert_eq!(streamed(&s.tweets_until(pushed).await), vec![pushed]);
 }
+
+/// A pulled author's reply is fanned out instead (crate::replies): to the followers who follow
+/// the replied-to user too, and nobody else's newsfeed merges it at read time.
+#[sqlx::test]
+async fn a_pulled_authors_reply_is_fanned_out_to_the_readers_who_follow_both(db: PgPool) {
+    let app = hybrid_app(db, 2, 1).await;
+    let (star, star_token) = app.signup("star").await;
+    let (bob, bob_token) = app.signup("bob").await;
+    let mut fans = Vec::new();
+    for i in 0..3 {
+        let fan = app.signup(&format!("fan{i}")).await;
+        app.follow(&fan.1, star).await;
+        fans.push(fan);
+    }
+    app.follow(&fans[0].1, bob).await;
+    app.drain().await;
+    app.tweets(&star_token, "pushed", 2).await;
+    app.drain().await;
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let pulled = app.tweet(&star_token, "pulled").await["id"]
+        .as_i64()
+        .unwrap();
+    assert!(is_pulled(&app, pulled).await);
+    let bobs = app.tweet(&bob_token, "bob's").await["id"].as_i64().unwrap();
+    let res = app
+        .post(
+            "/api/tweets/",
+            Some(&star_token),
+            serde_json::json!({"content": "to bob", "in_reply_to_tweet_id": bobs}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let reply = res.body["id"].as_i64().unwrap();
+    assert!(!is_pulled(&app, reply).await, "a reply is never pulled");
+    app.drain().await;
+    for round in ["warm", "flushed"] {
+        for (i, (_, token)) in fans.iter().enumerate() {
+            let ids = page_all(&app, "/api/newsfeeds/", Some(token), 2).await;
+            assert_eq!(ids.contains(&reply), i == 0, "fan {i}, {round}: {ids:?}");
+            assert!(ids.contains(&pulled), "fan {i}, {round}");
+        }
+        app.flush_cache().await;
+    }
+}

@@ -87,6 +87,14 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
             "reply to outside",
             Some(9),
         ),
+        // 20's reply to 30's tweet: 10 follows both and gets it, 11 follows only 20.
+        tweet(
+            1007,
+            500,
+            "Sat Nov 12 09:00:00 +0000 2016",
+            "busiest author, a reply",
+            Some(1003),
+        ),
         "{\"id_str\": \"1006\", \"text\": \"no author or date\"}".to_owned(),
         "{ broken json".to_owned(),
     ]
@@ -126,7 +134,7 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
     );
     assert_eq!(summary.skipped_tweets.count, 2);
     assert!(
-        summary.skipped_tweets.examples[0].contains("tweets.jsonl.gz:6"),
+        summary.skipped_tweets.examples[0].contains("tweets.jsonl.gz:7"),
         "{:?}",
         summary.skipped_tweets.examples
     );
@@ -134,10 +142,10 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
     assert!(tables.contains(&("users".into(), 4)), "{tables:?}");
     assert!(tables.contains(&("friendships".into(), 3)));
     assert!(
-        tables.contains(&("tweets".into(), 4)),
-        "1001, 1002, 1003 and the reply to an outside tweet"
+        tables.contains(&("tweets".into(), 6)),
+        "1001, 1002, 1003, the replies and the reply to an outside tweet"
     );
-    assert!(tables.contains(&("comments".into(), 1)));
+    assert!(tables.contains(&("comments".into(), 0)));
 
     // The busiest author (500) got the most-followed account (20, two followers).
     let owner: i64 = sqlx::query_scalar("select user_id from tweets where id = 1001")
@@ -154,7 +162,7 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
         .fetch_one(app.db())
         .await
         .unwrap();
-    assert_eq!(distinct, 4, "same-second tweets got unique timestamps");
+    assert_eq!(distinct, 6, "same-second tweets got unique timestamps");
 
     // Feeds are complete at once: 10 follows 20 (two tweets) and 30.
     let token = std::fs::read_to_string(&tokens).unwrap();
@@ -169,28 +177,57 @@ async fn an_import_loads_graph_tweets_and_complete_feeds_once(db: PgPool) {
         .to_owned();
     let feed = page_all(&app, "/api/newsfeeds/", Some(&ten), 1).await;
     let expected_len: i64 = sqlx::query_scalar(
-        "select count(*) from tweets t join friendships f on f.to_user_id = t.user_id where f.from_user_id = 10",
+        "select count(*) from tweets t where t.user_id = 10
+            or exists (select 1 from friendships f where f.from_user_id = 10 and f.to_user_id = t.user_id)",
     )
     .fetch_one(app.db())
     .await
     .unwrap();
     assert_eq!(feed.len() as i64, expected_len);
     assert_eq!(&feed[feed.len() - 2..], &[1002, 1001]);
+    assert!(feed.contains(&1007) && feed.contains(&1004), "{feed:?}");
+    let eleven = token
+        .lines()
+        .find(|l| l.starts_with("11\t"))
+        .unwrap()
+        .split('\t')
+        .nth(1)
+        .unwrap()
+        .to_owned();
+    let feed = page_all(&app, "/api/newsfeeds/", Some(&eleven), 2).await;
+    assert_eq!(
+        feed,
+        vec![1005, 1002, 1001],
+        "its own, and no reply to an account it does not follow"
+    );
+    // Replies stay replies, counted on what they answer.
     let detail = app.get("/api/tweets/1001/", None).await.body;
     assert_eq!(
         (
             detail["comments_count"].clone(),
-            detail["comments"][0]["content"].clone()
+            detail["replies_count"].clone()
         ),
-        (json!(1), json!("a reply"))
+        (json!(0), json!(1))
     );
+    let reply = app.get("/api/tweets/1004/", None).await.body;
+    assert_eq!(
+        (
+            reply["in_reply_to_tweet_id"].clone(),
+            reply["in_reply_to_user_id"].clone()
+        ),
+        (json!(1001), json!(20))
+    );
+    let context = app.get("/api/tweets/1001/context/", None).await.body;
+    assert_eq!(context["descendants"][0]["id"], 1004, "{context}");
+    let outside = app.get("/api/tweets/1005/", None).await.body;
+    assert_eq!(outside["in_reply_to_tweet_id"], json!(null));
     let profile = app.get("/api/users/20/", None).await.body;
     assert_eq!(
         (
             profile["followers_count"].clone(),
             profile["tweets_count"].clone()
         ),
-        (json!(2), json!(2))
+        (json!(2), json!(3))
     );
     assert_eq!(
         app.post(

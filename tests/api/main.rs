@@ -31,6 +31,7 @@ mod outbox;
 mod pagination;
 mod races;
 mod replica;
+mod replies;
 mod resilience;
 mod streams;
 mod tweets;

@@ -68,7 +68,17 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
         json!({"content": "learning rust without the tag"}),
     )
     .await;
-    expected.push(post(&app, &bob, json!({"content": "anything at all"})).await);
+    let bobs = post(&app, &bob, json!({"content": "anything at all"})).await;
+    expected.push(bobs);
+    // A reply to the followed account's tweet matches `follow` too (Twitter's rule).
+    expected.push(
+        post(
+            &app,
+            &alice,
+            json!({"content": "an answer", "in_reply_to_tweet_id": bobs}),
+        )
+        .await,
+    );
     // On the box's corner: inside (edges included).
     expected.push(
         post(
@@ -121,9 +131,9 @@ async fn a_filter_stream_matches_phrases_authors_and_boxes_with_their_edges(db: 
     let got = s.tweets_until(last).await;
     assert_eq!(tweet_ids(&got), expected);
     // The tweet objects carry their location.
-    assert_eq!(got[3].data["tweet"]["coordinates"], json!([10.0, -10.0]));
+    assert_eq!(got[4].data["tweet"]["coordinates"], json!([10.0, -10.0]));
     assert_eq!(
-        got[4].data["tweet"]["place"]["bbox"],
+        got[5].data["tweet"]["place"]["bbox"],
         json!([10.0, 10.0, 20.0, 20.0])
     );
     assert!(got.iter().all(|e| e.id.is_some()));
