@@ -513,9 +513,12 @@ async fn fanout_batch_once(
         .filter_map(|t| Some((t.0, t.6?)))
         .collect();
     let mut reached: HashMap<i64, std::collections::HashSet<i64>> = HashMap::new();
-    for &(id, author, ..) in batch.iter().filter(|t| reply_to.contains_key(&t.0)) {
+    for &(id, author, ..) in &batch {
+        let Some(&to) = reply_to.get(&id) else {
+            continue;
+        };
         let readers = followers_of.get(&author).map_or(&[][..], Vec::as_slice);
-        let kept = replies::reaching(&mut tx, reply_to[&id], readers)
+        let kept = replies::reaching(&mut tx, to, readers)
             .await
             .context("reading who follows the replied-to users")?;
         reached.insert(id, kept);
