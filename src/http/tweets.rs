@@ -95,7 +95,6 @@ struct TweetUpload {
     )),
     responses(
         (status = 201, body = Tweet, description = "The new tweet"),
-        (status = 400, body = Detail, description = "Bad fields, or no tweet `in_reply_to_tweet_id`"),
         (status = 403, body = Detail, description = "Not a member of `circle_id`, or blocked by (or blocking) the author of `in_reply_to_tweet_id`"),
     ))]
 async fn create(
@@ -314,7 +313,6 @@ async fn history(
     responses(
         (status = 200, body = replies::Context,
             description = "Ancestors (oldest first) and a page of descendants (oldest first)"),
-        (status = 400, body = Detail, description = "A bad cursor or page size"),
         (status = 404, body = Detail, description = "No such tweet, or its author blocks the caller"),
     ))]
 async fn context(
