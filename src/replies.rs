@@ -79,31 +79,31 @@ pub async fn lock_parent(
     {
         return Ok(Err(ApiError::Forbidden));
     }
-    let version: i64 = sqlx::query_scalar(
-        "insert into threads as t (root_id, version) values ($1, 1)
-         on conflict (root_id) do update set version = t.version + 1
-         returning version",
-    )
-    .bind(root)
-    .fetch_one(&mut *tx)
-    .await?;
-    let row: Option<TweetRow> = sqlx::query_as(concat!(
-        "update tweets set replies_count = replies_count + 1,
-                           counts_version = counts_version + 1
-         where id = $1",
-        crate::returning_tweet_row!()
-    ))
-    .bind(parent)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let version = lock_thread(&mut *tx, root).await?;
+    let row = shift_replies(&mut *tx, parent, 1).await?;
     // Deleted since it was read: the reply is refused (its transaction rolls back).
     Ok(row
         .map(|row| Parent { row, root, version })
         .ok_or_else(no_such))
 }
 
-/// Locks thread `root` for a delete of one of its replies (after the author's row, before the
-/// tweet's) and bumps its version; the new version.
+/// Moves tweet `id`'s `replies_count` by `by` (with its `counts_version`); its row after, or
+/// `None` if there is no such tweet (any more).
+async fn shift_replies(tx: &mut PgConnection, id: i64, by: i64) -> sqlx::Result<Option<TweetRow>> {
+    sqlx::query_as(concat!(
+        "update tweets set replies_count = replies_count + $2,
+                           counts_version = counts_version + 1
+         where id = $1",
+        crate::returning_tweet_row!()
+    ))
+    .bind(id)
+    .bind(by)
+    .fetch_optional(tx)
+    .await
+}
+
+/// Locks thread `root` for a reply posted or deleted (after the author's row, before any tweet
+/// row), creating its row with the first reply, and bumps its version; the new version.
 ///
 /// # Errors
 /// Postgres failed.
@@ -132,15 +132,7 @@ pub async fn detach(
 ) -> sqlx::Result<Vec<Update>> {
     let mut updates = Vec::new();
     if let Some(parent) = reply.in_reply_to_tweet_id {
-        let row: Option<TweetRow> = sqlx::query_as(concat!(
-            "update tweets set replies_count = replies_count - 1,
-                               counts_version = counts_version + 1
-             where id = $1",
-            crate::returning_tweet_row!()
-        ))
-        .bind(parent)
-        .fetch_optional(&mut *tx)
-        .await?;
+        let row = shift_replies(&mut *tx, parent, -1).await?;
         updates.extend(row.iter().flat_map(TweetRow::counts_updates));
     }
     updates.push(shape_update(tx, root, version).await?);
@@ -182,10 +174,9 @@ async fn shape_rows(
     .await
 }
 
-/// Thread `root`'s shape from Postgres: version and tweets in one snapshot (a repeatable-read
-/// transaction), all of them (`limit` `None`), or `None` for a thread bigger than
-/// [`MAX_CACHED_THREAD`].
-async fn load_shape(db: &PgPool, root: i64, limit: Option<usize>) -> sqlx::Result<ThreadShape> {
+/// Thread `root`'s version and all its tweets from Postgres, in one snapshot (a repeatable-read
+/// transaction).
+async fn load_thread(db: &PgPool, root: i64) -> sqlx::Result<(i64, Vec<ShapeReply>)> {
     let mut tx = db.begin().await?;
     sqlx::query("set transaction isolation level repeatable read read only")
         .execute(&mut *tx)
@@ -194,38 +185,34 @@ async fn load_shape(db: &PgPool, root: i64, limit: Option<usize>) -> sqlx::Resul
         .bind(root)
         .fetch_optional(&mut *tx)
         .await?;
-    let rows = shape_rows(&mut tx, root, limit.map(|l| l + 1)).await?;
+    let rows = shape_rows(&mut tx, root, None).await?;
     tx.commit().await?;
-    let fits = limit.is_none_or(|l| rows.len() <= l);
-    Ok(ThreadShape {
-        version: version.unwrap_or(0),
-        replies: fits.then_some(rows),
-    })
+    Ok((version.unwrap_or(0), rows))
 }
 
-/// Thread `root`'s tweets: from its cached shape, or loaded (and cached) on a miss; from
-/// Postgres alone if Redis fails, or if the thread is too big to cache.
+/// Thread `root`'s tweets: from its cached shape, or loaded on a miss (and cached, or marked too
+/// big to cache: [`MAX_CACHED_THREAD`]); from Postgres alone if Redis fails, or if the thread is
+/// too big to cache.
 async fn thread(db: &PgPool, cache: &Cache, root: i64) -> sqlx::Result<Vec<ShapeReply>> {
     let cached = match cache.available() {
         true => cache.get_thread(root).await.ok(),
         false => None,
     };
-    let shape = match cached {
-        Some(Some(shape)) => shape,
-        Some(None) => {
-            let shape = load_shape(db, root, Some(MAX_CACHED_THREAD)).await?;
-            cache.put_thread(root, &shape).await;
-            shape
-        }
-        None => load_shape(db, root, None).await?,
-    };
-    match shape.replies {
-        Some(rows) => Ok(rows),
-        None => Ok(load_shape(db, root, None)
-            .await?
-            .replies
-            .unwrap_or_default()),
+    if let Some(Some(ThreadShape {
+        replies: Some(rows),
+        ..
+    })) = cached
+    {
+        return Ok(rows);
     }
+    let (version, rows) = load_thread(db, root).await?;
+    if let Some(None) = cached {
+        let replies = (rows.len() <= MAX_CACHED_THREAD).then(|| rows.clone());
+        cache
+            .put_thread(root, &ThreadShape { version, replies })
+            .await;
+    }
+    Ok(rows)
 }
 
 /// Whether a reply by `author` to `reply_to`'s tweet reaches every follower of `author`
