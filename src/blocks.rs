@@ -299,10 +299,19 @@ pub async fn list(
 /// Most entries one read of a filtered page asks for (a refresh's page).
 const MOST_PER_READ: usize = 1000;
 
-/// The page `req` of a timeline without the items of hidden accounts, never a partial page:
+/// Whether a page shows `item` to a viewer who hides `hidden`: not by a hidden account, not
+/// a retweet of a hidden account's tweet (API.md, "Blocks and mutes"), not a retweet whose
+/// original is gone ([`crate::retweets::is_orphan`]).
+fn shows(hidden: &Hidden, item: &Item) -> bool {
+    !hidden.hides(item.tweet.user_id())
+        && !(item.retweeted.as_ref()).is_some_and(|o| hidden.hides(o.tweet.user_id()))
+        && !crate::retweets::is_orphan(item)
+}
+
+/// The page `req` of a timeline without the items it must not show ([`shows`]: hidden accounts, orphaned retweets), never a partial page:
 /// `read` is called for `req`, then, while hidden items left it short and the timeline went
 /// on, again below the oldest item it returned, asking for twice as many each time (up to
-/// [`MOST_PER_READ`]). With nobody hidden it is one `read`, as without this filter. Cursors
+/// [`MOST_PER_READ`]). With nothing left out it is one `read`, as without this filter. Cursors
 /// are the items' own times, so the next page continues exactly below what this one showed.
 ///
 /// # Errors
@@ -316,20 +325,13 @@ where
     F: FnMut(PageRequest) -> Fut,
     Fut: Future<Output = sqlx::Result<Vec<Item>>>,
 {
-    if hidden.is_empty() {
-        return read(*req).await;
-    }
     let mut shown = Vec::with_capacity(req.want());
     let mut next = *req;
     loop {
         let items = read(next).await?;
         let ended = items.len() < next.want();
         let oldest = items.last().map(|i| i.created_at);
-        shown.extend(
-            items
-                .into_iter()
-                .filter(|i| !hidden.hides(i.tweet.user_id())),
-        );
+        shown.extend(items.into_iter().filter(|i| shows(hidden, i)));
         if shown.len() >= req.want() || ended {
             break;
         }

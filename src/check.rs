@@ -103,7 +103,7 @@ fn classify(prefix: &str, key: &str) -> Kind {
             id("h").map_or(Kind::Other, |h| Kind::Timeline(Timeline::Hashtag(h)))
         }
         ("tweetv3", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
-        ("cnt2", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
+        ("cnt3", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
         ("liked", Some(b'u')) => id("u").map_or(Kind::Other, Kind::Liked),
@@ -542,7 +542,7 @@ mod tests {
             Kind::Other,
             "an older build's key"
         );
-        assert_eq!(classify(p, "p:{t9}:cnt2"), Kind::TweetCounts(9));
+        assert_eq!(classify(p, "p:{t9}:cnt3"), Kind::TweetCounts(9));
         assert_eq!(classify(p, "p:{u4}:user"), Kind::User(4));
         assert_eq!(classify(p, "p:{u4}:cnt"), Kind::UserCounts(4));
         assert_eq!(classify(p, "p:{u4}:liked"), Kind::Liked(4));

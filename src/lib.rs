@@ -28,6 +28,7 @@ pub mod notifications;
 pub mod pagination;
 pub mod replica;
 pub mod replies;
+pub mod retweets;
 pub mod startup;
 pub mod state;
 pub mod streams;

@@ -267,7 +267,8 @@ pub async fn liked_given(
     }
 }
 
-/// Which of `tweet_ids` `user` liked, from Postgres alone: one indexed query.
+/// Which of `tweet_ids` `user` liked, from Postgres alone: one indexed query. A retweet mark
+/// among them ([`crate::retweets::retweet_mark`]) is answered from the user's retweets.
 pub async fn liked_tweets_in_db(
     db: &PgPool,
     user: i64,
@@ -277,7 +278,10 @@ pub async fn liked_tweets_in_db(
         db,
         Some(user),
         tweet_ids,
-        "select tweet_id from tweet_likes where user_id = $1 and tweet_id = any($2)",
+        "select tweet_id from tweet_likes where user_id = $1 and tweet_id = any($2)
+         union all
+         select -retweeted_tweet_id - 2 from tweets
+         where user_id = $1 and retweeted_tweet_id = any(select -m - 2 from unnest($2::bigint[]) m where m < -2)",
     )
     .await
 }
@@ -295,12 +299,18 @@ pub async fn load_liked_set(
     let Ok(generation) = cache.begin_load_liked(user).await else {
         return liked_tweets_in_db(db, user, tweet_ids).await;
     };
-    let all: Vec<i64> =
-        sqlx::query_scalar("select tweet_id from tweet_likes where user_id = $1 limit $2")
-            .bind(user)
-            .bind(MAX_CACHED_LIKES as i64 + 1)
-            .fetch_all(db)
-            .await?;
+    // Its retweets too, as marks (crate::retweets::retweet_mark): `has_retweeted`.
+    let all: Vec<i64> = sqlx::query_scalar(
+        "(select tweet_id from tweet_likes where user_id = $1
+          union all
+          select -retweeted_tweet_id - 2 from tweets
+          where user_id = $1 and retweeted_tweet_id is not null)
+         limit $2",
+    )
+    .bind(user)
+    .bind(MAX_CACHED_LIKES as i64 + 1)
+    .fetch_all(db)
+    .await?;
     if all.len() > MAX_CACHED_LIKES {
         cache.fill_liked(user, &generation, None).await;
         return liked_tweets_in_db(db, user, tweet_ids).await;

@@ -43,6 +43,11 @@ pub struct TweetRecord {
     /// The author of the tweet this one replies to, if it is a reply.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_reply_to_user_id: Option<i64>,
+    /// The tweet this one retweets, if it is a retweet ([`crate::retweets`]; its text is
+    /// empty). Last among the cached members, so a reader finds it without parsing them.
+    #[sqlx(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retweeted_tweet_id: Option<i64>,
 }
 
 /// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon
@@ -76,6 +81,9 @@ pub struct TweetCounts {
     /// Direct replies ([`crate::replies`]).
     #[sqlx(rename = "replies_count")]
     pub replies: i64,
+    /// Live retweets ([`crate::retweets`]).
+    #[sqlx(rename = "retweets_count")]
+    pub retweets: i64,
     #[sqlx(rename = "counts_version")]
     pub version: i64,
 }

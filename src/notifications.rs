@@ -22,6 +22,8 @@ pub enum Verb {
     LikedComment,
     CommentedTweet,
     Followed,
+    /// A retweet of the recipient's tweet ([`crate::retweets`]).
+    RetweetedTweet,
 }
 
 impl Verb {
@@ -32,6 +34,7 @@ impl Verb {
             Verb::LikedComment => ("liked your comment", "comment"),
             Verb::CommentedTweet => ("commented on your tweet", "tweet"),
             Verb::Followed => ("followed you", "user"),
+            Verb::RetweetedTweet => ("retweeted your tweet", "tweet"),
         }
     }
 }

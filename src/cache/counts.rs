@@ -1,4 +1,4 @@
-//! Cached counters: `likes_count` / `comments_count` / `replies_count` of tweets and the profile counts of users.
+//! Cached counters: `likes_count` / `comments_count` / `replies_count` / `retweets_count` of tweets and the profile counts of users.
 //!
 //! Postgres is the truth: each count is a denormalized column changed atomically
 //! (`set likes_count = likes_count + 1, counts_version = counts_version + 1 ... returning`) in
@@ -66,16 +66,17 @@ impl Versioned for TweetCounts {
     }
     fn encode(&self) -> String {
         format!(
-            "{}|{}|{}|{}",
-            self.version, self.likes, self.comments, self.replies
+            "{}|{}|{}|{}|{}",
+            self.version, self.likes, self.comments, self.replies, self.retweets
         )
     }
     fn decode(raw: &str) -> Option<Self> {
-        let [version, likes, comments, replies] = numbers(raw)?;
+        let [version, likes, comments, replies, retweets] = numbers(raw)?;
         Some(TweetCounts {
             likes,
             comments,
             replies,
+            retweets,
             version,
         })
     }
@@ -197,6 +198,7 @@ mod tests {
             likes: 2,
             comments: 5,
             replies: 4,
+            retweets: 6,
             version: 9,
         };
         assert_eq!(TweetCounts::decode(&t.encode()), Some(t));

@@ -425,6 +425,7 @@ mod tests {
             likes,
             comments: 0,
             replies: 0,
+            retweets: 0,
             version: 1,
         };
         let liked = LikedAmong::Liked([20].into_iter().collect());

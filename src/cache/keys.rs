@@ -27,7 +27,7 @@
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
 //! | `{p}:{t17}:tweetv3` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v3`: versioned, with hashtags and reply ids; older builds' `tweet`, `tweetv` and `tweetv2` keys expire with their TTL) |
-//! | `{p}:{t17}:cnt2` | string | `"{counts_version}\|{likes}\|{comments}\|{replies}"` (`2`: with replies; older builds' `cnt` keys expire with their TTL) |
+//! | `{p}:{t17}:cnt3` | string | `"{counts_version}\|{likes}\|{comments}\|{replies}\|{retweets}"` (`3`: with retweets; older builds' `cnt` and `cnt2` keys expire with their TTL) |
 //! | `{p}:{t17}:thread` | string | a thread's shape, on its first tweet: `"{threads.version}\|{JSON [[id, parent or 0, created_at µs, author], …]}"` ([`crate::cache::threads`]) |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
 //! | `{p}:{bus}:revoked` | pub/sub channel | hashes of revoked tokens, for every process's token cache (see [`crate::cache::tokens`]) |
@@ -163,7 +163,7 @@ pub struct Keys {
 pub enum Object {
     /// A tweet object, `{p}:{t17}:tweetv3`.
     Tweet,
-    /// A tweet's counts, `{p}:{t17}:cnt2`.
+    /// A tweet's counts, `{p}:{t17}:cnt3`.
     TweetCounts,
     /// A user object, `{p}:{u42}:user`.
     User,
@@ -174,7 +174,7 @@ impl Object {
     fn parts(self) -> (&'static str, &'static str) {
         match self {
             Object::Tweet => ("t", "tweetv3"),
-            Object::TweetCounts => ("t", "cnt2"),
+            Object::TweetCounts => ("t", "cnt3"),
             Object::User => ("u", "user"),
         }
     }
@@ -469,7 +469,7 @@ mod tests {
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
         assert_eq!(keys.tweet(7), "p:{t7}:tweetv3");
-        assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt2");
+        assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt3");
         assert_eq!(keys.thread(7), "p:{t7}:thread");
         for object in [Object::Tweet, Object::TweetCounts, Object::User] {
             let ids = [7, 1_234_567_890_123, 42];

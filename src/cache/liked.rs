@@ -1,5 +1,7 @@
 //! Liked sets (`has_liked`): each user's cached set of liked tweets, its samples read with a
-//! page, and the sets held whole in each process's memory ([`HeldLikes`]).
+//! page, and the sets held whole in each process's memory ([`HeldLikes`]). The set also holds
+//! the user's retweets as marks below its markers (`-id - 2`,
+//! `crate::retweets::retweet_mark`): `has_retweeted` is asked of the same set.
 
 use std::collections::HashSet;
 
@@ -52,7 +54,10 @@ impl HeldLikes {
         if sample.contains(&TOO_MANY_MARKER) {
             return Some(HeldLikes::TooMany);
         }
-        let mut ids: Vec<i64> = sample.iter().copied().filter(|id| *id > 0).collect();
+        // Tweet ids and retweet marks (crate::retweets::retweet_mark), not the markers.
+        let mut ids: Vec<i64> = (sample.iter().copied())
+            .filter(|id| *id > 0 || *id < TOO_MANY_MARKER)
+            .collect();
         ids.sort_unstable();
         Some(HeldLikes::All(ids.into()))
     }

@@ -29,7 +29,7 @@ pub enum Cached<T> {
 
 /// A tweet object as cached: its author, version and public fields as ready JSON object
 /// members in the order of the public `Tweet`:
-/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[],"in_reply_to_tweet_id":null,"in_reply_to_user_id":null`.
+/// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[],"in_reply_to_tweet_id":null,"in_reply_to_user_id":null`, and a retweet's `,"retweeted_tweet_id":5` last.
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
 /// Stored as `"{version}|{user_id}|{created_at µs}|{members}"`, `version` being the tweet's
@@ -46,6 +46,19 @@ pub struct CachedTweet {
     pub version: i64,
     /// Shared: a near-cached tweet is cloned into every page that lists it.
     pub members: std::sync::Arc<str>,
+    /// The tweet it retweets (its members' last, `"retweeted_tweet_id"`), found once when
+    /// encoded or decoded, so a page learns which items are retweets without parsing.
+    pub retweeted_tweet_id: Option<i64>,
+}
+
+/// What leads the last member of a retweet's members. Inside a JSON string every `"` is
+/// escaped, so the unescaped `,"` can only start a member.
+const RETWEETED_MEMBER: &str = ",\"retweeted_tweet_id\":";
+
+/// The retweeted tweet's id of cached `members` ([`CachedTweet::retweeted_tweet_id`]).
+fn retweeted_in(members: &str) -> Option<i64> {
+    let (_, id) = members.rsplit_once(RETWEETED_MEMBER)?;
+    id.parse().ok()
 }
 
 /// The public fields of a tweet, as [`CachedTweet::members`] holds them.
@@ -65,6 +78,9 @@ struct PublicFields<'a> {
     hashtags: Vec<String>,
     in_reply_to_tweet_id: Option<i64>,
     in_reply_to_user_id: Option<i64>,
+    /// Only on a retweet ([`crate::retweets`]), and last (see [`retweeted_in`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retweeted_tweet_id: Option<i64>,
 }
 
 impl CachedTweet {
@@ -82,6 +98,7 @@ impl CachedTweet {
             hashtags: crate::hashtags::parse(&tweet.content),
             in_reply_to_tweet_id: tweet.in_reply_to_tweet_id,
             in_reply_to_user_id: tweet.in_reply_to_user_id,
+            retweeted_tweet_id: tweet.retweeted_tweet_id,
         };
         // Serialising plain strings, numbers and `Place` can not fail.
         let json = serde_json::to_string(&fields).unwrap_or_else(|_| "{}".to_owned());
@@ -96,6 +113,7 @@ impl CachedTweet {
             created_at: tweet.created_at,
             version: tweet.edit_version,
             members,
+            retweeted_tweet_id: tweet.retweeted_tweet_id,
         }
     }
 
@@ -137,6 +155,7 @@ impl CachedTweet {
             user_id: user.parse().ok()?,
             created_at: crate::time::from_micros(micros.parse().ok()?),
             version: version.parse().ok()?,
+            retweeted_tweet_id: retweeted_in(members),
             members: members.into(),
         })
     }
@@ -472,8 +491,10 @@ mod tests {
             edit_version: 0,
             in_reply_to_tweet_id: Some(5),
             in_reply_to_user_id: Some(8),
+            retweeted_tweet_id: None,
         };
         let cached = CachedTweet::of(&tweet);
+        assert_eq!(cached.retweeted_tweet_id, None);
         assert!(
             cached
                 .members
@@ -508,6 +529,31 @@ mod tests {
             edited.members
         );
         assert_eq!(edited.record(), Some(tweet.clone()));
+        // A retweet names its tweet last, found without parsing (also after a decode); a
+        // text that quotes the member's name does not fool it.
+        let retweet = TweetRecord {
+            content: r#"x,"retweeted_tweet_id":3"#.to_owned(),
+            retweeted_tweet_id: Some(99),
+            ..tweet.clone()
+        };
+        let cached_retweet = CachedTweet::of(&retweet);
+        assert!(
+            cached_retweet
+                .members
+                .ends_with(r#","retweeted_tweet_id":99"#)
+        );
+        assert_eq!(cached_retweet.retweeted_tweet_id, Some(99));
+        let decoded = CachedTweet::decode(&cached_retweet.encode());
+        assert_eq!(
+            decoded.as_ref().and_then(|c| c.retweeted_tweet_id),
+            Some(99)
+        );
+        assert_eq!(decoded.and_then(|c| c.record()), Some(retweet.clone()));
+        let quoting = TweetRecord {
+            retweeted_tweet_id: None,
+            ..retweet.clone()
+        };
+        assert_eq!(CachedTweet::of(&quoting).retweeted_tweet_id, None);
         let stored = edited.encode();
         assert!(stored.starts_with("2|42|"), "{stored}");
         assert_eq!(CachedTweet::decode(&stored), Some(edited));

@@ -10,6 +10,7 @@ use crate::http::extract::{Auth, QueryMap};
 use crate::http::openapi::{NewsFeed, Page, PageParams};
 use crate::http::timeline::{JsonBody, timeline_body};
 use crate::newsfeeds;
+use crate::retweets;
 use crate::state::AppState;
 
 pub fn router() -> OpenApiRouter<AppState> {
@@ -30,8 +31,10 @@ async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> Api
     let req = query.page()?;
     let (db, cache, pulled) = (&state.db, &state.cache, &state.pull_authors);
     let hidden = blocks::hidden(db, cache, Some(auth.user_id)).await?;
+    let viewer = Some(auth.user_id);
     let items = blocks::visible_page(&hidden, &req, |page| async move {
-        newsfeeds::read(db, cache, pulled, auth.user_id, &page).await
+        let items = newsfeeds::read(db, cache, pulled, auth.user_id, &page).await?;
+        retweets::attach(db, cache, viewer, items).await
     })
     .await?;
     Ok(timeline_body(items, &req, true))

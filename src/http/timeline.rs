@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use crate::blocks;
 use crate::error::{ApiError, ApiResult};
 use crate::pagination::{Page, PageRequest};
+use crate::retweets;
 use crate::state::AppState;
 use crate::time::{self, Timestamp};
 use crate::timeline::{self, Item, Timeline};
@@ -58,12 +59,16 @@ pub(crate) async fn owned_timeline_page(
             if blocks::blocks_viewer(db, cache, owner, viewer).await? {
                 return Err(ApiError::NotFound);
             }
-            timeline::read(db, cache, timeline, req, viewer).await?
+            let items = timeline::read(db, cache, timeline, req, viewer).await?;
+            let mut items = retweets::attach(db, cache, viewer, items).await?;
+            items.retain(|i| !retweets::is_orphan(i));
+            items
         }
         _ => {
             let hidden = blocks::hidden(db, cache, viewer).await?;
             blocks::visible_page(&hidden, req, |page| async move {
-                timeline::read(db, cache, timeline, &page, viewer).await
+                let items = timeline::read(db, cache, timeline, &page, viewer).await?;
+                retweets::attach(db, cache, viewer, items).await
             })
             .await?
         }

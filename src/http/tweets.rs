@@ -20,6 +20,7 @@ use crate::media::{self, Media};
 use crate::model::TweetCounts;
 use crate::pagination::PageRequest;
 use crate::replies;
+use crate::retweets;
 use crate::state::AppState;
 use crate::timeline::Timeline;
 use crate::tweets::{self, NewTweet, Tweet};
@@ -30,6 +31,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(detail, remove, edit))
         .routes(routes!(history))
         .routes(routes!(context))
+        .routes(routes!(retweet))
+        .routes(routes!(unretweet))
 }
 
 /// A user's tweets, newest first.
@@ -141,6 +144,7 @@ async fn create(
         coordinates,
         place: None,
         in_reply_to_tweet_id: in_reply_to,
+        retweeted_tweet_id: None,
     };
     let (db, cache, pull) = (&state.db, &state.cache, &state.pull);
     let created = tweets::create(db, cache, pull, auth.user_id, &new, || {
@@ -216,9 +220,14 @@ async fn detail(
         }
         Ok(likes::newest_tweet_likes(db, cache, id, DETAIL_NEWEST as i64).await?)
     };
-    let (comments, likes) = tokio::try_join!(newest_comments, newest_likes)?;
+    let tweet = Tweet::new(record, author.into(), &counts, has_liked);
+    let (comments, likes, tweet) = tokio::try_join!(
+        newest_comments,
+        newest_likes,
+        retweets::complete(db, cache, viewer, tweet)
+    )?;
     Ok(Json(TweetDetail {
-        tweet: Tweet::new(record, author.into(), &counts, has_liked),
+        tweet,
         comments,
         likes,
     }))
@@ -342,4 +351,74 @@ async fn remove(
     let tweet = tweets::delete(&state.db, &state.cache, auth.user_id, id).await?;
     state.media.delete_urls(&tweet.photo_urls).await;
     Ok(Json(Success { success: true }))
+}
+
+/// Retweets a tweet (a retweet of a retweet retweets its original).
+///
+/// The retweet is a newsfeed entry for the caller's followers; a tweet appears at most once in
+/// a reader's newsfeed, however many of its followings retweet it (the first entry stays).
+/// The author is notified (`retweeted your tweet`).
+#[utoipa::path(post, path = "/api/tweets/{id}/retweet", tag = "tweets",
+    params(("id" = i64, Path, description = "The tweet")),
+    security(("bearer" = [])),
+    responses(
+        (status = 201, body = Tweet, description = "The new retweet, with `retweeted_tweet`"),
+        (status = 200, body = Tweet, description = "Retweeted already: that retweet"),
+        (status = 403, body = Detail, description = "The author blocks the caller, or the caller blocks the author"),
+        (status = 404, body = Detail, description = "No such tweet"),
+    ))]
+async fn retweet(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(id): PathId,
+) -> ApiResult<(StatusCode, Json<Tweet>)> {
+    // Back-pressure, as for a tweet: a retweet is fanned out too.
+    if let Some(secs) = state.backlog.refuse() {
+        return Err(ApiError::Busy(
+            secs,
+            "The fan-out of new tweets is behind; try again shortly.",
+        ));
+    }
+    let (db, cache, pull) = (&state.db, &state.cache, &state.pull);
+    let (tweet, created) = retweets::retweet(db, cache, pull, auth.user_id, id, || {
+        state.worker.announce()
+    })
+    .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(tweet)))
+}
+
+/// The answer of an unretweet.
+#[derive(Serialize, ToSchema)]
+struct Unretweeted {
+    success: bool,
+    /// Retweets deleted: 1, or 0 if the caller had not retweeted the tweet.
+    deleted: u64,
+}
+
+/// Takes back the caller's retweet of a tweet.
+///
+/// Readers whose newsfeed showed the tweet by this retweet get the next one (another
+/// following's retweet, or the tweet itself), as a new entry.
+#[utoipa::path(post, path = "/api/tweets/{id}/unretweet", tag = "tweets",
+    params(("id" = i64, Path, description = "The retweeted tweet")),
+    security(("bearer" = [])),
+    responses(
+        (status = 200, body = Unretweeted, description = "Done"),
+        (status = 404, body = Detail, description = "No such tweet"),
+    ))]
+async fn unretweet(
+    State(state): State<AppState>,
+    auth: Auth,
+    PathId(id): PathId,
+) -> ApiResult<Json<Unretweeted>> {
+    let deleted = retweets::unretweet(&state.db, &state.cache, auth.user_id, id).await?;
+    Ok(Json(Unretweeted {
+        success: true,
+        deleted,
+    }))
 }

@@ -36,8 +36,8 @@ fn copy_time(t: &Timestamp) -> String {
     t.format("%Y-%m-%d %H:%M:%S%.6f+00").to_string()
 }
 
-/// A tweet (`id, user_id, content, created_at, coordinates, place`) as a `COPY` text-format line
-/// (`\N` for a missing location).
+/// A tweet (`id, user_id, content, created_at, coordinates, place, retweeted_tweet_id`) as a
+/// `COPY` text-format line (`\N` for a missing location or retweeted tweet).
 fn post_line(p: &Post<'_>) -> String {
     let mut line = String::with_capacity(p.content.len() + 64);
     let _ = write!(line, "{}\t", p.id);
@@ -54,6 +54,12 @@ fn post_line(p: &Post<'_>) -> String {
         Some(json) => {
             line.push('\t');
             copy_text(&json, &mut line);
+        }
+        None => line.push_str("\t\\N"),
+    }
+    match p.retweeted_tweet_id {
+        Some(id) => {
+            let _ = write!(line, "\t{id}");
         }
         None => line.push_str("\t\\N"),
     }
@@ -176,7 +182,7 @@ pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()
     sqlx::raw_sql(
         "create temp table import_users (id bigint) on commit drop;
          create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
-         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb) on commit drop;
+         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb, retweeted_tweet_id bigint) on commit drop;
          create temp table import_replies (id bigint, parent bigint, root bigint) on commit drop;
          create temp table import_tags (tweet_id bigint, tag text) on commit drop;",
     )
@@ -228,14 +234,15 @@ pub(super) async fn friendships(
 
 /// Adds the tweets, then links the replies to the tweets they answer (`in_reply_to_tweet_id`,
 /// `in_reply_to_user_id`, their thread) and counts them (`replies_count`, the threads' rows),
-/// as posting them one by one would have ([`crate::replies`]).
+/// as posting them one by one would have ([`crate::replies`]), and counts the retweets
+/// (`retweets_count`, [`crate::retweets`]).
 pub(super) async fn tweets_and_replies(
     conn: &mut PgConnection,
     mapped: &Mapped<'_>,
 ) -> anyhow::Result<()> {
     copy_rows(
         conn,
-        "copy import_tweets (id, user_id, content, created_at, coordinates, place) from stdin",
+        "copy import_tweets (id, user_id, content, created_at, coordinates, place, retweeted_tweet_id) from stdin",
         mapped.tweets().map(|p| post_line(&p)),
     )
     .await?;
@@ -248,8 +255,10 @@ pub(super) async fn tweets_and_replies(
     )
     .await?;
     sqlx::query(
-        "insert into tweets (id, user_id, content, created_at, coordinates, place)
-         select id, user_id, content, created_at, coordinates, place from import_tweets
+        "insert into tweets (id, user_id, content, created_at, coordinates, place,
+                             retweeted_tweet_id)
+         select id, user_id, content, created_at, coordinates, place, retweeted_tweet_id
+         from import_tweets
          on conflict do nothing",
     )
     .execute(&mut *conn)
@@ -265,7 +274,12 @@ pub(super) async fn tweets_and_replies(
                where in_reply_to_tweet_id in (select parent from import_replies) group by 1) c
          where c.id = t.id and t.replies_count <> c.n;
          insert into threads as h (root_id, version) select distinct root, 1 from import_replies
-         on conflict (root_id) do update set version = h.version + 1;",
+         on conflict (root_id) do update set version = h.version + 1;
+         update tweets t set retweets_count = c.n, counts_version = t.counts_version + 1
+         from (select retweeted_tweet_id as id, count(*) as n from tweets
+               where retweeted_tweet_id in (select retweeted_tweet_id from import_tweets)
+               group by 1) c
+         where c.id = t.id and t.retweets_count <> c.n;",
     )
     .execute(&mut *conn)
     .await?;

@@ -60,6 +60,8 @@ pub(super) struct Post<'a> {
     pub(super) coordinates: Option<[f64; 2]>,
     /// Where it was posted, if it names a place.
     pub(super) place: Option<&'a Place>,
+    /// The tweet it retweets (then `content` is empty, as a retweet posted through the API).
+    pub(super) retweeted_tweet_id: Option<i64>,
 }
 
 /// What the import writes, derived from what was read. The rows are made as they are
@@ -73,6 +75,11 @@ pub(super) struct Mapped<'a> {
     account_of: HashMap<i64, i64>,
     /// Reply → the tweet it replies to, for replies whose parent is in the data.
     parent: HashMap<i64, i64>,
+    /// Retweet → the tweet it retweets (in the data: embedded originals are read too).
+    retweeted: HashMap<i64, i64>,
+    /// Retweets left out: a second retweet of one tweet by one account (two authors of the
+    /// data may share an account), or a retweet of a retweet.
+    pub(super) dropped_retweets: usize,
     by_id: HashMap<i64, &'a InTweet>,
     /// `(id, unique created_at)` of the tweets (replies included), in time order.
     tweet_times: Vec<(i64, Timestamp)>,
@@ -92,7 +99,24 @@ pub(super) fn map<'a>(tweets: &'a [InTweet], edges: &[(i64, i64)]) -> anyhow::Re
     let mut tweet_times: Vec<(i64, Timestamp)> =
         tweets.iter().map(|t| (t.id, t.created_at)).collect();
     unique_times(&mut tweet_times);
+    // Retweets in time order: an account's first retweet of a tweet stays (one per account
+    // and tweet, as the API allows), and retweets of retweets go (v1.1 names the original).
     let by_id: HashMap<i64, &InTweet> = tweets.iter().map(|t| (t.id, t)).collect();
+    let (mut retweeted, mut seen, mut dropped) = (HashMap::new(), HashSet::new(), HashSet::new());
+    for (id, _) in &tweet_times {
+        let Some(t) = by_id.get(id) else { continue };
+        let Some(original) = t.retweet_of.filter(|o| ids.contains(o) && o != id) else {
+            continue;
+        };
+        let by_retweet = by_id.get(&original).is_some_and(|o| o.retweet_of.is_some());
+        let account = account_of.get(&t.author).copied();
+        if by_retweet || !seen.insert((account, original)) {
+            dropped.insert(*id);
+        } else {
+            retweeted.insert(*id, original);
+        }
+    }
+    tweet_times.retain(|(id, _)| !dropped.contains(id));
     let crawl = Utc
         .with_ymd_and_hms(2012, 1, 1, 0, 0, 0)
         .single()
@@ -105,6 +129,8 @@ pub(super) fn map<'a>(tweets: &'a [InTweet], edges: &[(i64, i64)]) -> anyhow::Re
         crawl,
         account_of,
         parent,
+        retweeted,
+        dropped_retweets: dropped.len(),
         by_id,
         tweet_times,
     })
@@ -141,10 +167,16 @@ impl<'a> Mapped<'a> {
     fn post(&self, id: i64, created_at: Timestamp) -> Option<Post<'a>> {
         let t = self.by_id.get(&id)?;
         let user_id = *self.account_of.get(&t.author)?;
+        let retweeted_tweet_id = self.retweeted.get(&id).copied();
         Some(Post {
             id,
             user_id,
-            content: &t.text,
+            content: if retweeted_tweet_id.is_some() {
+                ""
+            } else {
+                &t.text
+            },
+            retweeted_tweet_id,
             created_at,
             coordinates: t.coordinates,
             place: t.place.as_ref(),

@@ -86,6 +86,7 @@ pub async fn run(db: &PgPool, args: &ImportArgs) -> anyhow::Result<Summary> {
     if let Some((edges, tweets)) = &graph {
         phases.start("map authors and times");
         let mapped = map::map(tweets, &edges.edges)?;
+        summary.dropped_retweets = mapped.dropped_retweets;
         load::create_staging(&mut tx).await?;
         phases.start("load users");
         load::users(&mut tx, &mapped).await?;

@@ -24,6 +24,8 @@ pub(super) struct InTweet {
     pub(super) created_at: Timestamp,
     pub(super) text: String,
     pub(super) reply_to: Option<i64>,
+    /// The retweeted tweet (v1.1 `retweeted_status.id_str`), for a retweet.
+    pub(super) retweet_of: Option<i64>,
     /// `[lon, lat]` (v1.1 `coordinates.coordinates`).
     pub(super) coordinates: Option<[f64; 2]>,
     /// `place.full_name` with `place.bounding_box` reduced to `[sw_lon, sw_lat, ne_lon, ne_lat]`.
@@ -41,6 +43,8 @@ struct RawTweet {
     in_reply_to_status_id_str: Option<String>,
     coordinates: Option<RawPoint>,
     place: Option<RawPlace>,
+    /// A retweet's original, embedded whole.
+    retweeted_status: Option<Box<RawTweet>>,
 }
 
 /// v1.1 `coordinates`: a GeoJSON point, `[lon, lat]`.
@@ -214,9 +218,18 @@ pub(super) fn parse_twitter_time(s: &str) -> Option<Timestamp> {
         .map(|t| t.with_timezone(&Utc))
 }
 
-/// Parses one Twitter API v1.1 JSON line, or says why it is unusable.
-fn parse_tweet(line: &str) -> Result<InTweet, &'static str> {
-    let raw: RawTweet = serde_json::from_str(line).map_err(|_| "not a JSON tweet object")?;
+/// Parses one Twitter API v1.1 JSON line, or says why it is unusable: the tweet and, for a
+/// retweet, its embedded original (if usable itself).
+fn parse_tweet(line: &str) -> Result<(InTweet, Option<InTweet>), &'static str> {
+    let mut raw: RawTweet = serde_json::from_str(line).map_err(|_| "not a JSON tweet object")?;
+    let original = raw.retweeted_status.take().and_then(|o| from_raw(*o).ok());
+    let mut tweet = from_raw(raw)?;
+    tweet.retweet_of = original.as_ref().map(|o| o.id);
+    Ok((tweet, original))
+}
+
+/// A tweet from its v1.1 object, or why it is unusable.
+fn from_raw(raw: RawTweet) -> Result<InTweet, &'static str> {
     let id = raw
         .id_str
         .and_then(|s| s.parse::<i64>().ok())
@@ -248,13 +261,15 @@ fn parse_tweet(line: &str) -> Result<InTweet, &'static str> {
         created_at,
         text,
         reply_to,
+        retweet_of: None,
         coordinates: raw.coordinates.and_then(|c| point(&c.coordinates?)),
         place: raw.place.and_then(place),
     })
 }
 
-/// Reads the tweet files in order: the tweets (each id once, first one wins), what was
-/// skipped, and how many duplicate ids were dropped.
+/// Reads the tweet files in order: the tweets (each id once, first one wins; a retweet's
+/// embedded original right after it, unless read before), what was skipped, and how many
+/// duplicate ids were dropped.
 pub(super) fn read_tweets(paths: &[PathBuf]) -> anyhow::Result<(Vec<InTweet>, Skipped, usize)> {
     let mut tweets = Vec::new();
     let mut seen = HashSet::new();
@@ -268,11 +283,16 @@ pub(super) fn read_tweets(paths: &[PathBuf]) -> anyhow::Result<(Vec<InTweet>, Sk
                     skipped.add(path, n, reason);
                 }
             }
-            Ok(Ok(t)) => {
+            Ok(Ok((t, original))) => {
                 if seen.insert(t.id) {
                     tweets.push(t);
                 } else {
                     duplicates += 1;
+                }
+                if let Some(original) = original
+                    && seen.insert(original.id)
+                {
+                    tweets.push(original);
                 }
             }
         })?;

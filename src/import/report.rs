@@ -46,6 +46,9 @@ pub struct Summary {
     pub self_follows: usize,
     /// Tweets dropped because a tweet with the same id came earlier.
     pub duplicate_tweets: usize,
+    /// Retweets dropped: an account's second retweet of one tweet (two authors of the data
+    /// may share an account), or a retweet of a retweet.
+    pub dropped_retweets: usize,
     /// Tokens written to the tokens file (0 without one).
     pub tokens_written: usize,
     /// Malformed lines of the circles file.
@@ -73,8 +76,8 @@ impl std::fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "tweets: {} duplicate ids dropped, {} malformed lines skipped",
-            self.duplicate_tweets, self.skipped_tweets.count
+            "tweets: {} duplicate ids dropped, {} malformed lines skipped, {} repeated retweets dropped",
+            self.duplicate_tweets, self.skipped_tweets.count, self.dropped_retweets
         )?;
         writeln!(
             f,

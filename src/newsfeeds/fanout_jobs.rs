@@ -64,10 +64,21 @@ pub async fn fanout(
             return Ok(None);
         }
         let loaded = tweets::load_version(&worker.db, &worker.cache, tweet_id, version).await?;
-        Ok(loaded.map(|(record, counts, author)| {
-            let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
-            Arc::new((tweet, record))
-        }))
+        let Some((record, counts, author)) = loaded else {
+            return Ok(None);
+        };
+        let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+        // A retweet carries its retweeted tweet (gone: the retweet is being deleted too).
+        let tweet = match record.retweeted_tweet_id {
+            Some(_) => {
+                match crate::retweets::complete(&worker.db, &worker.cache, None, tweet).await {
+                    Ok(tweet) => tweet,
+                    Err(_) => return Ok(None),
+                }
+            }
+            None => tweet,
+        };
+        Ok(Some(Arc::new((tweet, record))))
     };
     let mut object = load_object(0).await?;
     // The previous batch's cache step, overlapping this batch's insert.
@@ -77,15 +88,16 @@ pub async fn fanout(
     loop {
         let mut tx = worker.db.begin().await?;
         // Also waits for, or excludes, a concurrent delete of the tweet.
-        let tweet: Option<(i64, Timestamp, bool, i64, Option<i64>)> = sqlx::query_as(
-            "select user_id, created_at, pulled, edit_version, in_reply_to_user_id from tweets
-             where id = $1 for key share",
+        let tweet: Option<FannedOut> = sqlx::query_as(
+            "select user_id, created_at, pulled, edit_version, in_reply_to_user_id,
+                    retweeted_tweet_id
+             from tweets where id = $1 for key share",
         )
         .bind(tweet_id)
         .fetch_optional(&mut *tx)
         .await
         .context("locking the tweet")?;
-        let Some((author, created_at, pulled, version, reply_to)) = tweet else {
+        let Some((author, created_at, pulled, version, reply_to, retweeted)) = tweet else {
             break; // deleted meanwhile
         };
         // Edited since the object was read: the streams get the text as it is now (from
@@ -146,36 +158,54 @@ pub async fn fanout(
         // A follower whose newsfeed has the tweet already (a follow's backfill that ran first,
         // an unfollow and follow that moved a friendship between parts) gets no second row:
         // under the head locks, this statement's snapshot sees every row of the tweet in their
-        // newsfeeds.
+        // newsfeeds. Nor does one whose newsfeed shows the tweet a retweet retweets, by itself
+        // or by another retweet (a status appears once: crate::retweets); a pulled original is
+        // shown by the pull.
         // Their rows (a batch that committed before a crash, whose merges its outbox row has
         // not applied) are merged again: a merge is idempotent.
+        let pulled_original = match retweeted {
+            Some(status) => super::pulled_shows(&mut tx, status, &readers)
+                .await
+                .context("reading who pulls the retweeted tweet")?,
+            None => Vec::new(),
+        };
         let insert = sqlx::query_as(
             "with had as (
-                 select user_id, id, created_at from newsfeeds
-                 where tweet_id = $2 and user_id = any($1)),
+                 select user_id, id, created_at, tweet_id = $2 as same from newsfeeds
+                 where user_id = any($1) and coalesce(status_id, tweet_id) = coalesce($4, $2)),
              ins as (
-                 insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-                 select r, $2, at, clock_timestamp()
+                 insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
+                 select r, $2, $4, at, clock_timestamp()
                  from unnest($1::bigint[], $3::timestamptz[]) as x(r, at)
-                 where r not in (select user_id from had)
+                 where r not in (select user_id from had) and r <> all($5)
                  returning user_id, id, created_at)
-             select user_id, id, created_at, true from ins
+             select user_id, id, created_at, true, true from ins
              union all
-             select user_id, id, created_at, false from had",
+             select user_id, id, created_at, false, same from had",
         )
         .bind(&readers)
         .bind(tweet_id)
         .bind(&times)
+        .bind(retweeted)
+        .bind(&pulled_original)
         .fetch_all(&mut *tx);
         // The guards are read under the followers lock, while the batch inserts.
         let (guards, rows) = tokio::join!(worker.cache.removal_generations(&lists), insert);
         let guards = guards.ok();
-        let rows: Vec<(i64, i64, Timestamp, bool)> =
+        let rows: Vec<(i64, i64, Timestamp, bool, bool)> =
             rows.context("inserting a batch of newsfeed rows")?;
-        let had_it: Vec<i64> = rows.iter().filter(|r| !r.3).map(|r| r.0).collect();
+        let mut had_it: Vec<i64> = rows.iter().filter(|r| !r.3).map(|r| r.0).collect();
+        had_it.extend(&pulled_original);
         unstamp(&mut tx, &had_it)
             .await
             .context("putting back the heads of followers who had the tweet")?;
+        // Rows of another tweet of the status (a retweet's original, another retweet) stay
+        // as they are: not merged, not streamed.
+        let rows: Vec<(i64, i64, Timestamp, bool)> = rows
+            .into_iter()
+            .filter(|r| r.4)
+            .map(|(f, id, at, new, _)| (f, id, at, new))
+            .collect();
         // Rows that were there already are streamed too: a follow's backfill that copied the
         // tweet first does not stream it (a stream skips a row it delivered).
         let arrivals: Vec<(i64, i64, Timestamp)> =
@@ -239,6 +269,10 @@ pub async fn fanout(
     }
     Ok(())
 }
+
+/// A tweet as a fan-out batch reads it: author, time, pulled, edit version, the author it
+/// replies to, the tweet it retweets.
+type FannedOut = (i64, Timestamp, bool, i64, Option<i64>, Option<i64>);
 
 /// Takes the transaction-scoped advisory lock on `author`'s followers: shared by fan-out
 /// batches (parts of one fan-out run side by side), exclusive for an unfollow of `author`, so
@@ -396,8 +430,8 @@ pub async fn fanout_batch(worker: &Worker, jobs: &[Fresh]) -> anyhow::Result<Lef
 }
 
 /// A tweet of a batched fan-out: id, author, time, followers to write (0 if pulled), pulled,
-/// edit version, and the author it replies to.
-type BatchTweet = (i64, i64, Timestamp, i64, bool, i64, Option<i64>);
+/// edit version, the author it replies to, and whether it is a retweet.
+type BatchTweet = (i64, i64, Timestamp, i64, bool, i64, Option<i64>, bool);
 
 /// One try of [`fanout_batch`]: `None` if the pull clock's check rolled it back (a pulled tweet
 /// newer than some of its entries committed meanwhile; see [`hybrid::check`]). `lock_first`:
@@ -418,7 +452,7 @@ async fn fanout_batch_once(
     let mut tweets: Vec<BatchTweet> = sqlx::query_as(
         "select t.id, t.user_id, t.created_at,
                 case when t.pulled then 0 else u.followers_count end, t.pulled, t.edit_version,
-                t.in_reply_to_user_id
+                t.in_reply_to_user_id, t.retweeted_tweet_id is not null
          from tweets t join users u on u.id = t.user_id
          where t.id = any($1) for key share of t",
     )
@@ -436,7 +470,7 @@ async fn fanout_batch_once(
     let (mut batch, mut pairs) = (Vec::new(), 0_usize);
     // The text each event must carry at least (an edit waits for this batch's lock).
     let version_of: HashMap<i64, i64> = tweets.iter().map(|t| (t.0, t.5)).collect();
-    for &(id, author, at, followers, ..) in &tweets {
+    for &(id, author, at, followers, .., retweet) in &tweets {
         let followers = usize::try_from(followers).unwrap_or(usize::MAX);
         let job_id = job_of.get(&id).copied().unwrap_or_default();
         let fresh = Fresh {
@@ -445,8 +479,10 @@ async fn fanout_batch_once(
         };
         if !left.later.is_empty() {
             left.later.push(fresh);
-        } else if followers > worker.batch_size {
-            // Run whole before any later tweet (the first of this batch: alone).
+        } else if followers > worker.batch_size || retweet {
+            // Run whole before any later tweet (the first of this batch: alone). A retweet
+            // too: its rows skip the readers who show its tweet already (crate::retweets),
+            // which the one-tweet path checks.
             if batch.is_empty() && left.whole.is_empty() {
                 left.whole.push(fresh);
             } else {
@@ -578,18 +614,20 @@ async fn fanout_batch_once(
         .iter()
         .map(|r| Timeline::Newsfeed(*r).key())
         .collect();
-    // A reader whose newsfeed has a tweet already gets no second row (see [`fn@fanout`]); under
-    // the head locks this snapshot sees every such row.
+    // A reader whose newsfeed has a tweet already gets no second row (see [`fn@fanout`]), nor
+    // one whose newsfeed shows it by a retweet (its row's tweet is the retweet, which this
+    // batch does not merge or stream; crate::retweets); under the head locks this snapshot
+    // sees every such row.
     let insert = sqlx::query_as(
         "with pairs as (
              select * from unnest($1::bigint[], $2::bigint[], $3::timestamptz[]) as p(r, t, at)),
          had as (
-             select n.user_id, n.tweet_id, n.id, n.created_at from newsfeeds n
-             join pairs p on n.tweet_id = p.t and n.user_id = p.r),
+             select n.user_id, n.tweet_id, n.id, n.created_at, p.t from newsfeeds n
+             join pairs p on coalesce(n.status_id, n.tweet_id) = p.t and n.user_id = p.r),
          ins as (
              insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
              select p.r, p.t, p.at, clock_timestamp() from pairs p
-             where not exists (select 1 from had where had.user_id = p.r and had.tweet_id = p.t)
+             where not exists (select 1 from had where had.user_id = p.r and had.t = p.t)
              order by p.r, p.at
              returning user_id, tweet_id, id, created_at)
          select user_id, tweet_id, id, created_at, true from ins

@@ -480,27 +480,106 @@ pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Resul
 }
 
 /// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction), stamped
-/// by [`stamp`]; returns its id, its time and its predecessor's.
+/// by [`stamp`]; returns its id, its time and its predecessor's. A retweet (`retweeted` its
+/// tweet) gets no row if the author's newsfeed shows that tweet already ([`shows`]; a status
+/// appears once, [`crate::retweets`]): `None`, and the head is put back.
 pub async fn insert_own(
     tx: &mut PgConnection,
     author: i64,
     tweet_id: i64,
     created_at: Timestamp,
-) -> sqlx::Result<(i64, Timestamp, Option<Timestamp>)> {
+    retweeted: Option<i64>,
+) -> sqlx::Result<Option<(i64, Timestamp, Option<Timestamp>)>> {
     let (at, prev) = stamp(&mut *tx, &[author], created_at)
         .await?
         .first()
         .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
+    if let Some(status) = retweeted
+        && !shows(&mut *tx, status, &[author]).await?.is_empty()
+    {
+        unstamp(&mut *tx, &[author]).await?;
+        return Ok(None);
+    }
     let id = sqlx::query_scalar(
-        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-         values ($1, $2, $3, clock_timestamp()) returning id",
+        "insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
+         values ($1, $2, $3, $4, clock_timestamp()) returning id",
     )
     .bind(author)
     .bind(tweet_id)
+    .bind(retweeted)
     .bind(at)
     .fetch_one(tx)
     .await?;
-    Ok((id, at, prev))
+    Ok(Some((id, at, prev)))
+}
+
+/// Which of `readers` have status `status` (a tweet, by itself or by a retweet of it) in
+/// their newsfeed: a row of it (the unique `(user_id, status)` index), or the tweet pulled
+/// from a followee ([`crate::hybrid`]). Read under the readers' head locks, it sees every row.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn shows(tx: &mut PgConnection, status: i64, readers: &[i64]) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "select r from unnest($2::bigint[]) as x(r)
+         where exists (select 1 from newsfeeds n
+                       where n.user_id = r and coalesce(n.status_id, n.tweet_id) = $1)
+            or exists (select 1 from tweets o join friendships f on f.to_user_id = o.user_id
+                       where o.id = $1 and o.pulled and f.from_user_id = r
+                         and o.created_at > coalesce(f.visible_from, '-infinity'))",
+    )
+    .bind(status)
+    .bind(readers)
+    .fetch_all(tx)
+    .await
+}
+
+/// Which of `readers` see tweet `status` pulled from its author ([`crate::hybrid`]): a
+/// retweet of it is not written to their newsfeeds (see [`shows`]).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn pulled_shows(
+    tx: &mut PgConnection,
+    status: i64,
+    readers: &[i64],
+) -> sqlx::Result<Vec<i64>> {
+    sqlx::query_scalar(
+        "select f.from_user_id from tweets o join friendships f on f.to_user_id = o.user_id
+         where o.id = $1 and o.pulled and f.from_user_id = any($2)
+           and o.created_at > coalesce(f.visible_from, '-infinity')",
+    )
+    .bind(status)
+    .bind(readers)
+    .fetch_all(tx)
+    .await
+}
+
+/// Inserts newsfeed rows `(reader, tweet, retweeted tweet or null, entry time)` (stamped by
+/// the caller under the readers' head locks); returns `(reader, row id)` of each.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn insert_rows(
+    tx: &mut PgConnection,
+    rows: &[(i64, i64, Option<i64>, Timestamp)],
+) -> sqlx::Result<Vec<(i64, i64)>> {
+    let readers: Vec<i64> = rows.iter().map(|r| r.0).collect();
+    let tweets: Vec<i64> = rows.iter().map(|r| r.1).collect();
+    let statuses: Vec<Option<i64>> = rows.iter().map(|r| r.2).collect();
+    let times: Vec<Timestamp> = rows.iter().map(|r| r.3).collect();
+    sqlx::query_as(
+        "insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
+         select r, t, s, at, clock_timestamp()
+         from unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::timestamptz[]) as x(r, t, s, at)
+         returning user_id, id",
+    )
+    .bind(readers)
+    .bind(tweets)
+    .bind(statuses)
+    .bind(times)
+    .fetch_all(tx)
+    .await
 }
 
 /// Deletes every newsfeed row of a tweet (in the delete's transaction); returns
@@ -533,13 +612,13 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         ),
         // Locks the tweets it copies (newsfeeds have no foreign keys): a concurrent delete is
         // waited for, and its tweet skipped. Pulled tweets after the friendship's
-        // `visible_from` are the reader's to pull (crate::hybrid), not copied. Tweets the
-        // newsfeed has already are skipped (an entry of the tweet is never below the tweet's
-        // time); the rest are stamped above the head and the newest pulled tweet in their own
-        // order (`greatest` of increasing sequences), and the head moves.
+        // `visible_from` are the reader's to pull (crate::hybrid), not copied. Tweets whose
+        // status the newsfeed has already are skipped (the unique status index); the rest
+        // are stamped above the head and the newest pulled tweet in their own order
+        // (`greatest` of increasing sequences), and the head moves.
         copy: concat!(
             "with x as (
-                   select id, created_at from tweets t where user_id = $2
+                   select id, created_at, retweeted_tweet_id from tweets t where user_id = $2
                      and (not pulled or created_at <= (
                          select coalesce(visible_from, '-infinity') from friendships
                          where from_user_id = $1 and to_user_id = $2))
@@ -547,14 +626,29 @@ fn friendship(follower: i64, followee: i64) -> Pair {
             crate::reply_reaches!("t", "$1"),
             "
                    order by created_at desc limit $3 for key share),
+               -- A status the newsfeed shows already (by itself or a retweet) is skipped,
+               -- and of two entries of one status here the older is copied (crate::retweets).
+               y as (
+                   select distinct on (coalesce(retweeted_tweet_id, id)) id, created_at,
+                          retweeted_tweet_id
+                   from x
+                   where not exists (
+                       select 1 from newsfeeds n
+                       where n.user_id = $1
+                         and coalesce(n.status_id, n.tweet_id) = coalesce(x.retweeted_tweet_id, x.id))
+                     -- nor a retweet of a tweet the follower pulls (crate::hybrid)
+                     and not exists (
+                       select 1 from tweets o join friendships f on f.to_user_id = o.user_id
+                       where o.id = x.retweeted_tweet_id and o.pulled and f.from_user_id = $1
+                         and o.created_at > coalesce(f.visible_from, '-infinity'))
+                   order by coalesce(retweeted_tweet_id, id), created_at),
                t as (
-                   select id, created_at, row_number() over (order by created_at) as r from x
-                   where id not in (
-                       select n.tweet_id from newsfeeds n
-                       where n.user_id = $1 and n.created_at >= (select min(created_at) from x))),
+                   select id, created_at, retweeted_tweet_id,
+                          row_number() over (order by created_at) as r
+                   from y),
                ins as (
-                   insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
-                   select $1, t.id,
+                   insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
+                   select $1, t.id, t.retweeted_tweet_id,
                           greatest(t.created_at,
                                    (select head from feed_heads where user_id = $1)
                                        + t.r * interval '1 microsecond',
@@ -603,24 +697,47 @@ pub async fn unmerge(worker: &Worker, follower: i64, followee: i64) -> anyhow::R
 /// inside its transaction, so call this on that transaction's connection): one newsfeed row
 /// for every follower of each staged tweet's author, as `friendships` says, and one for the
 /// author, at the tweet's `created_at` (a reply only to the followers who follow the replied-to
-/// user too: [`crate::replies`]). Rows already there are left alone. Imported rows have
+/// user too: [`crate::replies`]). Rows already there are left alone, and so is a status a
+/// reader's newsfeed has: of a tweet and its retweets the oldest entry is written
+/// ([`crate::retweets`]). Imported rows have
 /// no `arrived_at`: they are not late for anyone's refresh. Returns how many rows were added.
 pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64> {
-    let added = sqlx::query(
-        concat!(
-            "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+    // Tweets first: a reader gets each once (self-follows are not imported).
+    let tweets = sqlx::query(concat!(
+        "insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
          select f.from_user_id, t.id, t.created_at, null::timestamptz
          from import_tweets i join tweets t on t.id = i.id join friendships f on f.to_user_id = t.user_id
-         where ",
-            crate::reply_reaches!("t", "f.from_user_id"),
-            "
+         where t.retweeted_tweet_id is null and ",
+        crate::reply_reaches!("t", "f.from_user_id"),
+        "
          union all
          select t.user_id, t.id, t.created_at, null from import_tweets i join tweets t on t.id = i.id
+         where t.retweeted_tweet_id is null
          on conflict do nothing"
-        ),
+    ))
+    .execute(&mut *conn)
+    .await?;
+    // Then retweets, each reader's oldest of a status it does not show yet. Explicit, not by
+    // the unique index alone: `--reset` drops the indexes during the load.
+    let retweets = sqlx::query(
+        "insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
+         select distinct on (x.r, x.s) x.r, x.t, x.s, x.at, null::timestamptz
+         from (select f.from_user_id as r, t.id as t, t.retweeted_tweet_id as s, t.created_at as at
+               from import_tweets i join tweets t on t.id = i.id
+               join friendships f on f.to_user_id = t.user_id
+               where t.retweeted_tweet_id is not null
+               union all
+               select t.user_id, t.id, t.retweeted_tweet_id, t.created_at
+               from import_tweets i join tweets t on t.id = i.id
+               where t.retweeted_tweet_id is not null) x
+         where not exists (select 1 from newsfeeds n
+                           where n.user_id = x.r and coalesce(n.status_id, n.tweet_id) = x.s)
+         order by x.r, x.s, x.at
+         on conflict do nothing",
     )
     .execute(&mut *conn)
     .await?;
+    let added = tweets.rows_affected() + retweets.rows_affected();
     // The readers' heads (see [`stamp`]) move up to the newest entry they got.
     sqlx::query(
         "insert into feed_heads as h (user_id, head)
@@ -633,5 +750,5 @@ pub async fn fill_from_friendships(conn: &mut PgConnection) -> sqlx::Result<u64>
     )
     .execute(conn)
     .await?;
-    Ok(added.rows_affected())
+    Ok(added)
 }

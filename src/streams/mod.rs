@@ -131,17 +131,21 @@ impl Wire {
 }
 
 /// Publishes a new tweet (after its commit): to `statuses/*`, as the author's own newsfeed row
-/// `own_row` = `(id, entry time)` to the author's `streaming/user`, and if it is `pulled`
+/// `own_row` = `(id, entry time)` to the author's `streaming/user` (a retweet of a tweet the
+/// author's newsfeed shows has none), and if it is `pulled`
 /// ([`crate::hybrid`]) to the `streaming/user` of its author's followers. Best effort: a
 /// failure is logged (live clients then miss it; a settle or a resume finds it in Postgres).
 pub async fn publish_created(
     cache: &Cache,
     tweet: &Tweet,
     record: &TweetRecord,
-    own_row: (i64, Timestamp),
+    own_row: Option<(i64, Timestamp)>,
     pulled: bool,
 ) {
-    let rows = [(record.user_id, own_row.0, time::to_micros(own_row.1))];
+    let rows: Vec<(i64, i64, i64)> = own_row
+        .map(|(id, at)| (record.user_id, id, time::to_micros(at)))
+        .into_iter()
+        .collect();
     let pulled = Wire::pulled_at(record, pulled);
     let message = Message {
         tweet: Some(tweet),

@@ -383,7 +383,7 @@ pub async fn legacy_catch_up(
 }
 
 /// `rows` as tweets of `user_id`'s newsfeed (in their order), each with its `(row id, entry
-/// µs)`; deleted tweets are left out.
+/// µs)`; deleted tweets (and retweets of deleted tweets) are left out.
 async fn hydrate(
     db: &PgPool,
     cache: &Cache,
@@ -418,12 +418,15 @@ async fn hydrate(
             timeline::with_likes(db, cache, joined, Some(user_id)).await?
         }
     };
+    // Retweets with their retweeted tweets (a retweet whose tweet is gone is left out).
+    let items = crate::retweets::attach(db, cache, Some(user_id), items).await?;
     let entry_at: HashMap<i64, i64> = rows
         .iter()
         .map(|r| (r.id, time::to_micros(r.created_at)))
         .collect();
     Ok(items
         .into_iter()
+        .filter(|item| !crate::retweets::is_orphan(item))
         .filter_map(|item| {
             let at = *entry_at.get(&item.id)?;
             let id = item.id;

@@ -125,6 +125,8 @@ pub(super) async fn hydrate(
                 author,
                 counts,
                 has_liked: liked.contains(&e.tweet_id),
+                has_retweeted: false,
+                retweeted: None,
             }),
             None => gone.push(*e),
         }

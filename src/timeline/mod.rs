@@ -339,6 +339,14 @@ impl TweetBody {
         }
     }
 
+    /// The tweet it retweets, if it is a retweet ([`crate::retweets`]).
+    pub fn retweeted_tweet_id(&self) -> Option<i64> {
+        match self {
+            TweetBody::Record(t) => t.retweeted_tweet_id,
+            TweetBody::Cached(t) => t.retweeted_tweet_id,
+        }
+    }
+
     /// The typed tweet; `None` if cached members do not parse (a corrupted value).
     pub fn into_record(self) -> Option<TweetRecord> {
         match self {
@@ -378,6 +386,12 @@ pub struct Item {
     pub counts: TweetCounts,
     /// Whether the viewer liked the tweet (false for anonymous readers).
     pub has_liked: bool,
+    /// Whether the viewer retweeted the tweet (false for anonymous readers and until
+    /// [`crate::retweets::attach`] ran).
+    pub has_retweeted: bool,
+    /// A retweet's retweeted tweet, hydrated by [`crate::retweets::attach`] (`None` before, and
+    /// for a tweet that is not a retweet).
+    pub retweeted: Option<Box<Item>>,
 }
 
 /// The columns of a [`FeedRow`] after its entry's `id as entry_id, created_at`, for a query that
@@ -387,7 +401,8 @@ macro_rules! feed_row_columns {
     () => {
         " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
           t.edited_at, t.edit_version, t.in_reply_to_tweet_id, t.in_reply_to_user_id,
-          t.likes_count, t.comments_count, t.replies_count, t.counts_version,
+          t.retweeted_tweet_id, t.likes_count, t.comments_count, t.replies_count, t.retweets_count,
+          t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at, t.created_at as tweet_created_at "
     };
@@ -408,6 +423,7 @@ pub struct FeedRow {
     pub edit_version: i64,
     pub in_reply_to_tweet_id: Option<i64>,
     pub in_reply_to_user_id: Option<i64>,
+    pub retweeted_tweet_id: Option<i64>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -447,6 +463,7 @@ impl FeedRow {
             edit_version: self.edit_version,
             in_reply_to_tweet_id: self.in_reply_to_tweet_id,
             in_reply_to_user_id: self.in_reply_to_user_id,
+            retweeted_tweet_id: self.retweeted_tweet_id,
         };
         let author = UserRecord {
             id: self.author_id,
@@ -483,6 +500,7 @@ impl From<FeedRow> for Item {
                 edit_version: r.edit_version,
                 in_reply_to_tweet_id: r.in_reply_to_tweet_id,
                 in_reply_to_user_id: r.in_reply_to_user_id,
+                retweeted_tweet_id: r.retweeted_tweet_id,
             })),
             author: AuthorBody::Record(Box::new(UserRecord {
                 id: r.author_id,
@@ -494,6 +512,8 @@ impl From<FeedRow> for Item {
             })),
             counts: r.counts,
             has_liked: false,
+            has_retweeted: false,
+            retweeted: None,
         }
     }
 }

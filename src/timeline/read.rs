@@ -280,6 +280,8 @@ async fn load_window(
                 author: AuthorBody::Cached(o.author),
                 counts: o.counts,
                 has_liked: false,
+                has_retweeted: false,
+                retweeted: None,
             })
             .collect();
         mark_liked(db, cache, page, viewer).await?

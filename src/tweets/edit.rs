@@ -37,7 +37,7 @@ pub struct TweetVersion {
 ///
 /// # Errors
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author, a 400 on
-/// `content` if the window has passed.
+/// `content` if the window has passed or the tweet is a retweet.
 #[tracing::instrument(name = "tweets::edit", skip(db, cache, content))]
 pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -> ApiResult<Tweet> {
     // The author, for the answer and the stream event (before the row lock, not under it).
@@ -53,7 +53,8 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     let row: Option<TweetRow> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                likes_count, comments_count, replies_count, counts_version
+                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                counts_version
          from tweets where id = $1 for update",
     )
     .bind(id)
@@ -64,6 +65,9 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
         Some(t) if t.record.user_id != me => return Err(ApiError::Forbidden),
         Some(t) => t,
     };
+    if old.record.retweeted_tweet_id.is_some() {
+        return Err(ApiError::field("content", "A retweet has no text to edit."));
+    }
     if chrono::Utc::now() - old.record.created_at > EDIT_WINDOW {
         return Err(ApiError::field(
             "content",

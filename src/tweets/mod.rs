@@ -62,6 +62,16 @@ pub struct Tweet {
     pub in_reply_to_tweet_id: Option<i64>,
     /// The author of the tweet this one replies to, or null.
     pub in_reply_to_user_id: Option<i64>,
+    /// Its live retweets ([`crate::retweets`]).
+    pub retweets_count: i64,
+    /// Whether the caller retweeted it (false for anonymous callers).
+    pub has_retweeted: bool,
+    /// A retweet's retweeted tweet (Twitter's `retweeted_status`, Mastodon's `reblog`), or null.
+    #[schema(no_recursion)]
+    pub retweeted_tweet: Option<Box<Tweet>>,
+    /// A retweet's retweeted tweet's id (absent on other tweets).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retweeted_tweet_id: Option<i64>,
 }
 
 /// What a new tweet says besides its author: text (validated), circle, photos and location.
@@ -75,6 +85,9 @@ pub struct NewTweet {
     pub place: Option<Place>,
     /// The tweet it replies to ([`crate::replies`]), checked by [`create`].
     pub in_reply_to_tweet_id: Option<i64>,
+    /// The tweet it retweets ([`crate::retweets::retweet`]; the text is empty), checked by
+    /// [`create`].
+    pub retweeted_tweet_id: Option<i64>,
 }
 
 impl Tweet {
@@ -96,6 +109,10 @@ impl Tweet {
             hashtags: crate::hashtags::parse(&record.content),
             in_reply_to_tweet_id: record.in_reply_to_tweet_id,
             in_reply_to_user_id: record.in_reply_to_user_id,
+            retweets_count: counts.retweets,
+            has_retweeted: false,
+            retweeted_tweet: None,
+            retweeted_tweet_id: record.retweeted_tweet_id,
             content: record.content,
         }
     }
@@ -103,12 +120,17 @@ impl Tweet {
     /// A tweet object from a hydrated timeline item; `None` if its cached fields do not parse.
     pub fn from_item(item: Item) -> Option<Self> {
         let record = item.tweet.into_record()?;
-        Some(Tweet::new(
+        let mut tweet = Tweet::new(
             record,
             item.author.into_record()?.into(),
             &item.counts,
             item.has_liked,
-        ))
+        );
+        tweet.has_retweeted = item.has_retweeted;
+        if let Some(retweeted) = item.retweeted {
+            tweet.retweeted_tweet = Some(Box::new(Tweet::from_item(*retweeted)?));
+        }
+        Some(tweet)
     }
 }
 
@@ -119,12 +141,15 @@ impl Tweet {
 #[derive(Debug)]
 pub enum TweetJson {
     Typed(Box<Tweet>),
-    /// `{"user":…,"comments_count":…,"likes_count":…,"replies_count":…,"has_liked":…,` and the
-    /// tweet's members.
+    /// `{"user":…,"comments_count":…,"likes_count":…,"replies_count":…,"has_liked":…,
+    /// "retweets_count":…,"has_retweeted":…,"retweeted_tweet":…,` and the tweet's members.
     Spliced {
         user: UserJson,
         counts: TweetCounts,
         has_liked: bool,
+        has_retweeted: bool,
+        /// A retweet's retweeted tweet ([`crate::retweets::attach`]).
+        retweeted: Option<Box<TweetJson>>,
         tweet: CachedTweet,
     },
 }
@@ -143,6 +168,10 @@ impl TweetJson {
         let TweetBody::Cached(tweet) = item.tweet else {
             return Tweet::from_item(item).map(|t| TweetJson::Typed(Box::new(t)));
         };
+        let retweeted = match item.retweeted {
+            Some(original) => Some(Box::new(TweetJson::from_item(*original)?)),
+            None => None,
+        };
         let user = match item.author {
             AuthorBody::Cached(u) if u.public_head().is_some() => UserJson::Head(u),
             AuthorBody::Cached(u) => {
@@ -154,6 +183,8 @@ impl TweetJson {
             user,
             counts: item.counts,
             has_liked: item.has_liked,
+            has_retweeted: item.has_retweeted,
+            retweeted,
             tweet,
         })
     }
@@ -202,6 +233,8 @@ impl TweetJson {
                 user,
                 counts,
                 has_liked,
+                has_retweeted,
+                retweeted,
                 tweet,
             } => {
                 out.extend_from_slice(b"{\"user\":");
@@ -224,6 +257,18 @@ impl TweetJson {
                 } else {
                     b",\"has_liked\":false,"
                 });
+                out.extend_from_slice(b"\"retweets_count\":");
+                out.extend_from_slice(itoa::Buffer::new().format(counts.retweets).as_bytes());
+                out.extend_from_slice(if *has_retweeted {
+                    b",\"has_retweeted\":true,\"retweeted_tweet\":"
+                } else {
+                    b",\"has_retweeted\":false,\"retweeted_tweet\":"
+                });
+                match retweeted {
+                    Some(original) => original.write(out),
+                    None => out.extend_from_slice(b"null"),
+                }
+                out.push(b',');
                 out.extend_from_slice(tweet.members.as_bytes());
                 out.push(b'}');
             }
@@ -253,7 +298,8 @@ macro_rules! returning_tweet_row {
     () => {
         " returning id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                     edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                likes_count, comments_count, replies_count, counts_version"
+                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                counts_version"
     };
 }
 
@@ -334,10 +380,11 @@ pub async fn create(
             // refresh of the author's tweets from the newest one a client holds misses none.
             let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
             // Fanned out, or pulled by its readers (crate::hybrid); a reply is always fanned
-            // out, to the readers who follow both (crate::replies).
-            let pulled = match new.in_reply_to_tweet_id {
-                Some(_) => false,
-                None => hybrid::mode(&mut tx, pull, author).await?,
+            // out, to the readers who follow both (crate::replies), and so is a retweet (a
+            // status appears once in a newsfeed: crate::retweets).
+            let pulled = match (new.in_reply_to_tweet_id, new.retweeted_tweet_id) {
+                (None, None) => hybrid::mode(&mut tx, pull, author).await?,
+                _ => false,
             };
             // The thread's row and the replied-to tweet's next (crate::replies: the order of
             // tweet deletes), before the circle's.
@@ -345,6 +392,14 @@ pub async fn create(
                 None => None,
                 Some(id) => match replies::lock_parent(&mut tx, author, id).await? {
                     Ok(parent) => Some(parent),
+                    Err(refused) => return Ok(Err(refused)),
+                },
+            };
+            // The retweeted tweet's row (its count) next (crate::retweets).
+            let original = match new.retweeted_tweet_id {
+                None => None,
+                Some(id) => match crate::retweets::lock_original(&mut tx, author, id).await? {
+                    Ok(row) => Some(row),
                     Err(refused) => return Ok(Err(refused)),
                 },
             };
@@ -396,11 +451,11 @@ pub async fn create(
             let tweet: TweetRecord = sqlx::query_as(
                 "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
                                      coordinates, place, pulled, in_reply_to_tweet_id,
-                                     in_reply_to_user_id, thread_id)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                                     in_reply_to_user_id, thread_id, retweeted_tweet_id)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
                            place, edited_at, edit_version, in_reply_to_tweet_id,
-                           in_reply_to_user_id",
+                           in_reply_to_user_id, retweeted_tweet_id",
             )
             .bind(author)
             .bind(&new.content)
@@ -413,6 +468,7 @@ pub async fn create(
             .bind(parent.as_ref().map(|p| p.row.record.id))
             .bind(parent.as_ref().map(|p| p.row.record.user_id))
             .bind(parent.as_ref().map(|p| p.root))
+            .bind(original.as_ref().map(|o| o.record.id))
             .fetch_one(&mut *tx)
             .await?;
             // The replied-to tweet's count and the thread's shape with this reply in it.
@@ -422,10 +478,37 @@ pub async fn create(
                 reply_updates
                     .push(replies::shape_update(&mut tx, parent.root, parent.version).await?);
             }
+            // A retweet: the retweeted tweet's count, and its author is told.
+            if let Some(original) = &original {
+                reply_updates.extend(original.counts_updates());
+                reply_updates.push(Update::Liked {
+                    user: author,
+                    tweet: crate::retweets::retweet_mark(original.record.id),
+                    liked: true,
+                });
+                if original.record.user_id != author {
+                    let verb = notifications::Verb::RetweetedTweet;
+                    notifications::notify(
+                        &mut tx,
+                        original.record.user_id,
+                        author,
+                        verb,
+                        original.record.id,
+                    )
+                    .await?;
+                }
+            }
             let tag_ids: Vec<i64> = tags.iter().map(|t| t.id).collect();
             hashtags::insert_rows(&mut tx, tweet.id, author, created_at, &tag_ids).await?;
-            let (newsfeed_id, feed_at, feed_prev) =
-                newsfeeds::insert_own(&mut tx, author, tweet.id, created_at).await?;
+            // A retweet of a tweet the author's newsfeed shows already gets no row there.
+            let own_row = newsfeeds::insert_own(
+                &mut tx,
+                author,
+                tweet.id,
+                created_at,
+                tweet.retweeted_tweet_id,
+            )
+            .await?;
             let fanout = Job::Fanout {
                 tweet_id: tweet.id,
                 progress: None,
@@ -433,49 +516,51 @@ pub async fn create(
             };
             jobs::enqueue(&mut tx, &fanout).await?;
             let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
-            let feed = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+            let feed = own_row.map(|(newsfeed_id, feed_at, feed_prev)| {
+                let entry = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+                (Timeline::Newsfeed(author), entry, feed_prev)
+            });
             // Each merge names its predecessor: a list that lacks it (an earlier write's cache
             // step has not landed yet) is dropped instead.
             let pulled_list = pulled.then_some((Timeline::Pulled(author), own, newest_pulled));
             let tag_lists = tags
                 .iter()
                 .map(|t| (Timeline::Hashtag(t.id), own, t.newest));
-            let updates = [
-                (Timeline::UserTweets(author), own, newest),
-                (Timeline::Newsfeed(author), feed, feed_prev),
-            ]
-            .into_iter()
-            .chain(pulled_list)
-            .chain(tag_lists)
-            .map(|(t, entry, after)| Update::Merge {
-                list: t.key(),
-                guard: Guard::None,
-                after: after.map(crate::time::to_micros),
-                entries: vec![t.scored(&entry)],
-            })
-            .chain([
-                Update::TweetCreated {
-                    tweet: tweet.clone(),
-                    counts: TweetCounts::default(),
-                },
-                Update::UserCounts {
-                    id: author,
-                    counts: author_counts,
-                },
-            ])
-            .chain(circles::created_updates(&tweet, newest_in_circle))
-            .chain(reply_updates)
-            .collect::<Vec<_>>();
+            let updates = std::iter::once((Timeline::UserTweets(author), own, newest))
+                .chain(feed)
+                .chain(pulled_list)
+                .chain(tag_lists)
+                .map(|(t, entry, after)| Update::Merge {
+                    list: t.key(),
+                    guard: Guard::None,
+                    after: after.map(crate::time::to_micros),
+                    entries: vec![t.scored(&entry)],
+                })
+                .chain([
+                    Update::TweetCreated {
+                        tweet: tweet.clone(),
+                        counts: TweetCounts::default(),
+                    },
+                    Update::UserCounts {
+                        id: author,
+                        counts: author_counts,
+                    },
+                ])
+                .chain(circles::created_updates(&tweet, newest_in_circle))
+                .chain(reply_updates)
+                .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             // The author's own row is a newsfeed entry, ordered with pulled tweets.
+            let own_row = own_row.map(|(id, at, _)| (id, at));
             if pulled {
+                let feed_at = own_row.map_or(created_at, |(_, at)| at);
                 hybrid::wait_past(&mut tx, feed_at, None).await?;
-            } else if !hybrid::check(&mut tx, [feed_at]).await? {
+            } else if !hybrid::check(&mut tx, own_row.map(|(_, at)| at)).await? {
                 conflicts += 1;
                 continue; // rolled back: post it again
             }
             tx.commit().await?;
-            return Ok(Ok((tweet, (staged, (newsfeed_id, feed_at), pulled))));
+            return Ok(Ok((tweet, (staged, own_row, pulled))));
         }
     })
     .await
@@ -494,6 +579,15 @@ pub async fn create(
             tracing::warn!(error = %e, "loading the author of a new tweet");
             None
         }
+    };
+    // A retweet carries its retweeted tweet (crate::retweets).
+    let object = match object {
+        Some(object) if tweet.retweeted_tweet_id.is_some() => {
+            crate::retweets::complete(db, cache, None, object)
+                .await
+                .ok()
+        }
+        object => object,
     };
     if let Some(object) = &object {
         streams::publish_created(cache, object, &tweet, own_row, pulled).await;
@@ -529,6 +623,46 @@ async fn shift_tweets_count(
 /// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author.
 #[tracing::instrument(name = "tweets::delete", skip(db, cache))]
 pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<TweetRecord> {
+    // A tweet with retweets: they go first (crate::retweets), then it, once none is left.
+    for _ in 0..MAX_DELETE_ROUNDS {
+        if let Some(deleted) = delete_once(db, cache, me, id, true).await? {
+            return Ok(deleted);
+        }
+        crate::retweets::delete_all_of(db, cache, id).await?;
+    }
+    Err(ApiError::Busy(1, "the tweet keeps being retweeted"))
+}
+
+/// How many times [`delete`] deletes a tweet's retweets and tries again before it answers 503
+/// (each round deletes every retweet it finds; a new one needs a retweet between the two).
+const MAX_DELETE_ROUNDS: usize = 5;
+
+/// Deletes retweet `id` of user `me` while its retweeted tweet is being deleted: as [`delete`],
+/// but the readers whose newsfeed showed the tweet by it get no next one
+/// ([`crate::retweets::reveal`]): the tweet is going.
+///
+/// # Errors
+/// As [`delete`].
+pub async fn delete_retweet(
+    db: &PgPool,
+    cache: &Cache,
+    me: i64,
+    id: i64,
+) -> ApiResult<TweetRecord> {
+    delete_once(db, cache, me, id, false)
+        .await?
+        .ok_or(ApiError::NotFound)
+}
+
+/// One try of [`delete`]: `None` (nothing changed) if the tweet has retweets to delete first.
+/// A retweet's readers get the next retweet with `reveal_next` ([`crate::retweets::reveal`]).
+async fn delete_once(
+    db: &PgPool,
+    cache: &Cache,
+    me: i64,
+    id: i64,
+    reveal_next: bool,
+) -> ApiResult<Option<TweetRecord>> {
     let mut tx = db.begin().await?;
     // Its author and thread never change: read first, to lock in the order of every compose
     // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
@@ -553,7 +687,8 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id
+                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
+                retweeted_tweet_id
          from tweets where id = $1 for update",
     )
     .bind(id)
@@ -564,6 +699,19 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
         Some(t) if t.user_id != me => return Err(ApiError::Forbidden),
         Some(t) => t,
     };
+    // Its retweets lock this row (`for update`) to count themselves: none commits from here.
+    let retweeted: bool =
+        sqlx::query_scalar("select exists (select 1 from tweets where retweeted_tweet_id = $1)")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+    if retweeted {
+        return Ok(None);
+    }
+    // A retweet: its original's row next (crate::retweets::uncount), before any row goes.
+    let uncounted = crate::retweets::uncount(&mut tx, &tweet)
+        .await
+        .context("uncounting the retweet")?;
     let readers = newsfeeds::delete_for_tweet(&mut tx, id)
         .await
         .context("deleting the tweet's newsfeed rows")?;
@@ -591,6 +739,14 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
             .context("detaching the reply from its thread")?,
         None => Vec::new(),
     };
+    // A retweet: its readers' next retweet (crate::retweets::reveal).
+    let mut retweet_updates = uncounted;
+    if let Some(original) = tweet.retweeted_tweet_id.filter(|_| reveal_next) {
+        let next = crate::retweets::reveal(&mut tx, cache, original, &reader_ids)
+            .await
+            .context("revealing the next retweets")?;
+        retweet_updates.extend(next);
+    }
     let own = Timeline::UserTweets(me);
     let mut updates = vec![
         Update::TweetDeleted { id },
@@ -613,6 +769,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     }
     updates.extend(circles::deleted_updates(&tweet));
     updates.extend(reply_updates);
+    updates.extend(retweet_updates);
     updates.extend(tags.into_iter().map(|tag| {
         let timeline = Timeline::Hashtag(tag);
         Update::Remove {
@@ -641,7 +798,7 @@ pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<T
     tx.commit().await.context("committing the delete")?;
     cache.finish(db, staged).await;
     streams::publish_deleted(cache, &tweet, &reader_ids, pulled).await;
-    Ok(tweet)
+    Ok(Some(tweet))
 }
 
 /// The list entry `id` (a newsfeed row, or the tweet itself) of `tweet`: its member holds the
@@ -661,7 +818,8 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
     sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                likes_count, comments_count, replies_count, counts_version
+                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                counts_version
          from tweets where id = any($1)",
     )
     .bind(ids)
@@ -820,11 +978,14 @@ mod tests {
                 edit_version: 0,
                 in_reply_to_tweet_id: None,
                 in_reply_to_user_id: None,
+                retweeted_tweet_id: None,
             };
             let spliced = TweetJson::Spliced {
                 user: UserJson::Json("{}".to_owned()),
                 counts: TweetCounts::default(),
                 has_liked: false,
+                has_retweeted: false,
+                retweeted: None,
                 tweet: CachedTweet::of(&record),
             };
             let text = crate::time::format(&created_at);

@@ -151,7 +151,7 @@ async fn an_edit_on_one_process_is_never_stale_on_another(db: PgPool) {
         &a.state.cache,
         &stale,
         &v0.record,
-        (0, v0.record.created_at),
+        Some((0, v0.record.created_at)),
         false,
     )
     .await;

@@ -518,3 +518,95 @@ async fn a_reset_import_loads_without_indexes_and_rebuilds_exactly_the_migration
         .unwrap();
     assert_eq!(rows, 5, "two authors' own rows and three followers' rows");
 }
+
+/// A v1.1 retweet: `tweet`'s fields and the original embedded as `retweeted_status`.
+fn retweet(id: u64, author: u64, at: &str, original: &str) -> String {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&tweet(id, author, at, "RT @x: …", None)).unwrap();
+    value["retweeted_status"] = serde_json::from_str(original).unwrap();
+    value.to_string()
+}
+
+/// Retweets in the data stay retweets: their originals come from the embedded
+/// `retweeted_status`, each account keeps one retweet of a tweet, the counts are exact, and no
+/// newsfeed lists a tweet twice (also with `--reset`, whose bulk load runs without indexes).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_import_keeps_retweets_once_per_account_and_newsfeed(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let files = Files::new();
+    let at = |h: u32| format!("Thu Nov 10 0{h}:00:00 +0000 2016");
+    let original = tweet(3001, 500, &at(1), "the original", None);
+    let lines = [
+        retweet(3002, 600, &at(2), &original),
+        retweet(3003, 700, &at(3), &original),
+        // A retweet of a retweet names the original in v1.1; one naming a retweet is dropped.
+        retweet(3004, 800, &at(4), &retweet(3002, 600, &at(2), &original)),
+        tweet(3005, 600, &at(5), "plain", None),
+    ]
+    .join("\n");
+    // 10 follows everyone: the original and both retweets reach its newsfeed, the tweet once.
+    let follows = "10 20\n10 30\n10 40\n10 50\n11 20\n12 30\n";
+    let tokens = files.dir.join("tokens.tsv");
+    for reset in [true, false] {
+        let args = ImportArgs {
+            follows: Some(files.write("graph.txt", follows)),
+            tweets: vec![files.write("tweets.jsonl.gz", &lines)],
+            reset,
+            tokens_out: (!reset).then(|| tokens.clone()),
+            tokens: 3,
+            circles: None,
+        };
+        let summary = chirp::import::run(app.db(), &args)
+            .await
+            .expect("the import");
+        assert_eq!(summary.dropped_retweets, 1, "reset {reset}");
+        let rows: Vec<(i64, Option<i64>, String)> = sqlx::query_as(
+            "select id, retweeted_tweet_id, content from tweets where id between 3001 and 3005
+             order by id",
+        )
+        .fetch_all(app.db())
+        .await
+        .unwrap();
+        let expected: Vec<(i64, Option<i64>, String)> = vec![
+            (3001, None, "the original".into()),
+            (3002, Some(3001), String::new()),
+            (3003, Some(3001), String::new()),
+            (3005, None, "plain".into()),
+        ];
+        assert_eq!(rows, expected, "reset {reset}");
+        let repeats: i64 = sqlx::query_scalar(
+            "select count(*) from (select 1 from newsfeeds
+                                   group by user_id, coalesce(status_id, tweet_id)
+                                   having count(*) > 1) r",
+        )
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+        assert_eq!(repeats, 0, "reset {reset}");
+    }
+    let original = app.get("/api/tweets/3001/", None).await;
+    assert_eq!(original.body["retweets_count"], 2, "{}", original.body);
+    let retweet = app.get("/api/tweets/3003/", None).await;
+    assert_eq!(retweet.status, StatusCode::OK);
+    assert_eq!(
+        retweet.body["retweeted_tweet"]["id"], 3001,
+        "{}",
+        retweet.body
+    );
+    // Every newsfeed lists the tweet at most once, through the API too.
+    let tokens = std::fs::read_to_string(&tokens).unwrap();
+    assert!(tokens.lines().count() >= 3, "{tokens}");
+    for line in tokens.lines() {
+        let (reader, token) = line.split_once('\t').unwrap();
+        let feed = page_all(&app, "/api/newsfeeds/", Some(token), 2).await;
+        let mut seen = std::collections::HashSet::new();
+        for id in feed {
+            let status = if (3002..=3003).contains(&id) {
+                3001
+            } else {
+                id
+            };
+            assert!(seen.insert(status), "reader {reader} lists {status} twice");
+        }
+    }
+}

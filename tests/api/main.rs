@@ -33,6 +33,7 @@ mod races;
 mod replica;
 mod replies;
 mod resilience;
+mod retweets;
 mod streams;
 mod tweets;
 mod users;

@@ -251,7 +251,7 @@ async fn a_new_tweet_has_cached_counts_and_liked_sets_stay_intsets(db: PgPool) {
         .unwrap();
     assert_eq!(
         app.cached_counts(CountsOf::Tweet(id)).await,
-        Some(vec![0, 0, 0])
+        Some(vec![0, 0, 0, 0])
     );
 
     app.post(
