@@ -595,6 +595,37 @@ async fn streams_end_with_an_event_when_redis_goes_away_and_resume_from_postgres
     assert_eq!(tweet_ids(&got), vec![missed[0], missed[1], after]);
 }
 
+/// A stream that ends while Redis is down can not give its lease back then; it does once Redis
+/// is back, so its user is not refused (429) until the lease expires (45 s). The history
+/// checker found a user locked out after streams ended across faults (seed
+/// 15545086552391325399).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_stream_that_ends_while_redis_is_down_gives_its_slot_back_later(db: PgPool) {
+    let proxy = Proxy::start().await;
+    let url = proxy.url();
+    let app = TestApp::with(db, |c| {
+        c.redis_url = url;
+        c.streams_per_user = 1;
+    })
+    .await;
+    let (_, alice) = app.signup("alice").await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    proxy.set_up(false);
+    let ev = s.next(Duration::from_secs(5)).await.expect("disconnect");
+    assert_eq!(ev.kind, "disconnect");
+    assert!(s.ends_within(Duration::from_secs(5)).await);
+    drop(s);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_up(true);
+    eventually("redis is back", async || app.recover().await).await;
+    eventually("the slot is free again", async || {
+        Stream::try_open(&app, "/api/streaming/user/", &alice, None)
+            .await
+            .is_ok()
+    })
+    .await;
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn shutdown_ends_streams_with_a_disconnect_event(db: PgPool) {
     let app = TestApp::new(db).await;

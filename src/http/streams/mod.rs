@@ -559,7 +559,10 @@ async fn load_pull_follows(
 }
 
 /// A stream's lease on one of its user's [`crate::config::Config::streams_per_user`] slots;
-/// released (in the background) when the stream ends.
+/// released (in the background) when the stream ends. A release that fails (Redis is down
+/// or marked down for a moment, as after a fault) is tried again every
+/// [`RELEASE_RETRY`] until it succeeds or the lease has expired on its own: a user whose
+/// streams ended during an outage is not refused new ones (429) until their leases expire.
 struct Lease {
     cache: Cache,
     user_id: i64,
@@ -567,13 +570,21 @@ struct Lease {
     duration: Duration,
 }
 
+/// How long a stream's lease release waits before it tries again.
+const RELEASE_RETRY: Duration = Duration::from_millis(250);
+
 impl Drop for Lease {
     fn drop(&mut self) {
         let cache = self.cache.clone();
         let (user_id, id) = (self.user_id, std::mem::take(&mut self.id));
+        let until = tokio::time::Instant::now() + self.duration;
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             handle.spawn(async move {
-                let _ = cache.release_stream(user_id, &id).await;
+                while cache.release_stream(user_id, &id).await.is_err()
+                    && tokio::time::Instant::now() + RELEASE_RETRY < until
+                {
+                    tokio::time::sleep(RELEASE_RETRY).await;
+                }
             });
         }
     }
