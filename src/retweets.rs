@@ -26,9 +26,10 @@
 //! - **`retweets_count`** is exact like `likes_count`: moved in the retweet's (and the undo's)
 //!   transaction with `counts_version`, written through with `SET_IF_NEWER`.
 //! - **Reading** ([`attach`]): a page's retweets get their retweeted tweet hydrated from the
-//!   object caches (a retweet whose original is gone is left out), and every item its
-//!   `has_retweeted`, from the viewer's liked set, which also holds the viewer's retweets as
-//!   [`retweet_mark`]s (so a page asks nothing more of Redis when the set is held in memory).
+//!   object caches (pages leave out a retweet whose original is gone: [`is_orphan`]), and
+//!   every item its `has_retweeted`, from the viewer's liked set, which also holds the
+//!   viewer's retweets as [`retweet_mark`]s (a page asks nothing more of Redis when the set is
+//!   held in memory, and nothing at all when no tweet on it was ever retweeted).
 
 use std::collections::HashSet;
 
@@ -203,17 +204,22 @@ pub async fn complete(
         let Some((record, counts, author)) = tweets::load(db, cache, id).await? else {
             return Err(ApiError::NotFound);
         };
-        let liked = crate::likes::liked_tweets(db, cache, viewer, &[id]).await?;
-        original = Some(Tweet::new(
-            record,
-            author.into(),
-            &counts,
-            liked.contains(&id),
-        ));
+        // Nobody liked it (its exact count is 0): no lookup.
+        let liked = counts.likes > 0
+            && (crate::likes::liked_tweets(db, cache, viewer, &[id]).await?).contains(&id);
+        original = Some(Tweet::new(record, author.into(), &counts, liked));
     }
-    if viewer.is_some() {
-        let mut marks = vec![retweet_mark(tweet.id)];
-        marks.extend(original.as_ref().map(|o| retweet_mark(o.id)));
+    // A tweet nobody retweeted (its exact count is 0) needs no lookup.
+    let mut marks: Vec<i64> = Vec::new();
+    if tweet.retweets_count > 0 {
+        marks.push(retweet_mark(tweet.id));
+    }
+    marks.extend(
+        (original.as_ref())
+            .filter(|o| o.retweets_count > 0)
+            .map(|o| retweet_mark(o.id)),
+    );
+    if viewer.is_some() && !marks.is_empty() {
         let marked = crate::likes::liked_tweets(db, cache, viewer, &marks).await?;
         tweet.has_retweeted = marked.contains(&retweet_mark(tweet.id));
         if let Some(original) = &mut original {
@@ -278,8 +284,8 @@ pub async fn uncount(tx: &mut PgConnection, retweet: &TweetRecord) -> sqlx::Resu
 /// if it has one: the earliest live retweet of it by the reader or a followee of the reader,
 /// or the tweet itself if the reader is or follows its author (and a reply reaches the reader,
 /// [`crate::reply_reaches`]; not if the reader pulls the tweet, [`newsfeeds::shows`]), as a new
-/// entry above everything the newsfeed held (stamped under
-/// the readers' head locks, with the pull clock held, so no pulled tweet commits below it).
+/// entry above everything the newsfeed held (stamped under the readers' head locks, with the
+/// pull clock held and [`hybrid::check`]ed, so no pulled tweet commits below it).
 /// Runs in the transaction that took the status away, after its tweet rows; the candidates'
 /// followers locks are taken shared (as a fan-out batch does), so an unfollow's unmerge waits
 /// and the merges are guarded by the lists' removal generations. Returns the cache merges.
@@ -346,6 +352,11 @@ pub async fn reveal(
         .await?
         .into_iter()
         .collect();
+    // As every writer of entries: wait until the database clock passes them, so a pulled
+    // tweet stamped after the commit lies above them (it can not fail: the clock is held).
+    if !hybrid::check(&mut *tx, rows.iter().map(|r| r.3)).await? {
+        anyhow::bail!("the pull clock moved while it was held");
+    }
     let updates = next
         .iter()
         .zip(&stamped)
@@ -381,7 +392,8 @@ pub async fn delete_all_of(db: &PgPool, cache: &Cache, id: i64) -> ApiResult<usi
 
 /// Fills in the retweeted tweet of each retweet in `items` (hydrated from the object caches,
 /// Postgres for misses) and `has_retweeted` of every item and retweeted tweet for `viewer`
-/// (false for anonymous readers). A retweet whose original is gone (its delete is deleting
+/// (false for anonymous readers, and without a lookup for tweets whose exact
+/// `retweets_count` is 0). A retweet whose original is gone (its delete is deleting
 /// the retweets) keeps `retweeted: None`: [`is_orphan`], which pages leave out.
 ///
 /// # Errors
@@ -423,14 +435,17 @@ pub async fn attach(
             }
         }
     }
-    if viewer.is_some() && !items.is_empty() {
-        let mut marks: Vec<i64> = Vec::with_capacity(items.len() * 2);
-        for item in &items {
+    // A tweet nobody retweeted (its exact count is 0) needs no lookup: most pages ask nothing.
+    let mut marks: Vec<i64> = Vec::new();
+    for item in items.iter().filter(|_| viewer.is_some()) {
+        if item.counts.retweets > 0 {
             marks.push(retweet_mark(item.tweet.id()));
-            if let Some(original) = &item.retweeted {
-                marks.push(retweet_mark(original.tweet.id()));
-            }
         }
+        if let Some(original) = item.retweeted.as_ref().filter(|o| o.counts.retweets > 0) {
+            marks.push(retweet_mark(original.tweet.id()));
+        }
+    }
+    if !marks.is_empty() {
         let retweeted: HashSet<i64> = crate::likes::liked_tweets(db, cache, viewer, &marks).await?;
         for item in &mut items {
             item.has_retweeted = retweeted.contains(&retweet_mark(item.tweet.id()));

@@ -105,6 +105,7 @@ mod tests {
             coordinates: None,
             bbox: None,
             in_reply_to_user_id: None,
+            retweeted_user_id: None,
         };
         assert!(p.matches(&about("World, HELLO!"), &mut None));
         assert!(p.matches(&about("I like #Rust."), &mut None));
@@ -126,6 +127,7 @@ mod tests {
             coordinates,
             bbox,
             in_reply_to_user_id: None,
+            retweeted_user_id: None,
         };
         assert!(p.matches(&at(Some([10.0, -10.0]), None), &mut None));
         assert!(!p.matches(&at(Some([10.0001, 0.0]), None), &mut None));
@@ -147,6 +149,7 @@ mod tests {
             coordinates: None,
             bbox: None,
             in_reply_to_user_id,
+            retweeted_user_id: None,
         };
         assert!(p.matches(&about(7, None), &mut None));
         assert!(p.matches(&about(8, Some(7)), &mut None));
@@ -167,6 +170,7 @@ mod tests {
                     coordinates: None,
                     bbox: None,
                     in_reply_to_user_id: None,
+                    retweeted_user_id: None,
                 };
                 f.keeps(&about, &mut None)
             })

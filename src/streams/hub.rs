@@ -25,6 +25,8 @@ pub enum Event {
         tweet_id: i64,
         /// The tweet's author (a session leaves out those its user must not see).
         author: i64,
+        /// A retweet's retweeted tweet's author (left out the same way).
+        retweeted_author: Option<i64>,
         data: Arc<str>,
         row: Option<(i64, i64)>,
     },
@@ -391,6 +393,7 @@ impl Hub {
                         Event::Tweet {
                             tweet_id: wire.about.tweet_id,
                             author: wire.about.user_id,
+                            retweeted_author: wire.about.retweeted_user_id,
                             data: data.clone(),
                             row: None,
                         }
@@ -404,6 +407,7 @@ impl Hub {
                 let event = Event::Tweet {
                     tweet_id: wire.about.tweet_id,
                     author: wire.about.user_id,
+                    retweeted_author: wire.about.retweeted_user_id,
                     data: data.clone(),
                     row: Some((*id, *at)),
                 };
@@ -449,6 +453,7 @@ impl Hub {
                 let event = Event::Tweet {
                     tweet_id,
                     author,
+                    retweeted_author: None, // a retweet is never pulled
                     data: data.clone(),
                     row: Some((-tweet_id, at)),
                 };
@@ -543,6 +548,7 @@ mod tests {
                 coordinates: None,
                 bbox: None,
                 in_reply_to_user_id: None,
+                retweeted_user_id: None,
             },
             tweet: (!deleted)
                 .then(|| serde_json::value::RawValue::from_string(tweet).ok())
@@ -694,6 +700,7 @@ mod tests {
         let event = |id| Event::Tweet {
             tweet_id: id,
             author: 1,
+            retweeted_author: None,
             data: Arc::from("{}"),
             row: Some((-id, 500)),
         };

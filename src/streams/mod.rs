@@ -78,6 +78,10 @@ pub struct About {
     /// The author of the tweet it replies to (a `follow` predicate of theirs keeps it).
     #[serde(default)]
     pub in_reply_to_user_id: Option<i64>,
+    /// A retweet's retweeted tweet's author (a stream of a user who mutes or blocks them
+    /// leaves it out, as pages do).
+    #[serde(default)]
+    pub retweeted_user_id: Option<i64>,
 }
 
 impl About {
@@ -93,6 +97,7 @@ impl About {
                 .and_then(|c| <[f64; 2]>::try_from(c).ok()),
             bbox: record.place.as_ref().map(|p| p.bbox),
             in_reply_to_user_id: record.in_reply_to_user_id,
+            retweeted_user_id: None,
         }
     }
 }
@@ -246,10 +251,13 @@ struct Message<'a> {
     pulled: Option<i64>,
 }
 
-async fn send(cache: &Cache, about: About, message: Message<'_>) {
+async fn send(cache: &Cache, mut about: About, message: Message<'_>) {
     if !cache.enabled() {
         return;
     }
+    about.retweeted_user_id = (message.tweet)
+        .and_then(|t| t.retweeted_tweet.as_ref())
+        .map(|o| o.user.id);
     let tweet = match message
         .tweet
         .map(serde_json::value::to_raw_value)

@@ -471,17 +471,18 @@ pub async fn create(
             .bind(original.as_ref().map(|o| o.record.id))
             .fetch_one(&mut *tx)
             .await?;
-            // The replied-to tweet's count and the thread's shape with this reply in it.
-            let mut reply_updates = Vec::new();
+            // What the tweet links to: the replied-to tweet's count and the thread's shape with
+            // this reply in it, or the retweeted tweet's count.
+            let mut linked_updates = Vec::new();
             if let Some(parent) = &parent {
-                reply_updates.extend(parent.row.counts_updates());
-                reply_updates
+                linked_updates.extend(parent.row.counts_updates());
+                linked_updates
                     .push(replies::shape_update(&mut tx, parent.root, parent.version).await?);
             }
             // A retweet: the retweeted tweet's count, and its author is told.
             if let Some(original) = &original {
-                reply_updates.extend(original.counts_updates());
-                reply_updates.push(Update::Liked {
+                linked_updates.extend(original.counts_updates());
+                linked_updates.push(Update::Liked {
                     user: author,
                     tweet: crate::retweets::retweet_mark(original.record.id),
                     liked: true,
@@ -547,7 +548,7 @@ pub async fn create(
                     },
                 ])
                 .chain(circles::created_updates(&tweet, newest_in_circle))
-                .chain(reply_updates)
+                .chain(linked_updates)
                 .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
             // The author's own row is a newsfeed entry, ordered with pulled tweets.
@@ -733,7 +734,7 @@ async fn delete_once(
         .await
         .context("deleting the tweet")?;
     // A reply: the replied-to tweet's count and its thread's shape.
-    let reply_updates = match thread {
+    let linked_updates = match thread {
         Some((root, version)) => replies::detach(&mut tx, &tweet, root, version)
             .await
             .context("detaching the reply from its thread")?,
@@ -768,7 +769,7 @@ async fn delete_once(
         });
     }
     updates.extend(circles::deleted_updates(&tweet));
-    updates.extend(reply_updates);
+    updates.extend(linked_updates);
     updates.extend(retweet_updates);
     updates.extend(tags.into_iter().map(|tag| {
         let timeline = Timeline::Hashtag(tag);

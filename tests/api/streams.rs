@@ -595,6 +595,71 @@ async fn streams_end_with_an_event_when_redis_goes_away_and_resume_from_postgres
     assert_eq!(tweet_ids(&got), vec![missed[0], missed[1], after]);
 }
 
+/// A `streaming/user` stream leaves out retweets of the tweets of an account its user mutes,
+/// live and when it resumes (API.md, "Blocks and mutes"), and carries a retweet's tweet.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_stream_leaves_out_retweets_of_a_muted_account(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, alice) = app.signup("alice").await;
+    let (bob_id, bob) = app.signup("bob").await;
+    let (carol_id, carol) = app.signup("carol").await;
+    app.follow(&alice, bob_id).await;
+    let muted = app
+        .post(
+            &format!("/api/users/{carol_id}/mute/"),
+            Some(&alice),
+            json!({}),
+        )
+        .await;
+    assert_eq!(muted.status, StatusCode::OK, "{}", muted.body);
+    let carols = post(&app, &carol, json!({"content": "muted"})).await;
+    let bobs = post(&app, &bob, json!({"content": "not muted"})).await;
+    app.drain().await;
+    let mut s = Stream::open(&app, "/api/streaming/user/", &alice, None).await;
+    let retweet = |id: i64| {
+        let app = &app;
+        let bob = &bob;
+        async move {
+            let res = app
+                .post(&format!("/api/tweets/{id}/retweet/"), Some(bob), json!({}))
+                .await;
+            assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+            res.body["id"].as_i64().expect("id")
+        }
+    };
+    let of_carols = retweet(carols).await;
+    let of_bobs = retweet(bobs).await;
+    let last = post(&app, &bob, json!({"content": "the last"})).await;
+    app.drain().await;
+    let got = s.tweets_until(last).await;
+    let token = got.last().and_then(|e| e.id.clone());
+    assert_eq!(
+        tweet_ids(&got),
+        vec![last],
+        "bob's own tweet was in the feed already"
+    );
+    // bob's retweet of his own tweet adds nothing (alice's newsfeed has the tweet), and the
+    // retweet of carol's is left out; a retweet of another's shows with its tweet.
+    let (dan_id, dan) = app.signup("dan").await;
+    let dans = post(&app, &dan, json!({"content": "dan's"})).await;
+    let of_dans = retweet(dans).await;
+    let after = post(&app, &bob, json!({"content": "after"})).await;
+    app.drain().await;
+    let got = s.tweets_until(after).await;
+    assert_eq!(tweet_ids(&got), vec![of_dans, after], "dan {dan_id}");
+    assert_eq!(got[0].data["tweet"]["retweeted_tweet"]["id"], dans);
+    // Resumed from before the retweets: the same, from Postgres.
+    drop(s);
+    let mut resumed = Stream::open(&app, "/api/streaming/user/", &alice, token.as_deref()).await;
+    let got = resumed.tweets_until(after).await;
+    assert_eq!(
+        tweet_ids(&got),
+        vec![of_dans, after],
+        "{of_carols} {of_bobs}"
+    );
+    assert_eq!(got[0].data["tweet"]["retweeted_tweet"]["id"], dans);
+}
+
 /// A stream that ends while Redis is down can not give its lease back then; it does once Redis
 /// is back, so its user is not refused (429) until the lease expires (45 s). The history
 /// checker found a user locked out after streams ended across faults (seed

@@ -199,7 +199,9 @@ impl Session {
                 };
                 for (tweet, id, at) in tweets {
                     let tweet_id = tweet.id;
-                    let hides = hidden.hides(tweet.user.id);
+                    let hides = hidden.hides(tweet.user.id)
+                        || (tweet.retweeted_tweet.as_ref())
+                            .is_some_and(|o| hidden.hides(o.user.id));
                     let Ok(json) = serde_json::to_string(&serde_json::json!({
                         "event": "tweet",
                         "tweet": tweet,
@@ -251,11 +253,14 @@ impl Session {
             Event::Tweet {
                 tweet_id,
                 author,
+                retweeted_author,
                 data,
                 row,
             } => {
                 if let Some(hidden) = self.hidden().await {
-                    let hides = hidden.hides(author);
+                    // A retweet of a hidden account's tweet too (API.md, "Blocks and mutes").
+                    let hides =
+                        hidden.hides(author) || retweeted_author.is_some_and(|a| hidden.hides(a));
                     self.tweet(tweet_id, &data, row, Source::Live, hides);
                 }
             }
