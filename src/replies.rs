@@ -35,7 +35,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::model::TweetRecord;
 use crate::pagination::PageRequest;
 use crate::timeline::{FeedRow, Item, ListEntry};
-use crate::tweets::{Tweet, TweetRow};
+use crate::tweets::{self, Linked, Tweet, TweetRow};
 
 /// Most ancestors a context view walks up (Mastodon stops at 40; a longer chain is cut at its
 /// oldest end).
@@ -80,26 +80,11 @@ pub async fn lock_parent(
         return Ok(Err(ApiError::Forbidden));
     }
     let version = lock_thread(&mut *tx, root).await?;
-    let row = shift_replies(&mut *tx, parent, 1).await?;
+    let row = tweets::shift_linked(&mut *tx, Linked::Replies, parent, 1).await?;
     // Deleted since it was read: the reply is refused (its transaction rolls back).
     Ok(row
         .map(|row| Parent { row, root, version })
         .ok_or_else(no_such))
-}
-
-/// Moves tweet `id`'s `replies_count` by `by` (with its `counts_version`); its row after, or
-/// `None` if there is no such tweet (any more).
-async fn shift_replies(tx: &mut PgConnection, id: i64, by: i64) -> sqlx::Result<Option<TweetRow>> {
-    sqlx::query_as(concat!(
-        "update tweets set replies_count = replies_count + $2,
-                           counts_version = counts_version + 1
-         where id = $1",
-        crate::returning_tweet_row!()
-    ))
-    .bind(id)
-    .bind(by)
-    .fetch_optional(tx)
-    .await
 }
 
 /// Locks thread `root` for a reply posted or deleted (after the author's row, before any tweet
@@ -132,7 +117,7 @@ pub async fn detach(
 ) -> sqlx::Result<Vec<Update>> {
     let mut updates = Vec::new();
     if let Some(parent) = reply.in_reply_to_tweet_id {
-        let row = shift_replies(&mut *tx, parent, -1).await?;
+        let row = tweets::shift_linked(&mut *tx, Linked::Replies, parent, -1).await?;
         updates.extend(row.iter().flat_map(TweetRow::counts_updates));
     }
     updates.push(shape_update(tx, root, version).await?);

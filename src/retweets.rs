@@ -44,7 +44,7 @@ use crate::model::TweetRecord;
 use crate::newsfeeds;
 use crate::time::Timestamp;
 use crate::timeline::{Item, ListEntry, Timeline};
-use crate::tweets::{self, NewTweet, Tweet, TweetRow};
+use crate::tweets::{self, Linked, NewTweet, Tweet, TweetRow};
 
 /// What [`lock_original`] answers when the user retweeted the tweet already (the retweet
 /// stands; [`retweet`] answers it with 200).
@@ -102,24 +102,9 @@ pub async fn lock_original(
         return Ok(Err(ApiError::Detail(StatusCode::CONFLICT, ALREADY.into())));
     }
     // Deleted since it was read: refused (the transaction rolls back).
-    Ok(shift_retweets(&mut *tx, id, 1)
+    Ok(tweets::shift_linked(&mut *tx, Linked::Retweets, id, 1)
         .await?
         .ok_or(ApiError::NotFound))
-}
-
-/// Moves tweet `id`'s `retweets_count` by `by` (with its `counts_version`); its row after, or
-/// `None` if there is no such tweet (any more).
-async fn shift_retweets(tx: &mut PgConnection, id: i64, by: i64) -> sqlx::Result<Option<TweetRow>> {
-    sqlx::query_as(concat!(
-        "update tweets set retweets_count = retweets_count + $2,
-                           counts_version = counts_version + 1
-         where id = $1",
-        crate::returning_tweet_row!()
-    ))
-    .bind(id)
-    .bind(by)
-    .fetch_optional(tx)
-    .await
 }
 
 /// `user` retweets tweet `id`: `(the retweet, true)` if it was made now, `(it, false)` if the
@@ -204,26 +189,24 @@ pub async fn complete(
         let Some((record, counts, author)) = tweets::load(db, cache, id).await? else {
             return Err(ApiError::NotFound);
         };
-        // Nobody liked it (its exact count is 0): no lookup.
-        let liked = counts.likes > 0
-            && (crate::likes::liked_tweets(db, cache, viewer, &[id]).await?).contains(&id);
-        original = Some(Tweet::new(record, author.into(), &counts, liked));
+        original = Some(Tweet::new(record, author.into(), &counts, false));
     }
-    // A tweet nobody retweeted (its exact count is 0) needs no lookup.
-    let mut marks: Vec<i64> = Vec::new();
+    // One lookup in the viewer's liked set for all of it; a tweet whose exact count is 0 (no
+    // likes, no retweets) needs none.
+    let mut asked: Vec<i64> = Vec::new();
     if tweet.retweets_count > 0 {
-        marks.push(retweet_mark(tweet.id));
+        asked.push(retweet_mark(tweet.id));
     }
-    marks.extend(
-        (original.as_ref())
-            .filter(|o| o.retweets_count > 0)
-            .map(|o| retweet_mark(o.id)),
-    );
-    if viewer.is_some() && !marks.is_empty() {
-        let marked = crate::likes::liked_tweets(db, cache, viewer, &marks).await?;
+    if let Some(o) = &original {
+        asked.extend((o.likes_count > 0).then_some(o.id));
+        asked.extend((o.retweets_count > 0).then(|| retweet_mark(o.id)));
+    }
+    if viewer.is_some() && !asked.is_empty() {
+        let marked = crate::likes::liked_tweets(db, cache, viewer, &asked).await?;
         tweet.has_retweeted = marked.contains(&retweet_mark(tweet.id));
-        if let Some(original) = &mut original {
-            original.has_retweeted = marked.contains(&retweet_mark(original.id));
+        if let Some(o) = &mut original {
+            o.has_liked = marked.contains(&o.id);
+            o.has_retweeted = marked.contains(&retweet_mark(o.id));
         }
     }
     tweet.retweeted_tweet = original.map(Box::new);
@@ -268,7 +251,7 @@ pub async fn uncount(tx: &mut PgConnection, retweet: &TweetRecord) -> sqlx::Resu
     let Some(original) = retweet.retweeted_tweet_id else {
         return Ok(Vec::new());
     };
-    let mut updates = match shift_retweets(&mut *tx, original, -1).await? {
+    let mut updates = match tweets::shift_linked(&mut *tx, Linked::Retweets, original, -1).await? {
         Some(row) => row.counts_updates(),
         None => Vec::new(),
     };
@@ -323,10 +306,9 @@ pub async fn reveal(
                                            where f.from_user_id = x.r and f.to_user_id = c.user_id))
            and not exists (select 1 from newsfeeds n
                            where n.user_id = x.r and coalesce(n.status_id, n.tweet_id) = $2)
-           and not exists (select 1 from tweets o join friendships f on f.to_user_id = o.user_id
-                           where o.id = $2 and o.pulled and f.from_user_id = x.r
-                             and o.created_at > coalesce(f.visible_from, '-infinity'))
-           and ",
+           and not ",
+        crate::pulls_tweet!("$2", "x.r"),
+        " and ",
         crate::reply_reaches!("c", "x.r"),
         " order by x.r, c.created_at"
     ))

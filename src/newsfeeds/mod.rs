@@ -28,6 +28,24 @@ use crate::jobs::Worker;
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
 
+/// The SQL condition "reader `$reader` sees tweet `$status` pulled from its author"
+/// ([`crate::hybrid`]: a pulled tweet after the friendship's `visible_from`): such a reader's
+/// newsfeed shows the tweet without a row, so no retweet of it is written there
+/// ([`crate::retweets`]). A macro, so queries stay `&'static str`.
+#[macro_export]
+macro_rules! pulls_tweet {
+    ($status:literal, $reader:literal) => {
+        concat!(
+            "exists (select 1 from tweets o join friendships f on f.to_user_id = o.user_id
+                     where o.id = ",
+            $status,
+            " and o.pulled and f.from_user_id = ",
+            $reader,
+            " and o.created_at > coalesce(f.visible_from, '-infinity'))"
+        )
+    };
+}
+
 /// `select … from newsfeeds n join tweets t join users u` with the columns of a [`FeedRow`].
 macro_rules! newsfeed_rows {
     () => {
@@ -520,14 +538,13 @@ pub async fn insert_own(
 /// # Errors
 /// Postgres failed.
 pub async fn shows(tx: &mut PgConnection, status: i64, readers: &[i64]) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(
+    sqlx::query_scalar(concat!(
         "select r from unnest($2::bigint[]) as x(r)
          where exists (select 1 from newsfeeds n
                        where n.user_id = r and coalesce(n.status_id, n.tweet_id) = $1)
-            or exists (select 1 from tweets o join friendships f on f.to_user_id = o.user_id
-                       where o.id = $1 and o.pulled and f.from_user_id = r
-                         and o.created_at > coalesce(f.visible_from, '-infinity'))",
-    )
+            or ",
+        crate::pulls_tweet!("$1", "r")
+    ))
     .bind(status)
     .bind(readers)
     .fetch_all(tx)
@@ -544,11 +561,10 @@ pub async fn pulled_shows(
     status: i64,
     readers: &[i64],
 ) -> sqlx::Result<Vec<i64>> {
-    sqlx::query_scalar(
-        "select f.from_user_id from tweets o join friendships f on f.to_user_id = o.user_id
-         where o.id = $1 and o.pulled and f.from_user_id = any($2)
-           and o.created_at > coalesce(f.visible_from, '-infinity')",
-    )
+    sqlx::query_scalar(concat!(
+        "select r from unnest($2::bigint[]) as x(r) where ",
+        crate::pulls_tweet!("$1", "r")
+    ))
     .bind(status)
     .bind(readers)
     .fetch_all(tx)
@@ -637,10 +653,9 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                        where n.user_id = $1
                          and coalesce(n.status_id, n.tweet_id) = coalesce(x.retweeted_tweet_id, x.id))
                      -- nor a retweet of a tweet the follower pulls (crate::hybrid)
-                     and not exists (
-                       select 1 from tweets o join friendships f on f.to_user_id = o.user_id
-                       where o.id = x.retweeted_tweet_id and o.pulled and f.from_user_id = $1
-                         and o.created_at > coalesce(f.visible_from, '-infinity'))
+                     and not ",
+            crate::pulls_tweet!("x.retweeted_tweet_id", "$1"),
+            "
                    order by coalesce(retweeted_tweet_id, id), created_at),
                t as (
                    select id, created_at, retweeted_tweet_id,

@@ -328,6 +328,45 @@ impl TweetRow {
     }
 }
 
+/// A tweet's count of the tweets that link to it: its direct replies ([`crate::replies`]) or
+/// its retweets ([`crate::retweets`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linked {
+    Replies,
+    Retweets,
+}
+
+/// Moves tweet `id`'s `linked` count by `by` (with its `counts_version`, so the cached counts
+/// take it: exact like `likes_count`), in the caller's transaction; its row after, or `None`
+/// if there is no such tweet (any more).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn shift_linked(
+    tx: &mut PgConnection,
+    linked: Linked,
+    id: i64,
+    by: i64,
+) -> sqlx::Result<Option<TweetRow>> {
+    let sql = match linked {
+        Linked::Replies => concat!(
+            "update tweets set replies_count = replies_count + $2,
+                               counts_version = counts_version + 1 where id = $1",
+            crate::returning_tweet_row!()
+        ),
+        Linked::Retweets => concat!(
+            "update tweets set retweets_count = retweets_count + $2,
+                               counts_version = counts_version + 1 where id = $1",
+            crate::returning_tweet_row!()
+        ),
+    };
+    sqlx::query_as(sql)
+        .bind(id)
+        .bind(by)
+        .fetch_optional(tx)
+        .await
+}
+
 /// Validates tweet or comment text: 1 to 280 characters after trimming.
 pub fn validate_content(raw: &str) -> Result<String, String> {
     let content = raw.trim();
