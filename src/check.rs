@@ -102,7 +102,7 @@ fn classify(prefix: &str, key: &str) -> Kind {
         ("items", Some(b'h')) => {
             id("h").map_or(Kind::Other, |h| Kind::Timeline(Timeline::Hashtag(h)))
         }
-        ("tweetv3", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
+        ("tweetv4", Some(b't')) => id("t").map_or(Kind::Other, Kind::Tweet),
         ("cnt3", Some(b't')) => id("t").map_or(Kind::Other, Kind::TweetCounts),
         ("user", Some(b'u')) => id("u").map_or(Kind::Other, Kind::User),
         ("cnt", Some(b'u')) => id("u").map_or(Kind::Other, Kind::UserCounts),
@@ -536,7 +536,7 @@ mod tests {
             classify(p, "p:{c3}:items"),
             Kind::Timeline(Timeline::Circle(3))
         );
-        assert_eq!(classify(p, "p:{t9}:tweetv3"), Kind::Tweet(9));
+        assert_eq!(classify(p, "p:{t9}:tweetv4"), Kind::Tweet(9));
         assert_eq!(
             classify(p, "p:{t9}:tweet"),
             Kind::Other,

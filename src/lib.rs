@@ -21,6 +21,7 @@ pub mod jobs;
 pub mod likes;
 pub mod lists;
 pub mod media;
+pub mod mentions;
 pub mod metrics;
 pub mod model;
 pub mod newsfeeds;

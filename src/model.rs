@@ -48,6 +48,12 @@ pub struct TweetRecord {
     #[sqlx(default)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retweeted_tweet_id: Option<i64>,
+    /// The users its text mentions (`@username`), resolved when it was posted or last edited,
+    /// in order of first mention ([`crate::mentions`]). Not among the cached members (the
+    /// public `mentions` are user objects, hydrated at read time): a cached tweet keeps them
+    /// beside ([`crate::cache::objects::CachedTweet::mentions`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentioned_user_ids: Vec<i64>,
 }
 
 /// A named place with its bounding box (Twitter v1.1's `place`, its `bounding_box` polygon

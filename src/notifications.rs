@@ -1,5 +1,6 @@
 //! Notifications (course parity, django-notifications' model): a like on your tweet or comment,
-//! a comment on your tweet and a new follower each notify you, never for your own actions.
+//! a comment on your tweet, a new follower, a retweet of your tweet and a mention
+//! ([`crate::mentions`]) each notify you, never for your own actions.
 //! They are inserted in the transaction of the write that causes them, so a like that commits
 //! has its notification and one that rolls back has none; like, cancel, like again notifies
 //! once (a unique index), as does follow, unfollow, follow again. Unread counts are counted in
@@ -24,6 +25,8 @@ pub enum Verb {
     Followed,
     /// A retweet of the recipient's tweet ([`crate::retweets`]).
     RetweetedTweet,
+    /// A tweet that mentions the recipient ([`crate::mentions`]).
+    Mentioned,
 }
 
 impl Verb {
@@ -35,6 +38,7 @@ impl Verb {
             Verb::CommentedTweet => ("commented on your tweet", "tweet"),
             Verb::Followed => ("followed you", "user"),
             Verb::RetweetedTweet => ("retweeted your tweet", "tweet"),
+            Verb::Mentioned => ("mentioned you", "tweet"),
         }
     }
 }

@@ -143,7 +143,7 @@ async fn existing(db: &PgPool, user: i64, id: i64) -> sqlx::Result<Option<TweetR
     let row: Option<TweetRow> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                retweeted_tweet_id, mentioned_user_ids, likes_count, comments_count, replies_count, retweets_count,
                 counts_version
          from tweets
          where user_id = $1
@@ -170,7 +170,7 @@ async fn object(db: &PgPool, cache: &Cache, record: TweetRecord, viewer: i64) ->
         }
     };
     let tweet = Tweet::new(record, author.into(), &counts, false);
-    complete(db, cache, Some(viewer), tweet).await
+    tweets::complete(db, cache, Some(viewer), tweet).await
 }
 
 /// Completes a tweet object built without its retweet fields: `has_retweeted` for `viewer`

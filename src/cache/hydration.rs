@@ -337,6 +337,46 @@ impl Cache {
         })
     }
 
+    /// User objects for `ids` (in order; `None`: not cached): those this process's near cache
+    /// holds from there, the rest in one `MGET` (then held). For the users a page's tweets
+    /// mention ([`crate::mentions::attach`]), known only once the tweets are.
+    ///
+    /// # Errors
+    /// Redis failed or is not configured.
+    pub async fn fetch_users(
+        &self,
+        ids: &[i64],
+    ) -> Result<Vec<Option<CachedUser>>, CacheUnavailable> {
+        let keys = self.keys().ok_or(CacheUnavailable)?;
+        let near = self.near_objects().ok_or(CacheUnavailable)?;
+        let lookup = near.begin(self);
+        let mut users = PageAuthors::default();
+        users.add(self, near, ids.to_vec());
+        let more = Piggyback {
+            users: users.missing(),
+            ..Piggyback::default()
+        };
+        let mut found = Vec::new();
+        if !more.is_empty() {
+            let mut pipe = redis::pipe();
+            more.push(&mut pipe, keys);
+            let replies = self.run::<Vec<redis::Value>>(&pipe).await?;
+            let taken = more.take(&mut replies.into_iter())?;
+            users.decode(&more.users, taken.users, &mut found);
+            self.count_found(&[], &more.users, &[], &found, 0);
+        }
+        if !found.is_empty() {
+            near.insert(self, lookup, found);
+        }
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let at = users.ids.binary_search(id).ok()?;
+                users.users[at].clone()
+            })
+            .collect())
+    }
+
     /// What this process's near cache holds of a page's hydration: the tweets, the counters
     /// not `prefetched`, the liked set of `likes_of` and, in the same lookup, the held tweets'
     /// authors (with [`Authors::Read`]).

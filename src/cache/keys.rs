@@ -26,7 +26,7 @@
 //! | `{list}:gen` | hash | the generations of a list or set: `w` (bumped by every write), `r` (by every removal) |
 //! | `{p}:{u42}:user` | string | `"{version}\|{user JSON}"` |
 //! | `{p}:{u42}:cnt` | string | `"{counts_version}\|{followers}\|{followings}\|{tweets}"` |
-//! | `{p}:{t17}:tweetv3` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{JSON members}"`, or the tombstone `-` once deleted (`v3`: versioned, with hashtags and reply ids; older builds' `tweet`, `tweetv` and `tweetv2` keys expire with their TTL) |
+//! | `{p}:{t17}:tweetv4` | string | the tweet object `"{edit_version}\|{user_id}\|{created_at µs}\|{mentioned user ids, comma-separated}\|{JSON members}"`, or the tombstone `-` once deleted (`v4`: versioned, with hashtags, reply ids and mentions; older builds' `tweet`, `tweetv`, `tweetv2` and `tweetv3` keys expire with their TTL) |
 //! | `{p}:{t17}:cnt3` | string | `"{counts_version}\|{likes}\|{comments}\|{replies}\|{retweets}"` (`3`: with retweets; older builds' `cnt` and `cnt2` keys expire with their TTL) |
 //! | `{p}:{t17}:thread` | string | a thread's shape, on its first tweet: `"{threads.version}\|{JSON [[id, parent or 0, created_at µs, author], …]}"` ([`crate::cache::threads`]) |
 //! | `{p}:{k<sha256 hex>}:token` | string | the user id of a bearer token, or the tombstone `-` after logout |
@@ -161,7 +161,7 @@ pub struct Keys {
 /// The kinds of per-object cache entries that hydration reads in bulk ([`Keys::pipe_mget`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Object {
-    /// A tweet object, `{p}:{t17}:tweetv3`.
+    /// A tweet object, `{p}:{t17}:tweetv4`.
     Tweet,
     /// A tweet's counts, `{p}:{t17}:cnt3`.
     TweetCounts,
@@ -173,7 +173,7 @@ impl Object {
     /// The hash tag's letter and the key's name.
     fn parts(self) -> (&'static str, &'static str) {
         match self {
-            Object::Tweet => ("t", "tweetv3"),
+            Object::Tweet => ("t", "tweetv4"),
             Object::TweetCounts => ("t", "cnt3"),
             Object::User => ("u", "user"),
         }
@@ -468,7 +468,7 @@ mod tests {
         assert_eq!(keys.liked(42), "p:{u42}:liked");
         assert_eq!(keys.user(42), "p:{u42}:user");
         assert_eq!(keys.user_counts(42), "p:{u42}:cnt");
-        assert_eq!(keys.tweet(7), "p:{t7}:tweetv3");
+        assert_eq!(keys.tweet(7), "p:{t7}:tweetv4");
         assert_eq!(keys.tweet_counts(7), "p:{t7}:cnt3");
         assert_eq!(keys.thread(7), "p:{t7}:thread");
         for object in [Object::Tweet, Object::TweetCounts, Object::User] {

@@ -32,7 +32,8 @@ pub enum Cached<T> {
 /// `"id":17,"created_at":"…","content":"…","circle_id":null,"photo_urls":[],"coordinates":null,"place":null,"edited_at":null,"hashtags":[],"in_reply_to_tweet_id":null,"in_reply_to_user_id":null`, and a retweet's `,"retweeted_tweet_id":5` last.
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
-/// Stored as `"{version}|{user_id}|{created_at µs}|{members}"`, `version` being the tweet's
+/// Stored as `"{version}|{user_id}|{created_at µs}|{mentioned ids}|{members}"` (the ids of the
+/// users it mentions comma-separated, often none: [`CachedTweet::mentions`]), `version` being the tweet's
 /// `edit_version`: every write of it is a `SET_IF_NEWER` ([`super::scripts::SET_IF_NEWER`]),
 /// so a reader that loaded the text before an edit can not put it back over the edited one,
 /// and the tombstone of a deleted tweet is final. (The timestamp, so a timeline page takes each
@@ -49,6 +50,10 @@ pub struct CachedTweet {
     /// The tweet it retweets (its members' last, `"retweeted_tweet_id"`), found once when
     /// encoded or decoded, so a page learns which items are retweets without parsing.
     pub retweeted_tweet_id: Option<i64>,
+    /// The users its text mentions, in order ([`crate::mentions`]): not among the members,
+    /// whose public `mentions` are user objects hydrated at read time like the author.
+    /// Shared, as the members.
+    pub mentions: std::sync::Arc<[i64]>,
 }
 
 /// What leads the last member of a retweet's members. Inside a JSON string every `"` is
@@ -114,6 +119,7 @@ impl CachedTweet {
             version: tweet.edit_version,
             members,
             retweeted_tweet_id: tweet.retweeted_tweet_id,
+            mentions: tweet.mentioned_user_ids.as_slice().into(),
         }
     }
 
@@ -123,16 +129,20 @@ impl CachedTweet {
             "{{\"user_id\":{},\"edit_version\":{},{}}}",
             self.user_id, self.version, self.members
         );
-        serde_json::from_str(&json).ok()
+        let mut record: TweetRecord = serde_json::from_str(&json).ok()?;
+        record.mentioned_user_ids = self.mentions.to_vec();
+        Some(record)
     }
 
     /// The stored value.
     pub(crate) fn encode(&self) -> String {
+        let mentions: Vec<String> = self.mentions.iter().map(i64::to_string).collect();
         format!(
-            "{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}",
             self.version,
             self.user_id,
             crate::time::to_micros(self.created_at),
+            mentions.join(","),
             self.members
         )
     }
@@ -142,7 +152,16 @@ impl CachedTweet {
     fn decode(value: &str) -> Option<Self> {
         let (version, rest) = value.split_once('|')?;
         let (user, rest) = rest.split_once('|')?;
-        let (micros, members) = rest.split_once('|')?;
+        let (micros, rest) = rest.split_once('|')?;
+        let (mentioned, members) = rest.split_once('|')?;
+        let mentions: std::sync::Arc<[i64]> = match mentioned {
+            "" => std::sync::Arc::new([]),
+            ids => ids
+                .split(',')
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .ok()?,
+        };
         // `"id":` leads the members.
         let id = members
             .strip_prefix("\"id\":")?
@@ -156,6 +175,7 @@ impl CachedTweet {
             created_at: crate::time::from_micros(micros.parse().ok()?),
             version: version.parse().ok()?,
             retweeted_tweet_id: retweeted_in(members),
+            mentions,
             members: members.into(),
         })
     }
@@ -492,6 +512,7 @@ mod tests {
             in_reply_to_tweet_id: Some(5),
             in_reply_to_user_id: Some(8),
             retweeted_tweet_id: None,
+            mentioned_user_ids: Vec::new(),
         };
         let cached = CachedTweet::of(&tweet);
         assert_eq!(cached.retweeted_tweet_id, None);
@@ -512,7 +533,7 @@ mod tests {
         assert_eq!(cached.record(), Some(tweet.clone()));
         let stored = cached.encode();
         assert!(
-            stored.starts_with("0|42|1763900000123456|\"id\":17,"),
+            stored.starts_with("0|42|1763900000123456||\"id\":17,"),
             "{stored}"
         );
         assert_eq!(CachedTweet::decode(&stored), Some(cached));
@@ -558,7 +579,32 @@ mod tests {
         assert!(stored.starts_with("2|42|"), "{stored}");
         assert_eq!(CachedTweet::decode(&stored), Some(edited));
 
+        // The mentioned users ride beside the members, in order, through a round trip.
+        let mentioning = TweetRecord {
+            content: "@bob @al | hi".to_owned(),
+            mentioned_user_ids: vec![9, 4],
+            ..tweet.clone()
+        };
+        let cached = CachedTweet::of(&mentioning);
+        assert!(!cached.members.contains("mention"), "{}", cached.members);
+        let stored = cached.encode();
+        assert!(
+            stored.starts_with("2|42|1763900000123456|9,4|\"id\":17,"),
+            "{stored}"
+        );
+        let decoded = CachedTweet::decode(&stored);
+        assert_eq!(
+            decoded.as_ref().map(|c| c.mentions.to_vec()),
+            Some(vec![9, 4])
+        );
+        assert_eq!(decoded.and_then(|c| c.record()), Some(mentioning));
+
         assert_eq!(CachedTweet::decode("3|1|x"), None);
+        // A value of the older layout (no mentions segment) is a miss, not a misread.
+        assert_eq!(
+            CachedTweet::decode("0|42|1763900000123456|\"id\":17,\"x\":1"),
+            None
+        );
         assert_eq!(CachedTweet::decode("3|"), None, "a floor is a miss");
         assert_eq!(CachedTweet::decode("3|1|x|\"id\":1,"), None);
         assert_eq!(CachedTweet::decode("2|1|\"id\":1,\"content\":\"\""), None);

@@ -10,8 +10,8 @@ use crate::http::extract::{Auth, QueryMap};
 use crate::http::openapi::{NewsFeed, Page, PageParams};
 use crate::http::timeline::{JsonBody, timeline_body};
 use crate::newsfeeds;
-use crate::retweets;
 use crate::state::AppState;
+use crate::tweets;
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new().routes(routes!(list))
@@ -34,7 +34,7 @@ async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> Api
     let viewer = Some(auth.user_id);
     let items = blocks::visible_page(&hidden, &req, |page| async move {
         let items = newsfeeds::read(db, cache, pulled, auth.user_id, &page).await?;
-        retweets::attach(db, cache, viewer, items).await
+        tweets::complete_page(db, cache, viewer, items).await
     })
     .await?;
     Ok(timeline_body(items, &req, true))

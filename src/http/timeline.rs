@@ -11,7 +11,7 @@ use crate::retweets;
 use crate::state::AppState;
 use crate::time::{self, Timestamp};
 use crate::timeline::{self, Item, Timeline};
-use crate::tweets::TweetJson;
+use crate::tweets::{self, TweetJson};
 
 /// A page of timeline items as tweet objects (`has_liked` came with the hydration; cached
 /// tweets spliced, see [`TweetJson`]), each with its item id and `created_at`.
@@ -60,7 +60,7 @@ pub(crate) async fn owned_timeline_page(
                 return Err(ApiError::NotFound);
             }
             let items = timeline::read(db, cache, timeline, req, viewer).await?;
-            let mut items = retweets::attach(db, cache, viewer, items).await?;
+            let mut items = tweets::complete_page(db, cache, viewer, items).await?;
             items.retain(|i| !retweets::is_orphan(i));
             items
         }
@@ -68,7 +68,7 @@ pub(crate) async fn owned_timeline_page(
             let hidden = blocks::hidden(db, cache, viewer).await?;
             blocks::visible_page(&hidden, req, |page| async move {
                 let items = timeline::read(db, cache, timeline, &page, viewer).await?;
-                retweets::attach(db, cache, viewer, items).await
+                tweets::complete_page(db, cache, viewer, items).await
             })
             .await?
         }

@@ -162,7 +162,8 @@ async fn create(
         Some(tweet) => tweet,
         None => {
             let author = auth.user(&state).await?;
-            Tweet::new(record, author, &TweetCounts::default(), false)
+            let tweet = Tweet::new(record, author, &TweetCounts::default(), false);
+            crate::tweets::complete(&state.db, &state.cache, Some(auth.user_id), tweet).await?
         }
     };
     Ok((StatusCode::CREATED, Json(tweet)))
@@ -224,7 +225,7 @@ async fn detail(
     let (comments, likes, tweet) = tokio::try_join!(
         newest_comments,
         newest_likes,
-        retweets::complete(db, cache, viewer, tweet)
+        crate::tweets::complete(db, cache, viewer, tweet)
     )?;
     Ok(Json(TweetDetail {
         tweet,

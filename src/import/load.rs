@@ -63,6 +63,8 @@ fn post_line(p: &Post<'_>) -> String {
         }
         None => line.push_str("\t\\N"),
     }
+    let mentioned: Vec<String> = p.mentioned_user_ids.iter().map(i64::to_string).collect();
+    let _ = write!(line, "\t{{{}}}", mentioned.join(","));
     line
 }
 
@@ -182,7 +184,7 @@ pub(super) async fn create_staging(conn: &mut PgConnection) -> anyhow::Result<()
     sqlx::raw_sql(
         "create temp table import_users (id bigint) on commit drop;
          create temp table import_follows (a bigint, b bigint, created_at timestamptz) on commit drop;
-         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb, retweeted_tweet_id bigint) on commit drop;
+         create temp table import_tweets (id bigint, user_id bigint, content text, created_at timestamptz, coordinates double precision[], place jsonb, retweeted_tweet_id bigint, mentioned_user_ids bigint[]) on commit drop;
          create temp table import_replies (id bigint, parent bigint, root bigint) on commit drop;
          create temp table import_tags (tweet_id bigint, tag text) on commit drop;",
     )
@@ -242,7 +244,7 @@ pub(super) async fn tweets_and_replies(
 ) -> anyhow::Result<()> {
     copy_rows(
         conn,
-        "copy import_tweets (id, user_id, content, created_at, coordinates, place, retweeted_tweet_id) from stdin",
+        "copy import_tweets (id, user_id, content, created_at, coordinates, place, retweeted_tweet_id, mentioned_user_ids) from stdin",
         mapped.tweets().map(|p| post_line(&p)),
     )
     .await?;
@@ -256,8 +258,9 @@ pub(super) async fn tweets_and_replies(
     .await?;
     sqlx::query(
         "insert into tweets (id, user_id, content, created_at, coordinates, place,
-                             retweeted_tweet_id)
-         select id, user_id, content, created_at, coordinates, place, retweeted_tweet_id
+                             retweeted_tweet_id, mentioned_user_ids)
+         select id, user_id, content, created_at, coordinates, place, retweeted_tweet_id,
+                mentioned_user_ids
          from import_tweets
          on conflict do nothing",
     )

@@ -62,6 +62,9 @@ pub(super) struct Post<'a> {
     pub(super) place: Option<&'a Place>,
     /// The tweet it retweets (then `content` is empty, as a retweet posted through the API).
     pub(super) retweeted_tweet_id: Option<i64>,
+    /// The accounts it mentions: those of its mentioned users who are authors in the data,
+    /// in order, once each, at most [`crate::mentions::MAX_MENTIONS`] (none for a retweet).
+    pub(super) mentioned_user_ids: Vec<i64>,
 }
 
 /// What the import writes, derived from what was read. The rows are made as they are
@@ -168,7 +171,17 @@ impl<'a> Mapped<'a> {
         let t = self.by_id.get(&id)?;
         let user_id = *self.account_of.get(&t.author)?;
         let retweeted_tweet_id = self.retweeted.get(&id).copied();
+        let mut mentioned_user_ids: Vec<i64> = Vec::new();
+        for account in (t.mentions.iter()).filter_map(|m| self.account_of.get(m)) {
+            if retweeted_tweet_id.is_none()
+                && !mentioned_user_ids.contains(account)
+                && mentioned_user_ids.len() < crate::mentions::MAX_MENTIONS
+            {
+                mentioned_user_ids.push(*account);
+            }
+        }
         Some(Post {
+            mentioned_user_ids,
             id,
             user_id,
             content: if retweeted_tweet_id.is_some() {

@@ -18,6 +18,10 @@
 //! - **Replies** whose parent is in the data stay replies (`in_reply_to_tweet_id`,
 //!   `in_reply_to_user_id`, their thread, the parents' `replies_count`: [`crate::replies`]);
 //!   a reply to a tweet outside the data is a plain tweet.
+//! - **Mentions** (`entities.user_mentions`, the extended tweet's when there is one) name the
+//!   accounts of the mentioned users who are authors in the data, in order, once each, at most
+//!   [`crate::mentions::MAX_MENTIONS`] ([`crate::mentions`]); the text keeps the original
+//!   screen names, and nobody is notified.
 //! - **Newsfeeds**: one row for every follower of every imported tweet's author (a reply only
 //!   for followers who follow the replied-to account too), and one for the author, made with
 //!   set-based SQL, so feeds are complete right after the import.

@@ -30,6 +30,9 @@ pub(super) struct InTweet {
     pub(super) coordinates: Option<[f64; 2]>,
     /// `place.full_name` with `place.bounding_box` reduced to `[sw_lon, sw_lat, ne_lon, ne_lat]`.
     pub(super) place: Option<Place>,
+    /// The mentioned users' (Twitter) ids, in order (v1.1 `entities.user_mentions[].id_str`,
+    /// of the extended tweet when there is one).
+    pub(super) mentions: Vec<i64>,
 }
 
 #[derive(Deserialize)]
@@ -45,6 +48,27 @@ struct RawTweet {
     place: Option<RawPlace>,
     /// A retweet's original, embedded whole.
     retweeted_status: Option<Box<RawTweet>>,
+    entities: Option<RawEntities>,
+}
+
+/// v1.1 `entities`: only the mentions are read (hashtags are parsed from the text, as a post's).
+#[derive(Deserialize)]
+struct RawEntities {
+    user_mentions: Option<Vec<RawMention>>,
+}
+
+#[derive(Deserialize)]
+struct RawMention {
+    id_str: Option<String>,
+}
+
+impl RawEntities {
+    /// The mentioned users' ids, in order.
+    fn mentions(self) -> Vec<i64> {
+        (self.user_mentions.into_iter().flatten())
+            .filter_map(|m| m.id_str?.parse().ok())
+            .collect()
+    }
 }
 
 /// v1.1 `coordinates`: a GeoJSON point, `[lon, lat]`.
@@ -104,6 +128,7 @@ struct RawUser {
 #[derive(Deserialize)]
 struct RawExtended {
     full_text: Option<String>,
+    entities: Option<RawEntities>,
 }
 
 /// A progress bar over `len` bytes, labelled `msg`.
@@ -244,9 +269,16 @@ fn from_raw(raw: RawTweet) -> Result<InTweet, &'static str> {
         .as_deref()
         .and_then(parse_twitter_time)
         .ok_or("no valid created_at")?;
-    let text = raw
-        .extended_tweet
-        .and_then(|e| e.full_text)
+    // The extended tweet's text and entities, when it has them (the short ones are cut).
+    let (extended_text, extended_entities) = match raw.extended_tweet {
+        Some(e) => (e.full_text, e.entities),
+        None => (None, None),
+    };
+    let mentions = extended_entities
+        .or(raw.entities)
+        .map(RawEntities::mentions)
+        .unwrap_or_default();
+    let text = extended_text
         .or(raw.full_text)
         .or(raw.text)
         .map(|t| t.replace('\0', ""))
@@ -264,6 +296,7 @@ fn from_raw(raw: RawTweet) -> Result<InTweet, &'static str> {
         retweet_of: None,
         coordinates: raw.coordinates.and_then(|c| point(&c.coordinates?)),
         place: raw.place.and_then(place),
+        mentions,
     })
 }
 

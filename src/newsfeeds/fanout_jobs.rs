@@ -9,6 +9,7 @@ use anyhow::Context;
 use sqlx::PgConnection;
 
 use crate::cache::{ListKey, Update};
+use crate::error::ApiError;
 use crate::hybrid;
 use crate::jobs::{self, Worker};
 use crate::model::TweetRecord;
@@ -68,15 +69,12 @@ pub async fn fanout(
             return Ok(None);
         };
         let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
-        // A retweet carries its retweeted tweet (gone: the retweet is being deleted too).
-        let tweet = match record.retweeted_tweet_id {
-            Some(_) => {
-                match crate::retweets::complete(&worker.db, &worker.cache, None, tweet).await {
-                    Ok(tweet) => tweet,
-                    Err(_) => return Ok(None),
-                }
-            }
-            None => tweet,
+        // A retweet carries its retweeted tweet (gone: the retweet is being deleted too), a
+        // tweet its mentioned users.
+        let tweet = match crate::tweets::complete(&worker.db, &worker.cache, None, tweet).await {
+            Ok(tweet) => tweet,
+            Err(ApiError::NotFound) => return Ok(None),
+            Err(e) => anyhow::bail!("completing the tweet object: {e}"),
         };
         Ok(Some(Arc::new((tweet, record))))
     };
@@ -752,7 +750,9 @@ async fn fanout_batch_once(
             });
         for (id, loaded) in futures_util::future::join_all(loads).await {
             if let (Ok(Some((record, counts, author))), Some(rows)) = (loaded, arrivals.get(&id)) {
-                let tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+                let mut tweet = Tweet::new(record.clone(), author.into(), &counts, false);
+                // Without its mentioned users if Postgres fails now: the rows are committed.
+                let _ = crate::mentions::complete(&worker.db, &worker.cache, &mut tweet).await;
                 streams::publish_arrivals(&worker.cache, &tweet, &record, rows).await;
             }
         }

@@ -20,7 +20,8 @@ pub struct Predicates {
     /// Phrases as lists of lowercase words: a phrase matches when all its words are words of
     /// the text.
     pub track: Vec<Vec<String>>,
-    /// Accounts: their tweets, and replies to their tweets (Twitter v1.1's `follow`).
+    /// Accounts: their tweets and retweets, replies to and retweets of their tweets, and tweets
+    /// that mention them (Twitter v1.1's `follow`).
     pub follow: HashSet<i64>,
     /// Boxes `[sw_lon, sw_lat, ne_lon, ne_lat]` (edges included).
     pub locations: Vec<[f64; 4]>,
@@ -58,10 +59,11 @@ impl Predicates {
     /// Whether `about` matches any predicate; `text_words` caches the text's words across
     /// the clients of one message.
     fn matches(&self, about: &About, text_words: &mut Option<HashSet<String>>) -> bool {
-        if self.follow.contains(&about.user_id)
-            || about
-                .in_reply_to_user_id
-                .is_some_and(|to| self.follow.contains(&to))
+        let followed = |user: &i64| self.follow.contains(user);
+        if followed(&about.user_id)
+            || about.in_reply_to_user_id.as_ref().is_some_and(followed)
+            || about.retweeted_user_id.as_ref().is_some_and(followed)
+            || about.mentioned_user_ids.iter().any(followed)
         {
             return true;
         }
@@ -106,6 +108,7 @@ mod tests {
             bbox: None,
             in_reply_to_user_id: None,
             retweeted_user_id: None,
+            mentioned_user_ids: Vec::new(),
         };
         assert!(p.matches(&about("World, HELLO!"), &mut None));
         assert!(p.matches(&about("I like #Rust."), &mut None));
@@ -128,6 +131,7 @@ mod tests {
             bbox,
             in_reply_to_user_id: None,
             retweeted_user_id: None,
+            mentioned_user_ids: Vec::new(),
         };
         assert!(p.matches(&at(Some([10.0, -10.0]), None), &mut None));
         assert!(!p.matches(&at(Some([10.0001, 0.0]), None), &mut None));
@@ -136,7 +140,7 @@ mod tests {
     }
 
     #[test]
-    fn follow_keeps_the_accounts_tweets_and_the_replies_to_them() {
+    fn follow_keeps_the_accounts_tweets_replies_retweets_and_mentions() {
         let p = Predicates {
             follow: [7].into_iter().collect(),
             ..Predicates::default()
@@ -150,11 +154,28 @@ mod tests {
             bbox: None,
             in_reply_to_user_id,
             retweeted_user_id: None,
+            mentioned_user_ids: Vec::new(),
         };
         assert!(p.matches(&about(7, None), &mut None));
         assert!(p.matches(&about(8, Some(7)), &mut None));
         assert!(!p.matches(&about(8, Some(9)), &mut None));
         assert!(!p.matches(&about(8, None), &mut None));
+        // A retweet of their tweet, and a tweet that mentions them (Twitter's `follow`).
+        let retweet = About {
+            retweeted_user_id: Some(7),
+            ..about(8, None)
+        };
+        assert!(p.matches(&retweet, &mut None));
+        let mentioning = About {
+            mentioned_user_ids: vec![3, 7],
+            ..about(8, None)
+        };
+        assert!(p.matches(&mentioning, &mut None));
+        let others = About {
+            mentioned_user_ids: vec![3],
+            ..about(8, None)
+        };
+        assert!(!p.matches(&others, &mut None));
     }
 
     #[test]
@@ -171,6 +192,7 @@ mod tests {
                     bbox: None,
                     in_reply_to_user_id: None,
                     retweeted_user_id: None,
+                    mentioned_user_ids: Vec::new(),
                 };
                 f.keeps(&about, &mut None)
             })

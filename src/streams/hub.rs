@@ -549,6 +549,7 @@ mod tests {
                 bbox: None,
                 in_reply_to_user_id: None,
                 retweeted_user_id: None,
+                mentioned_user_ids: Vec::new(),
             },
             tweet: (!deleted)
                 .then(|| serde_json::value::RawValue::from_string(tweet).ok())

@@ -82,6 +82,10 @@ pub struct About {
     /// leaves it out, as pages do).
     #[serde(default)]
     pub retweeted_user_id: Option<i64>,
+    /// The users the tweet mentions ([`crate::mentions`]; a `follow` predicate of theirs keeps
+    /// it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mentioned_user_ids: Vec<i64>,
 }
 
 impl About {
@@ -98,6 +102,7 @@ impl About {
             bbox: record.place.as_ref().map(|p| p.bbox),
             in_reply_to_user_id: record.in_reply_to_user_id,
             retweeted_user_id: None,
+            mentioned_user_ids: record.mentioned_user_ids.clone(),
         }
     }
 }

@@ -419,7 +419,7 @@ async fn hydrate(
         }
     };
     // Retweets with their retweeted tweets (a retweet whose tweet is gone is left out).
-    let items = crate::retweets::attach(db, cache, Some(user_id), items).await?;
+    let items = crate::tweets::complete_page(db, cache, Some(user_id), items).await?;
     let entry_at: HashMap<i64, i64> = rows
         .iter()
         .map(|r| (r.id, time::to_micros(r.created_at)))

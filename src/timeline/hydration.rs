@@ -127,6 +127,7 @@ pub(super) async fn hydrate(
                 has_liked: liked.contains(&e.tweet_id),
                 has_retweeted: false,
                 retweeted: None,
+                mentions: Vec::new(),
             }),
             None => gone.push(*e),
         }

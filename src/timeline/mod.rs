@@ -347,6 +347,14 @@ impl TweetBody {
         }
     }
 
+    /// The users its text mentions, in order ([`crate::mentions`]).
+    pub fn mentioned_user_ids(&self) -> &[i64] {
+        match self {
+            TweetBody::Record(t) => &t.mentioned_user_ids,
+            TweetBody::Cached(t) => &t.mentions,
+        }
+    }
+
     /// The typed tweet; `None` if cached members do not parse (a corrupted value).
     pub fn into_record(self) -> Option<TweetRecord> {
         match self {
@@ -392,6 +400,9 @@ pub struct Item {
     /// A retweet's retweeted tweet, hydrated by [`crate::retweets::attach`] (`None` before, and
     /// for a tweet that is not a retweet).
     pub retweeted: Option<Box<Item>>,
+    /// The users the tweet mentions, in order, hydrated by [`crate::mentions::attach`] (empty
+    /// before; a mentioned user who could not be loaded is left out).
+    pub mentions: Vec<AuthorBody>,
 }
 
 /// The columns of a [`FeedRow`] after its entry's `id as entry_id, created_at`, for a query that
@@ -401,7 +412,7 @@ macro_rules! feed_row_columns {
     () => {
         " t.id as tweet_id, t.content, t.circle_id, t.photo_urls, t.coordinates, t.place,
           t.edited_at, t.edit_version, t.in_reply_to_tweet_id, t.in_reply_to_user_id,
-          t.retweeted_tweet_id, t.likes_count, t.comments_count, t.replies_count, t.retweets_count,
+          t.retweeted_tweet_id, t.mentioned_user_ids, t.likes_count, t.comments_count, t.replies_count, t.retweets_count,
           t.counts_version,
           u.id as author_id, u.username, u.nickname, u.avatar_url, u.version,
           u.created_at as author_created_at, t.created_at as tweet_created_at "
@@ -424,6 +435,7 @@ pub struct FeedRow {
     pub in_reply_to_tweet_id: Option<i64>,
     pub in_reply_to_user_id: Option<i64>,
     pub retweeted_tweet_id: Option<i64>,
+    pub mentioned_user_ids: Vec<i64>,
     #[sqlx(flatten)]
     pub counts: TweetCounts,
     pub author_id: i64,
@@ -464,6 +476,7 @@ impl FeedRow {
             in_reply_to_tweet_id: self.in_reply_to_tweet_id,
             in_reply_to_user_id: self.in_reply_to_user_id,
             retweeted_tweet_id: self.retweeted_tweet_id,
+            mentioned_user_ids: self.mentioned_user_ids,
         };
         let author = UserRecord {
             id: self.author_id,
@@ -501,6 +514,7 @@ impl From<FeedRow> for Item {
                 in_reply_to_tweet_id: r.in_reply_to_tweet_id,
                 in_reply_to_user_id: r.in_reply_to_user_id,
                 retweeted_tweet_id: r.retweeted_tweet_id,
+                mentioned_user_ids: r.mentioned_user_ids,
             })),
             author: AuthorBody::Record(Box::new(UserRecord {
                 id: r.author_id,
@@ -514,6 +528,7 @@ impl From<FeedRow> for Item {
             has_liked: false,
             has_retweeted: false,
             retweeted: None,
+            mentions: Vec::new(),
         }
     }
 }

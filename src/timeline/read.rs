@@ -282,6 +282,7 @@ async fn load_window(
                 has_liked: false,
                 has_retweeted: false,
                 retweeted: None,
+                mentions: Vec::new(),
             })
             .collect();
         mark_liked(db, cache, page, viewer).await?

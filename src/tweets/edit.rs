@@ -10,7 +10,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::model::TweetRecord;
 use crate::time::{self, Timestamp};
 use crate::timeline::Timeline;
-use crate::{hashtags, streams, users};
+use crate::{hashtags, mentions, streams, users};
 
 /// One version of a tweet's text (`GET /api/tweets/{id}/history/`).
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow, utoipa::ToSchema)]
@@ -30,7 +30,8 @@ pub struct TweetVersion {
 /// Redis (`SET_IF_NEWER`: no reader that loaded the old text can put it back) and evicted from
 /// every process's near cache before this returns ([`Update::TweetEdited`]); then the `edit`
 /// stream event goes out. Timeline lists hold ids only, so nothing else changes but the
-/// hashtag timelines of the tags the edit adds or removes. The same text again changes nothing
+/// hashtag timelines of the tags the edit adds or removes. Mentions are resolved again from the
+/// new text; the users it newly mentions are notified ([`crate::mentions`]). The same text again changes nothing
 /// (and is not a new version).
 ///
 /// Returns the tweet as it now is (`has_liked` false: the caller's own is the caller's to add).
@@ -53,7 +54,7 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     let row: Option<TweetRow> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                retweeted_tweet_id, mentioned_user_ids, likes_count, comments_count, replies_count, retweets_count,
                 counts_version
          from tweets where id = $1 for update",
     )
@@ -75,8 +76,13 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
         ));
     }
     if old.record.content == content {
-        return Ok(Tweet::new(old.record, author.into(), &old.counts, false));
+        let mut tweet = Tweet::new(old.record, author.into(), &old.counts, false);
+        crate::mentions::complete(db, cache, &mut tweet).await?;
+        return Ok(tweet);
     }
+    // Whom the new text mentions, resolved now (crate::mentions); those it newly mentions are
+    // notified below.
+    let mentioned = mentions::resolve(&mut tx, &mentions::parse(content)).await?;
     sqlx::query(
         "insert into tweet_edits (tweet_id, version, content, created_at) values ($1, $2, $3, $4)",
     )
@@ -91,12 +97,14 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     let new: TweetRow = sqlx::query_as(concat!(
         "update tweets set content = $2, edit_version = edit_version + 1,
              edited_at = greatest(clock_timestamp(),
-                                  coalesce(edited_at, created_at) + interval '1 microsecond')
+                                  coalesce(edited_at, created_at) + interval '1 microsecond'),
+             mentioned_user_ids = $3
          where id = $1",
         returning_tweet_row!()
     ))
     .bind(id)
     .bind(content)
+    .bind(&mentioned)
     .fetch_one(&mut *tx)
     .await
     .context("editing the tweet")?;
@@ -109,6 +117,13 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     .fetch_one(&mut *tx)
     .await
     .context("reading the tweet's readers")?;
+    let newly: Vec<i64> = (mentioned.iter())
+        .filter(|m| !old.record.mentioned_user_ids.contains(m))
+        .copied()
+        .collect();
+    mentions::notify(&mut tx, me, id, &newly)
+        .await
+        .context("notifying the newly mentioned")?;
     let mut updates = vec![Update::TweetEdited {
         tweet: new.record.clone(),
     }];
@@ -120,7 +135,9 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the edit")?;
     cache.finish(db, staged).await;
-    let tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
+    let mut tweet = Tweet::new(new.record.clone(), author.into(), &new.counts, false);
+    // The edit stands; without its mentioned users if Postgres fails now.
+    let _ = crate::mentions::complete(db, cache, &mut tweet).await;
     let old_text = old.record.content.as_str();
     streams::publish_edited(cache, &tweet, &new.record, (old_text, &readers), pulled).await;
     Ok(tweet)

@@ -58,6 +58,9 @@ pub struct Tweet {
     /// The `#tags` of its text: lowercase, without `#`, without repeats, in order of first use
     /// ([`crate::hashtags::parse`]).
     pub hashtags: Vec<String>,
+    /// The users its text mentions (`@username`, resolved when it was posted or last edited),
+    /// in order of first mention, as they are now ([`crate::mentions`]).
+    pub mentions: Vec<User>,
     /// The tweet this one replies to (it may have been deleted since), or null.
     pub in_reply_to_tweet_id: Option<i64>,
     /// The author of the tweet this one replies to, or null.
@@ -72,6 +75,9 @@ pub struct Tweet {
     /// A retweet's retweeted tweet's id (absent on other tweets).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retweeted_tweet_id: Option<i64>,
+    /// The ids behind `mentions` (not public): [`complete`] hydrates them.
+    #[serde(skip)]
+    pub mentioned_user_ids: Vec<i64>,
 }
 
 /// What a new tweet says besides its author: text (validated), circle, photos and location.
@@ -107,12 +113,14 @@ impl Tweet {
             place: record.place.map(|p| p.0),
             edited_at: record.edited_at,
             hashtags: crate::hashtags::parse(&record.content),
+            mentions: Vec::new(),
             in_reply_to_tweet_id: record.in_reply_to_tweet_id,
             in_reply_to_user_id: record.in_reply_to_user_id,
             retweets_count: counts.retweets,
             has_retweeted: false,
             retweeted_tweet: None,
             retweeted_tweet_id: record.retweeted_tweet_id,
+            mentioned_user_ids: record.mentioned_user_ids,
             content: record.content,
         }
     }
@@ -127,11 +135,47 @@ impl Tweet {
             item.has_liked,
         );
         tweet.has_retweeted = item.has_retweeted;
+        tweet.mentions = (item.mentions.into_iter())
+            .filter_map(|u| Some(u.into_record()?.into()))
+            .collect();
         if let Some(retweeted) = item.retweeted {
             tweet.retweeted_tweet = Some(Box::new(Tweet::from_item(*retweeted)?));
         }
         Some(tweet)
     }
+}
+
+/// Completes a tweet object built from its row ([`Tweet::new`]): `has_retweeted` for `viewer`,
+/// a retweet's retweeted tweet ([`crate::retweets::complete`]) and the mentioned users of both
+/// ([`crate::mentions::complete`]).
+///
+/// # Errors
+/// 404 if a retweet's retweeted tweet is gone; Postgres failed.
+pub async fn complete(
+    db: &PgPool,
+    cache: &Cache,
+    viewer: Option<i64>,
+    tweet: Tweet,
+) -> ApiResult<Tweet> {
+    let mut tweet = crate::retweets::complete(db, cache, viewer, tweet).await?;
+    crate::mentions::complete(db, cache, &mut tweet).await?;
+    Ok(tweet)
+}
+
+/// Completes hydrated timeline items as [`complete`] does a tweet object: retweeted tweets and
+/// `has_retweeted` ([`crate::retweets::attach`]), then the mentioned users
+/// ([`crate::mentions::attach`]). Every page of tweets passes here before it is written.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn complete_page(
+    db: &PgPool,
+    cache: &Cache,
+    viewer: Option<i64>,
+    items: Vec<Item>,
+) -> sqlx::Result<Vec<Item>> {
+    let items = crate::retweets::attach(db, cache, viewer, items).await?;
+    crate::mentions::attach(db, cache, items).await
 }
 
 /// A tweet object in a response: typed, or spliced together from the cached JSON members of
@@ -142,9 +186,12 @@ impl Tweet {
 pub enum TweetJson {
     Typed(Box<Tweet>),
     /// `{"user":…,"comments_count":…,"likes_count":…,"replies_count":…,"has_liked":…,
-    /// "retweets_count":…,"has_retweeted":…,"retweeted_tweet":…,` and the tweet's members.
+    /// "retweets_count":…,"has_retweeted":…,"retweeted_tweet":…,"mentions":[…],` and the
+    /// tweet's members.
     Spliced {
         user: UserJson,
+        /// The mentioned users ([`crate::mentions::attach`]), in order.
+        mentions: Box<[UserJson]>,
         counts: TweetCounts,
         has_liked: bool,
         has_retweeted: bool,
@@ -162,6 +209,31 @@ pub enum UserJson {
     Json(String),
 }
 
+impl UserJson {
+    /// The public `User` of a hydrated user; `None` if a cached one is corrupt.
+    fn of(user: AuthorBody) -> Option<Self> {
+        Some(match user {
+            AuthorBody::Cached(u) if u.public_head().is_some() => UserJson::Head(u),
+            AuthorBody::Cached(u) => {
+                UserJson::Json(serde_json::to_string(&User::from(u.record()?)).ok()?)
+            }
+            AuthorBody::Record(u) => UserJson::Json(serde_json::to_string(&User::from(*u)).ok()?),
+        })
+    }
+
+    /// Appends the `User` object to `out`.
+    fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            UserJson::Head(u) => {
+                // `of` builds `Head` only for a user that has a public head.
+                out.extend_from_slice(u.public_head().unwrap_or("{").as_bytes());
+                out.push(b'}');
+            }
+            UserJson::Json(json) => out.extend_from_slice(json.as_bytes()),
+        }
+    }
+}
+
 impl TweetJson {
     /// The tweet object of a hydrated timeline item; `None` if its cached fields are corrupt.
     pub fn from_item(item: Item) -> Option<Self> {
@@ -172,15 +244,12 @@ impl TweetJson {
             Some(original) => Some(Box::new(TweetJson::from_item(*original)?)),
             None => None,
         };
-        let user = match item.author {
-            AuthorBody::Cached(u) if u.public_head().is_some() => UserJson::Head(u),
-            AuthorBody::Cached(u) => {
-                UserJson::Json(serde_json::to_string(&User::from(u.record()?)).ok()?)
-            }
-            AuthorBody::Record(u) => UserJson::Json(serde_json::to_string(&User::from(*u)).ok()?),
-        };
+        let mentions = (item.mentions.into_iter())
+            .map(UserJson::of)
+            .collect::<Option<_>>()?;
         Some(TweetJson::Spliced {
-            user,
+            user: UserJson::of(item.author)?,
+            mentions,
             counts: item.counts,
             has_liked: item.has_liked,
             has_retweeted: item.has_retweeted,
@@ -231,6 +300,7 @@ impl TweetJson {
             }
             TweetJson::Spliced {
                 user,
+                mentions,
                 counts,
                 has_liked,
                 has_retweeted,
@@ -238,14 +308,7 @@ impl TweetJson {
                 tweet,
             } => {
                 out.extend_from_slice(b"{\"user\":");
-                match user {
-                    UserJson::Head(u) => {
-                        // `from_item` builds `Head` only for a user that has a public head.
-                        out.extend_from_slice(u.public_head().unwrap_or("{").as_bytes());
-                        out.push(b'}');
-                    }
-                    UserJson::Json(json) => out.extend_from_slice(json.as_bytes()),
-                }
+                user.write(out);
                 out.extend_from_slice(b",\"comments_count\":");
                 out.extend_from_slice(itoa::Buffer::new().format(counts.comments).as_bytes());
                 out.extend_from_slice(b",\"likes_count\":");
@@ -268,7 +331,14 @@ impl TweetJson {
                     Some(original) => original.write(out),
                     None => out.extend_from_slice(b"null"),
                 }
-                out.push(b',');
+                out.extend_from_slice(b",\"mentions\":[");
+                for (i, mentioned) in mentions.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    mentioned.write(out);
+                }
+                out.extend_from_slice(b"],");
                 out.extend_from_slice(tweet.members.as_bytes());
                 out.push(b'}');
             }
@@ -298,7 +368,7 @@ macro_rules! returning_tweet_row {
     () => {
         " returning id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                     edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                retweeted_tweet_id, mentioned_user_ids, likes_count, comments_count, replies_count, retweets_count,
                 counts_version"
     };
 }
@@ -409,6 +479,7 @@ pub async fn create(
 ) -> ApiResult<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let tag_names = &hashtags::parse(&new.content);
+    let mention_names = &crate::mentions::parse(&new.content);
     let created = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
         // Tries rolled back by the pull clock's check (crate::hybrid::check).
         let mut conflicts = 0;
@@ -487,14 +558,17 @@ pub async fn create(
                 }
                 created_at
             };
+            // Whom it mentions, as the names are now (crate::mentions).
+            let mentioned = crate::mentions::resolve(&mut tx, mention_names).await?;
             let tweet: TweetRecord = sqlx::query_as(
                 "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
                                      coordinates, place, pulled, in_reply_to_tweet_id,
-                                     in_reply_to_user_id, thread_id, retweeted_tweet_id)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+                                     in_reply_to_user_id, thread_id, retweeted_tweet_id,
+                                     mentioned_user_ids)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
                  returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
                            place, edited_at, edit_version, in_reply_to_tweet_id,
-                           in_reply_to_user_id, retweeted_tweet_id",
+                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids",
             )
             .bind(author)
             .bind(&new.content)
@@ -508,8 +582,10 @@ pub async fn create(
             .bind(parent.as_ref().map(|p| p.row.record.user_id))
             .bind(parent.as_ref().map(|p| p.root))
             .bind(original.as_ref().map(|o| o.record.id))
+            .bind(&mentioned)
             .fetch_one(&mut *tx)
             .await?;
+            crate::mentions::notify(&mut tx, author, tweet.id, &mentioned).await?;
             // What the tweet links to: the replied-to tweet's count and the thread's shape with
             // this reply in it, or the retweeted tweet's count.
             let mut linked_updates = Vec::new();
@@ -620,14 +696,10 @@ pub async fn create(
             None
         }
     };
-    // A retweet carries its retweeted tweet (crate::retweets).
+    // A retweet carries its retweeted tweet (crate::retweets), a tweet its mentioned users.
     let object = match object {
-        Some(object) if tweet.retweeted_tweet_id.is_some() => {
-            crate::retweets::complete(db, cache, None, object)
-                .await
-                .ok()
-        }
-        object => object,
+        Some(object) => complete(db, cache, None, object).await.ok(),
+        None => None,
     };
     if let Some(object) = &object {
         streams::publish_created(cache, object, &tweet, own_row, pulled).await;
@@ -728,7 +800,7 @@ async fn delete_once(
     let tweet: Option<TweetRecord> = sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id
+                retweeted_tweet_id, mentioned_user_ids
          from tweets where id = $1 for update",
     )
     .bind(id)
@@ -858,7 +930,7 @@ pub async fn rows_by_ids(db: &PgPool, ids: &[i64]) -> sqlx::Result<Vec<TweetRow>
     sqlx::query_as(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id, likes_count, comments_count, replies_count, retweets_count,
+                retweeted_tweet_id, mentioned_user_ids, likes_count, comments_count, replies_count, retweets_count,
                 counts_version
          from tweets where id = any($1)",
     )
@@ -1019,9 +1091,11 @@ mod tests {
                 in_reply_to_tweet_id: None,
                 in_reply_to_user_id: None,
                 retweeted_tweet_id: None,
+                mentioned_user_ids: Vec::new(),
             };
             let spliced = TweetJson::Spliced {
                 user: UserJson::Json("{}".to_owned()),
+                mentions: Box::new([]),
                 counts: TweetCounts::default(),
                 has_liked: false,
                 has_retweeted: false,

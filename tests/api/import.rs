@@ -610,3 +610,67 @@ async fn an_import_keeps_retweets_once_per_account_and_newsfeed(db: PgPool) {
         }
     }
 }
+
+/// v1.1 `entities.user_mentions` (of the extended tweet when there is one) become the mentions
+/// of the accounts whose authors are in the data, in order, once each; others are left out,
+/// and nobody is notified.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_import_keeps_the_mentions_of_the_datas_authors(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let files = Files::new();
+    let at = |h: u32| format!("Thu Nov 10 0{h}:00:00 +0000 2016");
+    let mentioning = |id: u64, author: u64, h: u32, ids: &[u64], extended: bool| {
+        let mut value: serde_json::Value =
+            serde_json::from_str(&tweet(id, author, &at(h), "@someone hello", None)).unwrap();
+        let entities = json!({"user_mentions": ids.iter()
+            .map(|m| json!({"id_str": m.to_string(), "screen_name": format!("a{m}")}))
+            .collect::<Vec<_>>()});
+        if extended {
+            value["entities"] = json!({"user_mentions": [{"id_str": "500"}]});
+            value["extended_tweet"] =
+                json!({"full_text": "@a700 @a600 the whole text", "entities": entities});
+        } else {
+            value["entities"] = entities;
+        }
+        value.to_string()
+    };
+    let lines = [
+        tweet(4001, 600, &at(1), "by 600", None),
+        tweet(4002, 700, &at(2), "by 700", None),
+        mentioning(4003, 500, 3, &[600, 999, 600, 700], false),
+        mentioning(4004, 500, 4, &[700, 600], true),
+    ]
+    .join("\n");
+    let args = ImportArgs {
+        follows: Some(files.write("graph.txt", "10 20\n10 30\n20 30\n")),
+        tweets: vec![files.write("tweets.jsonl", &lines)],
+        reset: true,
+        tokens_out: None,
+        tokens: 1,
+        circles: None,
+    };
+    chirp::import::run(app.db(), &args)
+        .await
+        .expect("the import");
+    let author_of = async |id: u64| {
+        let res = app.get(&format!("/api/tweets/{id}/"), None).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        res.body["user"]["id"].as_i64().unwrap()
+    };
+    let (of600, of700) = (author_of(4001).await, author_of(4002).await);
+    for (id, want) in [(4003, vec![of600, of700]), (4004, vec![of700, of600])] {
+        let res = app.get(&format!("/api/tweets/{id}/"), None).await;
+        let got: Vec<i64> = res.body["mentions"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{}", res.body))
+            .iter()
+            .map(|u| u["id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(got, want, "{id}: {}", res.body);
+    }
+    let notified: i64 = sqlx::query_scalar("select count(*) from notifications")
+        .fetch_one(app.db())
+        .await
+        .unwrap();
+    assert_eq!(notified, 0);
+}

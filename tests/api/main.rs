@@ -23,6 +23,7 @@ mod likes;
 mod limits;
 mod lists;
 mod media;
+mod mentions;
 mod metrics;
 mod near;
 mod notifications;
