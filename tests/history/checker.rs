@@ -4,8 +4,9 @@
 //! scale of a test: several chirp processes ([`Node`]s: the app, its job runners, its outbox
 //! relay and its pub/sub subscription, as `chirp serve` runs them) share one Postgres and one
 //! private `redis-server`; seeded random actors post, edit, delete, follow, unfollow, like,
-//! unlike, rename, log out and read, each through a random process (a third of the posts go
-//! into one of two circles all of them joined), and keep a course front end's views (a
+//! unlike, retweet, undo retweets, rename, log out and read, each through a random process (a
+//! third of the posts go into one of two circles all of them joined, a quarter of the others
+//! reply to a tweet, and texts mention actors now and then), and keep a course front end's views (a
 //! newsfeed, one user's tweets and one circle's tweets: a first page, pull-to-refresh with
 //! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
 //! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
@@ -25,13 +26,19 @@
 //!   (and its circle's) and readable; a deleted tweet is 404; a new nickname is shown; a revoked token is 401;
 //!   a like shows as liked, a cancel as not, once the write answered;
 //! - **no old text**: once an edit answered, no read begun after it, on any process, page or
-//!   detail, shows the tweet with a text older than that edit's;
+//!   detail, shows the tweet with a text older than that edit's (also as a retweet's
+//!   `retweeted_tweet`), and every tweet object mentions exactly the actors its shown text
+//!   names;
+//! - **at most once**: no newsfeed answer lists a tweet twice (by itself or by retweets), nor
+//!   does any newsfeed when the history is quiet; a retweet reads back on every process (its
+//!   retweeter's tweets, `has_retweeted`), an undone one or one whose tweet was deleted is 404;
 //! - **streams deliver exactly once**: each actor also keeps a `streaming/user` client that
 //!   drops its connection at random and resumes with its last `id:` through a random process
 //!   ([`Watcher`]; pulled tweets too, in hybrid runs): it never receives a tweet twice, and
 //!   after a final resume it has received every tweet its newsfeed gained since it first
 //!   connected;
-//! - no request fails (5xx); counts are exact and `chirp check-cache` is clean at the end.
+//! - no request fails (5xx); counts (likes, retweets, replies) are exact and
+//!   `chirp check-cache` is clean at the end.
 //!
 //! A violation prints the seed, the violation and the part of the history that touches the
 //! same ids, and the run repeats its schedule from `CHIRP_MODEL_SEED=<seed>`. The suite runs a
@@ -262,6 +269,8 @@ struct Actor {
     token: String,
     nickname_seq: u64,
     tweets: Vec<i64>,
+    /// Its retweets: tweet → the retweet that answered (it may be gone with its tweet).
+    retweets: HashMap<i64, i64>,
     follows: HashSet<i64>,
     likes: HashSet<i64>,
     feed: View,
@@ -317,6 +326,10 @@ struct World {
     /// The texts of each tweet, in version order (its author edits one at a time), each with
     /// when the write that set it answered (`None`: not yet, failed or indeterminate).
     texts: Mutex<HashMap<i64, Vec<Text>>>,
+    /// Retweets whose post answered, by the tweet they retweet, each with when it answered.
+    retweets_of: Mutex<HashMap<i64, Vec<(i64, Instant)>>>,
+    /// Tweets whose delete was asked for (it may take a retweet of it along at any time).
+    deletes_asked: Mutex<HashSet<i64>>,
 }
 
 impl World {
@@ -367,13 +380,18 @@ impl World {
         if !(uri.starts_with("/api/tweets/") || uri.starts_with("/api/newsfeeds/")) {
             return;
         }
-        let tweets: Vec<&Value> = match body.get("results").and_then(Value::as_array) {
+        let mut tweets: Vec<&Value> = match body.get("results").and_then(Value::as_array) {
             Some(results) => results
                 .iter()
                 .map(|r| r.get("tweet").unwrap_or(r))
                 .collect(),
             None => vec![body],
         };
+        // A retweet's retweeted tweet is shown too: its text and mentions are checked alike.
+        let originals: Vec<&Value> = (tweets.iter())
+            .filter_map(|t| t.get("retweeted_tweet").filter(|o| o.is_object()))
+            .collect();
+        tweets.extend(originals);
         let Ok(texts) = self.texts.lock() else {
             return;
         };
@@ -381,6 +399,21 @@ impl World {
             let (Some(id), Some(shown)) = (tweet["id"].as_i64(), tweet["content"].as_str()) else {
                 continue;
             };
+            // Mentions are resolved with the text they come from (usernames never change here),
+            // so a tweet object shows exactly the actors its shown text names.
+            let mentioned: Vec<i64> = (tweet["mentions"].as_array().into_iter().flatten())
+                .filter_map(|u| u["id"].as_i64())
+                .collect();
+            let named = self.mentioned_in(shown);
+            if mentioned != named {
+                self.record.violate(
+                    format!(
+                        "mentions: tweet {id} shows {shown:?} with mentions {mentioned:?} on \
+                         node {node} ({uri}), but its text names {named:?}"
+                    ),
+                    vec![id],
+                );
+            }
             let Some(versions) = texts.get(&id) else {
                 continue;
             };
@@ -400,6 +433,23 @@ impl World {
                 );
             }
         }
+    }
+
+    /// The actors a text of this run names (`@actor{index}` words), in order, once each.
+    fn mentioned_in(&self, text: &str) -> Vec<i64> {
+        let mut ids = Vec::new();
+        for word in text.split_whitespace() {
+            let Some(index) = (word.strip_prefix("@actor")).and_then(|i| i.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            if let Some(&id) = self.users.get(index)
+                && !ids.contains(&id)
+            {
+                ids.push(id);
+            }
+        }
+        ids
     }
 
     /// A request through process `node`, recorded; a 5xx is a violation.
@@ -514,6 +564,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
             token,
             nickname_seq: 0,
             tweets: Vec::new(),
+            retweets: HashMap::new(),
             follows: HashSet::new(),
             likes: HashSet::new(),
             feed: View::default(),
@@ -556,6 +607,8 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         posted: Mutex::new(HashMap::new()),
         circles,
         texts: Mutex::new(HashMap::new()),
+        retweets_of: Mutex::new(HashMap::new()),
+        deletes_asked: Mutex::new(HashSet::new()),
     });
     let redis = Arc::new(tokio::sync::Mutex::new(redis));
     let faults = tokio::spawn(fault_loop(
@@ -624,6 +677,21 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         circle_tweets.0,
         world.circles.len(),
         circle_tweets.1
+    );
+    // What the history left of the shapes the invariants must hold for.
+    let shapes: (i64, i64, i64) = sqlx::query_as(
+        "select count(*) filter (where retweeted_tweet_id is not null),
+                count(*) filter (where in_reply_to_tweet_id is not null),
+                count(*) filter (where cardinality(mentioned_user_ids) > 0)
+         from tweets",
+    )
+    .fetch_one(&db)
+    .await
+    .unwrap_or_default();
+    eprintln!(
+        "history checker: seed {seed}: standing at the end: {} retweets, {} replies, {} tweets \
+         with mentions",
+        shapes.0, shapes.1, shapes.2
     );
     if hybrid {
         let pulled: (i64, i64) =
@@ -1188,10 +1256,11 @@ async fn actor_loop(world: Arc<World>, mut me: Actor, mut rng: StdRng) -> Actor 
     while Instant::now() < world.deadline && !world.record.failed() {
         let node = rng.random_range(0..NODES);
         match rng.random_range(0..100) {
-            0..20 => post(&world, &mut me, node, &mut rng).await,
-            20..26 => delete(&world, &mut me, node, &mut rng).await,
-            26..38 => follow_or_unfollow(&world, &mut me, node, &mut rng).await,
-            38..50 => like_or_unlike(&world, &mut me, node, &mut rng).await,
+            0..18 => post(&world, &mut me, node, &mut rng).await,
+            18..24 => delete(&world, &mut me, node, &mut rng).await,
+            24..35 => follow_or_unfollow(&world, &mut me, node, &mut rng).await,
+            35..44 => like_or_unlike(&world, &mut me, node, &mut rng).await,
+            44..50 => retweet_or_unretweet(&world, &mut me, node, &mut rng).await,
             50..55 => rename(&world, &mut me, node).await,
             55..57 => relogin(&world, &mut me, node).await,
             57..63 => edit(&world, &mut me, node, &mut rng).await,
@@ -1210,11 +1279,20 @@ fn other(node: usize) -> usize {
 }
 
 async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
-    let content = format!("{} says {}", me.name, rng.random_range(0..1_000_000));
-    // A third of the posts go into a circle.
+    let content = format!(
+        "{} says {}{}",
+        me.name,
+        rng.random_range(0..1_000_000),
+        mentions(world, rng)
+    );
+    // A third of the posts go into a circle; a quarter of the others reply to a tweet.
     let circle = rng
         .random_bool(1.0 / 3.0)
         .then(|| world.circles[rng.random_range(0..world.circles.len())]);
+    let reply_to = match circle {
+        None if rng.random_bool(0.25) => any_tweet(world, rng),
+        _ => None,
+    };
     let asked = Instant::now();
     let (res, determinate) = world
         .write(
@@ -1224,8 +1302,12 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
                 method: Method::POST,
                 uri: "/api/tweets/",
                 token: Some(&me.token),
-                body: Some(json!({ "content": content, "circle_id": circle })),
-                ids: vec![me.id],
+                body: Some(json!({
+                    "content": content,
+                    "circle_id": circle,
+                    "in_reply_to_tweet_id": reply_to,
+                })),
+                ids: vec![me.id].into_iter().chain(reply_to).collect(),
             },
         )
         .await;
@@ -1303,6 +1385,24 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
 }
 
+/// Now and then ` @actor{k}` words naming one or two actors ([`World::mentioned_in`]).
+fn mentions(world: &World, rng: &mut StdRng) -> String {
+    let mut out = String::new();
+    if rng.random_bool(0.3) {
+        for _ in 0..rng.random_range(1..=2) {
+            let _ = write!(out, " @actor{}", rng.random_range(0..world.users.len()));
+        }
+    }
+    out
+}
+
+/// A random tweet that exists (not a retweet), if any.
+fn any_tweet(world: &World, rng: &mut StdRng) -> Option<i64> {
+    let mut tweets: Vec<i64> = world.tweets.lock().ok()?.keys().copied().collect();
+    tweets.sort_unstable();
+    (!tweets.is_empty()).then(|| tweets[rng.random_range(0..tweets.len())])
+}
+
 /// Whether `shown` lists tweet `id` among its entries after `after`: a refresh returns at
 /// most 1,000 (a follow's backfill may have brought more since), so the rest is read in gap
 /// pages (`created_at__gt` and `created_at__lt`) until the tweet or the end.
@@ -1348,7 +1448,12 @@ async fn edit(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
     let id = me.tweets[rng.random_range(0..me.tweets.len())];
     me.nickname_seq += 1;
-    let content = format!("{} edits {id} ({})", me.name, me.nickname_seq);
+    let content = format!(
+        "{} edits {id} ({}){}",
+        me.name,
+        me.nickname_seq,
+        mentions(world, rng)
+    );
     let version = match world.texts.lock() {
         Ok(mut texts) => {
             let versions = texts.entry(id).or_default();
@@ -1392,6 +1497,10 @@ async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
     let id = me.tweets.swap_remove(rng.random_range(0..me.tweets.len()));
     let uri = format!("/api/tweets/{id}/");
+    let asked = Instant::now();
+    if let Ok(mut d) = world.deletes_asked.lock() {
+        d.insert(id);
+    }
     let (res, determinate) = world
         .write(
             me.index,
@@ -1425,6 +1534,185 @@ async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
                     res.status
                 ),
                 vec![id],
+            );
+            return;
+        }
+    }
+    // Its retweets went first, everywhere: those that answered before the delete was asked.
+    let retweets: Vec<i64> = (world.retweets_of.lock().ok())
+        .and_then(|r| r.get(&id).cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(_, answered)| *answered < asked)
+        .map(|(rt, _)| rt)
+        .collect();
+    for rt in retweets {
+        let uri = format!("/api/tweets/{rt}/");
+        for n in 0..NODES {
+            let res = world
+                .call(me.index, n, Req::get(&uri, None, vec![rt, id]))
+                .await;
+            if res.status != StatusCode::NOT_FOUND {
+                world.record.violate(
+                    format!(
+                        "read-your-writes: retweet {rt} of tweet {id} deleted on node {node} is {} \
+                         on node {n}",
+                        res.status
+                    ),
+                    vec![rt, id],
+                );
+                return;
+            }
+        }
+    }
+}
+
+/// Retweets a tweet that exists (mostly), or undoes one of its retweets; then read your
+/// writes on every process: a retweet is readable, on its author's tweets and counted as the
+/// actor's (`has_retweeted`); an undone one is 404 and no longer the actor's. A retweet whose
+/// tweet's delete was asked for meanwhile may be gone with it.
+async fn retweet_or_unretweet(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
+    let undo = !me.retweets.is_empty() && rng.random_bool(0.4);
+    let tweet = if undo {
+        let mut held: Vec<i64> = me.retweets.keys().copied().collect();
+        held.sort_unstable();
+        held[rng.random_range(0..held.len())]
+    } else {
+        match any_tweet(world, rng) {
+            Some(t) => t,
+            None => return,
+        }
+    };
+    let verb = if undo { "unretweet" } else { "retweet" };
+    let uri = format!("/api/tweets/{tweet}/{verb}/");
+    let (res, determinate) = world
+        .write(
+            me.index,
+            node,
+            Req {
+                method: Method::POST,
+                uri: &uri,
+                token: Some(&me.token),
+                body: Some(json!({})),
+                ids: vec![tweet],
+            },
+        )
+        .await;
+    if !res.status.is_success() {
+        if res.status == StatusCode::NOT_FOUND {
+            me.retweets.remove(&tweet); // the tweet is gone, and its retweets with it
+        }
+        return;
+    }
+    let gone = |world: &World| (world.deletes_asked.lock()).map_or(true, |d| d.contains(&tweet));
+    let detail = format!("/api/tweets/{tweet}/");
+    if undo {
+        let Some(rt) = me.retweets.remove(&tweet) else {
+            return;
+        };
+        if !determinate {
+            return;
+        }
+        let retweet = format!("/api/tweets/{rt}/");
+        for n in (1..=NODES).map(|k| (node + k) % NODES) {
+            let res = world
+                .call(me.index, n, Req::get(&retweet, None, vec![rt, tweet]))
+                .await;
+            if res.status != StatusCode::NOT_FOUND {
+                world.record.violate(
+                    format!(
+                        "read-your-writes: retweet {rt} of tweet {tweet} undone on node {node} is \
+                         {} on node {n}",
+                        res.status
+                    ),
+                    vec![rt, tweet],
+                );
+                return;
+            }
+            let res = world
+                .call(me.index, n, Req::get(&detail, Some(&me.token), vec![tweet]))
+                .await;
+            if res.status == StatusCode::OK && res.body["has_retweeted"] != json!(false) {
+                world.record.violate(
+                    format!(
+                        "read-your-writes: tweet {tweet} shows has_retweeted {} to actor {} on \
+                         node {n} after the undo answered on node {node}",
+                        res.body["has_retweeted"], me.index
+                    ),
+                    vec![rt, tweet],
+                );
+                return;
+            }
+        }
+        return;
+    }
+    let (Some(rt), Some(of)) = (
+        res.body["id"].as_i64(),
+        res.body["retweeted_tweet"]["id"].as_i64(),
+    ) else {
+        world.record.violate(
+            format!(
+                "retweet of tweet {tweet} answered without its tweet: {}",
+                res.body
+            ),
+            vec![tweet],
+        );
+        return;
+    };
+    if of != tweet {
+        world.record.violate(
+            format!("retweet {rt} of tweet {tweet} names tweet {of}"),
+            vec![rt, tweet],
+        );
+        return;
+    }
+    me.retweets.insert(tweet, rt);
+    if let Ok(mut r) = world.retweets_of.lock() {
+        r.entry(tweet).or_default().push((rt, Instant::now()));
+    }
+    if !determinate {
+        return;
+    }
+    let Some(before) = res.body["created_at"]
+        .as_str()
+        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+        .map(|t| {
+            (t - chrono::Duration::microseconds(1))
+                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        })
+    else {
+        return;
+    };
+    for n in (1..=NODES).map(|k| (node + k) % NODES) {
+        let res = world
+            .call(
+                me.index,
+                n,
+                Req::get(&detail, Some(&me.token), vec![tweet, rt]),
+            )
+            .await;
+        let shown = res.status == StatusCode::OK
+            && res.body["has_retweeted"] == json!(true)
+            && res.body["retweets_count"].as_i64().is_some_and(|c| c >= 1);
+        let listed = shown
+            && listed_since(
+                world,
+                me.index,
+                n,
+                Shown::UserTweets(me.id),
+                None,
+                &before,
+                rt,
+            )
+            .await;
+        if !listed && !gone(world) {
+            world.record.violate(
+                format!(
+                    "read-your-writes: retweet {rt} of tweet {tweet} by actor {} on node {node} \
+                     is not shown on node {n} ({} {})",
+                    me.index, res.status, res.body
+                ),
+                vec![rt, tweet],
             );
             return;
         }
@@ -1736,6 +2024,18 @@ async fn step_view(
         return;
     }
     let got = shown.entries(&res.body);
+    // A status (a tweet, by itself or by a retweet) is at most once in a newsfeed: in any one
+    // answer, at least (a client may hold an entry that an undone retweet left behind).
+    // (A user's tweets may list a tweet and the author's own retweet of it.)
+    if let Some(status) = repeated_status(&res.body).filter(|_| matches!(shown, Shown::Newsfeed)) {
+        world.record.violate(
+            format!(
+                "at most once: {shown:?} of actor {actor} lists tweet {status} twice, on {uri}"
+            ),
+            vec![status],
+        );
+        return;
+    }
     let held: HashSet<i64> = view.held.iter().map(|e| e.0).collect();
     for e in &got {
         if held.contains(&e.0) {
@@ -1756,6 +2056,21 @@ async fn step_view(
     } else {
         view.held.extend(got);
     }
+}
+
+/// A tweet a page's results show twice, each by itself or by a retweet of it, if any.
+fn repeated_status(body: &Value) -> Option<i64> {
+    let mut seen = HashSet::new();
+    for r in body["results"].as_array().into_iter().flatten() {
+        let tweet = r.get("tweet").unwrap_or(r);
+        let status = tweet["retweeted_tweet"]["id"]
+            .as_i64()
+            .or_else(|| tweet["id"].as_i64())?;
+        if !seen.insert(status) {
+            return Some(status);
+        }
+    }
+    None
 }
 
 /// The tweets of `shown` (a user's or a circle's, whose entries are tweets) from `oldest` up to
@@ -1899,14 +2214,39 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
             }
         }
     }
-    // Counts: every process shows each tweet's exact like count.
-    let counts: Vec<(i64, i64)> = sqlx::query_as(
-        "select t.id, (select count(*) from tweet_likes l where l.tweet_id = t.id) from tweets t",
+    // At most once: each newsfeed (its rows and the pulled tweets it shows) shows a tweet by
+    // one entry, by itself or by one retweet of it.
+    for me in actors.iter() {
+        let rows = chirp::newsfeeds::page(&db, me.id, None, None, 100_000)
+            .await
+            .unwrap_or_default();
+        let mut seen = HashMap::new();
+        for r in &rows {
+            let status = r.retweeted_tweet_id.unwrap_or(r.tweet_id);
+            if let Some(first) = seen.insert(status, r.entry_id) {
+                world.record.violate(
+                    format!(
+                        "at most once: the newsfeed of actor {} shows tweet {status} by entries \
+                         {first} and {}",
+                        me.index, r.entry_id
+                    ),
+                    vec![status, first, r.entry_id],
+                );
+                return;
+            }
+        }
+    }
+    // Counts: every process shows each tweet's exact like, retweet and reply counts.
+    let counts: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+        "select t.id, (select count(*) from tweet_likes l where l.tweet_id = t.id),
+                (select count(*) from tweets r where r.retweeted_tweet_id = t.id),
+                (select count(*) from tweets r where r.in_reply_to_tweet_id = t.id)
+         from tweets t",
     )
     .fetch_all(&db)
     .await
     .unwrap_or_default();
-    for (id, likes) in counts {
+    for (id, likes, retweets, replies) in counts {
         for n in 0..NODES {
             let res = world
                 .call(
@@ -1915,11 +2255,16 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
                     Req::get(&format!("/api/tweets/{id}/"), None, vec![id]),
                 )
                 .await;
-            if res.body["likes_count"].as_i64() != Some(likes) {
+            let shown = (
+                res.body["likes_count"].as_i64(),
+                res.body["retweets_count"].as_i64(),
+                res.body["replies_count"].as_i64(),
+            );
+            if shown != (Some(likes), Some(retweets), Some(replies)) {
                 world.record.violate(
                     format!(
-                        "counts: tweet {id} has {likes} likes, node {n} shows {}",
-                        res.body["likes_count"]
+                        "counts: tweet {id} has {likes} likes, {retweets} retweets and {replies} \
+                         replies; node {n} shows {shown:?}"
                     ),
                     vec![id],
                 );
