@@ -68,7 +68,8 @@ async fn hydrate(
         .collect())
 }
 
-/// `author` comments on `tweet_id` (content already validated).
+/// `author` comments on `tweet_id` (content already validated); a comment on a retweet is a
+/// comment on its retweeted tweet.
 ///
 /// # Errors
 /// 400 naming `tweet_id` if the tweet does not exist.
@@ -82,13 +83,17 @@ pub async fn create(
     let created =
         db::with_unique_timestamp(&["comments_created_at_key"], |created_at| async move {
             let mut tx = db.begin().await?;
-            let tweet_author: Option<i64> =
-            // The lock the count update needs, taken first (the order of tweet deletes).
-            sqlx::query_scalar("select user_id from tweets where id = $1 for no key update")
-                .bind(tweet_id)
-                .fetch_optional(&mut *tx)
-                .await?;
-            let Some(tweet_author) = tweet_author else {
+            // The lock the count update needs, taken first (the order of tweet deletes). A
+            // comment on a retweet goes to the tweet it shows (crate::status_of).
+            let found: Option<(i64, i64)> = sqlx::query_as(concat!(
+                "select user_id, id from tweets where id = ",
+                crate::status_of!("$1"),
+                " for no key update"
+            ))
+            .bind(tweet_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some((tweet_author, tweet_id)) = found else {
                 return Ok(Err(ApiError::field("tweet_id", "No such tweet.")));
             };
             // A block either way refuses (crate::blocks).

@@ -59,19 +59,31 @@ fn no_such_object() -> ApiError {
 
 /// Locks the liked object against deletion for the transaction, with the lock its counter
 /// update needs anyway (taken first, so a concurrent delete of it can not deadlock with us);
-/// `false` if it does not exist.
-async fn lock_object(tx: &mut sqlx::PgConnection, target: Target) -> sqlx::Result<Option<i64>> {
-    let sql = match target {
-        Target::Tweet(_) => "select user_id from tweets where id = $1 for no key update",
-        Target::Comment(_) => "select user_id from comments where id = $1 for no key update",
-    };
-    let id = match target {
-        Target::Tweet(id) | Target::Comment(id) => id,
-    };
-    sqlx::query_scalar::<_, i64>(sql)
+/// returns its owner and the object, `None` if it does not exist. A retweet stands for its
+/// retweeted tweet (Twitter's and Mastodon's rule: a like of a retweet likes the tweet it
+/// shows; [`crate::status_of`]).
+async fn lock_object(
+    tx: &mut sqlx::PgConnection,
+    target: Target,
+) -> sqlx::Result<Option<(i64, Target)>> {
+    match target {
+        Target::Tweet(id) => {
+            let sql = concat!(
+                "select user_id, id from tweets where id = ",
+                crate::status_of!("$1"),
+                " for no key update"
+            );
+            let found: Option<(i64, i64)> = sqlx::query_as(sql).bind(id).fetch_optional(tx).await?;
+            Ok(found.map(|(owner, id)| (owner, Target::Tweet(id))))
+        }
+        Target::Comment(id) => sqlx::query_scalar::<_, i64>(
+            "select user_id from comments where id = $1 for no key update",
+        )
         .bind(id)
         .fetch_optional(tx)
         .await
+        .map(|owner| owner.map(|o| (o, target))),
+    }
 }
 
 /// Moves the object's `likes_count` by `by`; for a tweet, returns the cache updates.
@@ -111,7 +123,7 @@ async fn shift_likes(
 #[tracing::instrument(name = "likes::like", skip(db, cache, user), fields(user = user.id))]
 pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> ApiResult<Like> {
     let mut tx = db.begin().await?;
-    let owner = lock_object(&mut tx, target)
+    let (owner, target) = lock_object(&mut tx, target)
         .await?
         .ok_or_else(no_such_object)?;
     // A block either way refuses (crate::blocks): this statement sees every block committed
@@ -192,9 +204,9 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
 #[tracing::instrument(name = "likes::cancel", skip(db, cache))]
 pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> ApiResult<u64> {
     let mut tx = db.begin().await?;
-    if lock_object(&mut tx, target).await?.is_none() {
+    let Some((_, target)) = lock_object(&mut tx, target).await? else {
         return Err(no_such_object());
-    }
+    };
     let sql = match target {
         Target::Tweet(_) => "delete from tweet_likes where tweet_id = $1 and user_id = $2",
         Target::Comment(_) => "delete from comment_likes where comment_id = $1 and user_id = $2",

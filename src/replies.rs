@@ -52,8 +52,8 @@ pub struct Parent {
     pub version: i64,
 }
 
-/// For a new reply to tweet `parent` by `author`, in the post's transaction after the author's
-/// row lock and before any other tweet or circle row: locks the thread (bumping its version)
+/// For a new reply to tweet `parent` (a retweet: the tweet it retweets) by `author`, in the
+/// post's transaction after the author's row lock and before any other tweet or circle row: locks the thread (bumping its version)
 /// and the replied-to tweet, and counts the reply on it. `Err` (nothing changed) if there is no
 /// such tweet (400, as for a comment) or either of the two authors blocks the other (403).
 ///
@@ -65,13 +65,16 @@ pub async fn lock_parent(
     parent: i64,
 ) -> sqlx::Result<Result<Parent, ApiError>> {
     let no_such = || ApiError::field("in_reply_to_tweet_id", "No such tweet.");
-    // Its author and thread never change: read without a lock, then lock in order.
-    let found: Option<(i64, i64)> =
-        sqlx::query_as("select user_id, coalesce(thread_id, id) from tweets where id = $1")
-            .bind(parent)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some((parent_author, root)) = found else {
+    // Its author and thread never change: read without a lock, then lock in order. A reply
+    // to a retweet replies to the tweet it shows (crate::status_of).
+    let found: Option<(i64, i64, i64)> = sqlx::query_as(concat!(
+        "select id, user_id, coalesce(thread_id, id) from tweets where id = ",
+        crate::status_of!("$1")
+    ))
+    .bind(parent)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some((parent, parent_author, root)) = found else {
         return Ok(Err(no_such()));
     };
     if parent_author != author

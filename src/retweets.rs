@@ -23,6 +23,8 @@
 //!   retweet whose delete has not committed (it would write a row that delete has missed).
 //! - **Deleting the original** deletes each retweet first, each through the normal delete (the
 //!   retweeter's count, lists, streams), then the original once none is left.
+//! - **A like, comment or reply aimed at a retweet** goes to the tweet it retweets (Twitter's
+//!   and Mastodon's rule; [`crate::status_of`]): the client shows that tweet's counts.
 //! - **`retweets_count`** is exact like `likes_count`: moved in the retweet's (and the undo's)
 //!   transaction with `counts_version`, written through with `SET_IF_NEWER`.
 //! - **Reading** ([`attach`]): a page's retweets get their retweeted tweet hydrated from the
@@ -45,6 +47,22 @@ use crate::newsfeeds;
 use crate::time::Timestamp;
 use crate::timeline::{Item, ListEntry, Timeline};
 use crate::tweets::{self, Linked, NewTweet, Tweet, TweetRow};
+
+/// SQL for the tweet that tweet `$id` shows: its retweeted tweet if it is a retweet, else
+/// itself (a like, comment or reply aimed at a retweet goes to the tweet it shows: Twitter's
+/// and Mastodon's rule). A macro, so queries stay `&'static str`.
+#[macro_export]
+macro_rules! status_of {
+    ($id:literal) => {
+        concat!(
+            "coalesce((select retweeted_tweet_id from tweets where id = ",
+            $id,
+            "), ",
+            $id,
+            ")"
+        )
+    };
+}
 
 /// What [`lock_original`] answers when the user retweeted the tweet already (the retweet
 /// stands; [`retweet`] answers it with 200).
@@ -140,15 +158,16 @@ pub async fn retweet(
 
 /// `user`'s retweet of tweet `id` (or of its original, if `id` is a retweet), if any.
 async fn existing(db: &PgPool, user: i64, id: i64) -> sqlx::Result<Option<TweetRecord>> {
-    let row: Option<TweetRow> = sqlx::query_as(
+    let row: Option<TweetRow> = sqlx::query_as(concat!(
         "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
                 edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
                 retweeted_tweet_id, mentioned_user_ids, likes_count, comments_count, replies_count, retweets_count,
                 counts_version
          from tweets
          where user_id = $1
-           and retweeted_tweet_id = coalesce((select retweeted_tweet_id from tweets where id = $2), $2)",
-    )
+           and retweeted_tweet_id = ",
+        crate::status_of!("$2"),
+    ))
     .bind(user)
     .bind(id)
     .fetch_optional(db)

@@ -1233,3 +1233,66 @@ async fn a_muted_accounts_retweets_are_hidden(db: PgPool) {
     assert_eq!(feed(&b, &tv, 1).await, want);
     assert_eq!(retweeted_by(&a, &tv).await, vec![x]);
 }
+
+/// A like, a comment and a reply aimed at a retweet go to the tweet it retweets (Twitter's and
+/// Mastodon's rule: a client shows that tweet's counts on a retweet's item), and a cancel of
+/// the like through the retweet takes it back.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_like_comment_or_reply_to_a_retweet_goes_to_its_tweet(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.quick_user("ann").await;
+    let (_, tb) = app.quick_user("bob").await;
+    let (_, tc) = app.quick_user("cat").await;
+    let original = app.tweet(&ta, "the tweet").await["id"].as_i64().unwrap();
+    let rt = new_retweet(&app, &tb, original).await;
+    let like = json!({"content_type": "tweet", "object_id": rt});
+    let res = app.post("/api/likes/", Some(&tc), like.clone()).await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let res = app
+        .post(
+            "/api/comments/",
+            Some(&tc),
+            json!({"tweet_id": rt, "content": "nice"}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    assert_eq!(res.body["tweet_id"], original, "{}", res.body);
+    let reply = app
+        .post(
+            "/api/tweets/",
+            Some(&tc),
+            json!({"content": "a reply", "in_reply_to_tweet_id": rt}),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+    assert_eq!(
+        reply.body["in_reply_to_tweet_id"], original,
+        "{}",
+        reply.body
+    );
+    for round in ["warm", "flushed"] {
+        let tweet = detail(&app, original, Some(&tc)).await;
+        assert_eq!(
+            (
+                &tweet["likes_count"],
+                &tweet["comments_count"],
+                &tweet["replies_count"],
+                &tweet["has_liked"]
+            ),
+            (&json!(1), &json!(1), &json!(1), &json!(true)),
+            "{round}: {tweet}"
+        );
+        let retweet = detail(&app, rt, Some(&tc)).await;
+        assert_eq!(retweet["likes_count"], 0, "{round}: {retweet}");
+        assert_eq!(retweet["comments_count"], 0, "{round}: {retweet}");
+        assert_eq!(retweet["retweeted_tweet"]["likes_count"], 1, "{round}");
+        app.flush_cache().await;
+    }
+    let res = app.post("/api/likes/cancel/", Some(&tc), like).await;
+    assert!(res.status.is_success(), "{}", res.body);
+    let tweet = detail(&app, original, Some(&tc)).await;
+    assert_eq!(
+        (&tweet["likes_count"], &tweet["has_liked"]),
+        (&json!(0), &json!(false))
+    );
+}
