@@ -41,6 +41,12 @@ pub struct Pair {
     pub copy: &'static str,
     /// The unmerge's `delete … returning` [`ListEntry`] columns.
     pub remove: &'static str,
+    /// A newsfeed's: `select` of the statuses (tweets, by themselves or by a retweet) that the
+    /// unmerge's rows show and that another entry may show next (a retweet by another
+    /// followee, or the tweet itself), run before `remove`: after it, each gets
+    /// [`crate::retweets::reveal`]ed (a status stays in a newsfeed while a followee still
+    /// brings it).
+    pub reveals: Option<&'static str>,
 }
 
 impl Pair {
@@ -119,7 +125,9 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
 }
 
 /// Unmerge: unless the pair exists again by now, removes the source's tweets from the timeline
-/// and from its cached list.
+/// and from its cached list; in a newsfeed, a status they showed that another followee still
+/// brings (a retweet of it, or the tweet itself) comes back as a new entry on top
+/// ([`Pair::reveals`]).
 ///
 /// # Errors
 /// Postgres failed; the job is retried.
@@ -128,6 +136,19 @@ pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
     if pair.lock_and_check(&mut tx).await? {
         return Ok(()); // begun again: its backfill keeps the rows
     }
+    let statuses: Vec<i64> = match pair.reveals {
+        Some(sql) => sqlx::query_scalar(sql)
+            .bind(pair.owner)
+            .bind(pair.source)
+            .fetch_all(&mut *tx)
+            .await
+            .context("reading the statuses to reveal")?,
+        None => Vec::new(),
+    };
+    // Before any newsfeed row is taken (see lock_for_reveal).
+    crate::retweets::lock_for_reveal(&mut tx, &statuses)
+        .await
+        .context("locking the statuses to reveal")?;
     let rows: Vec<ListEntry> = sqlx::query_as(pair.remove)
         .bind(pair.owner)
         .bind(pair.source)
@@ -137,11 +158,18 @@ pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let update = Update::Remove {
+    // The next entries of the statuses the rows took away: merged before the removal, whose
+    // removal generation would refuse them (they are other members).
+    let mut updates = Vec::new();
+    for status in statuses {
+        let next = crate::retweets::reveal(&mut tx, &worker.cache, status, &[pair.owner]).await?;
+        updates.extend(next);
+    }
+    updates.push(Update::Remove {
         list: pair.timeline.key(),
         members: rows.iter().map(|e| pair.timeline.member(e)).collect(),
-    };
-    let staged = worker.cache.stage(&mut tx, &[update]).await?;
+    });
+    let staged = worker.cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the unmerge")?;
     worker.cache.finish(&worker.db, staged).await;
     Ok(())

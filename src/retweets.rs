@@ -21,6 +21,8 @@
 //!   gets it. A retweet's delete locks the original's row before any newsfeed row goes
 //!   ([`uncount`]): undos of one tweet's retweets take turns, so a reveal never picks a
 //!   retweet whose delete has not committed (it would write a row that delete has missed).
+//!   An unfollow's unmerge reveals the same way the statuses it takes away that another
+//!   followee still brings ([`crate::fanout::unmerge`], [`lock_for_reveal`]).
 //! - **Deleting the original** deletes each retweet first, each through the normal delete (the
 //!   retweeter's count, lists, streams), then the original once none is left.
 //! - **A like, comment or reply aimed at a retweet** goes to the tweet it retweets (Twitter's
@@ -306,15 +308,9 @@ pub async fn reveal(
     let mut readers = readers.to_vec();
     readers.sort_unstable();
     readers.dedup();
-    sqlx::query(
-        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0))
-         from (select distinct user_id as a from tweets
-               where id = $1 or retweeted_tweet_id = $1 order by 1) s",
-    )
-    .bind(status)
-    .execute(&mut *tx)
-    .await
-    .context("locking the candidates' followers")?;
+    lock_candidates(&mut *tx, &[status])
+        .await
+        .context("locking the candidates' followers")?;
     newsfeeds::lock_heads(&mut *tx, &readers).await?;
     hybrid::lock_clock(&mut *tx).await?;
     let next: Vec<(i64, i64, i64, Timestamp, Option<i64>)> = sqlx::query_as(concat!(
@@ -369,6 +365,48 @@ pub async fn reveal(
         })
         .collect();
     Ok(updates)
+}
+
+/// Takes the followers locks [`reveal`] takes for each of `statuses` (shared, of the authors
+/// of each status and of its retweets), in one statement and in id order: a caller that
+/// reveals several statuses takes them all before it changes any row, so it never holds a row
+/// that an unfollow or a block (which hold one of these locks exclusively) waits for.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_candidates(tx: &mut PgConnection, statuses: &[i64]) -> sqlx::Result<()> {
+    if statuses.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(
+        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0))
+         from (select distinct user_id as a from tweets
+               where id = any($1) or retweeted_tweet_id = any($1) order by 1) s",
+    )
+    .bind(statuses)
+    .execute(tx)
+    .await
+    .map(|_| ())
+}
+
+/// For a caller that reveals `statuses` outside an undo (an unfollow's unmerge): their
+/// followers locks ([`lock_candidates`]), then their rows, in id order, with the lock an undo
+/// takes on its retweeted tweet first ([`uncount`]): an undo of one of their retweets in
+/// flight commits before [`reveal`] looks for candidates, so it never picks a retweet whose
+/// delete has taken its rows but not committed (its row would outlive the retweet).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn lock_for_reveal(tx: &mut PgConnection, statuses: &[i64]) -> sqlx::Result<()> {
+    if statuses.is_empty() {
+        return Ok(());
+    }
+    lock_candidates(&mut *tx, statuses).await?;
+    sqlx::query("select id from tweets where id = any($1) order by id for no key update")
+        .bind(statuses)
+        .execute(tx)
+        .await
+        .map(|_| ())
 }
 
 /// Deletes every retweet of tweet `id` (before the tweet's own delete: [`crate::tweets::delete`]),

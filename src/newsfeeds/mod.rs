@@ -685,6 +685,17 @@ fn friendship(follower: i64, followee: i64) -> Pair {
              returning n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
             shift_column!()
         ),
+        // A retweet's status, or a tweet that someone else retweeted: another followee may
+        // bring it (crate::retweets::reveal decides); in id order, the order of their locks.
+        reveals: Some(
+            "select distinct coalesce(n.status_id, n.tweet_id) as s
+             from newsfeeds n join tweets t on t.id = n.tweet_id
+             where n.user_id = $1 and t.user_id = $2
+               and (n.status_id is not null
+                    or exists (select 1 from tweets r
+                               where r.retweeted_tweet_id = n.tweet_id and r.user_id <> $2))
+             order by 1",
+        ),
     }
 }
 

@@ -1296,3 +1296,46 @@ async fn a_like_comment_or_reply_to_a_retweet_goes_to_its_tweet(db: PgPool) {
         (&json!(0), &json!(false))
     );
 }
+
+/// An unfollow takes the unfollowed account's entries out of the newsfeed; a tweet one of them
+/// showed (by a retweet, or by itself) that another followee still brings by a retweet comes
+/// back as a new entry on top, which a refresh from what the client holds returns.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_unfollow_shows_the_next_retweet_of_what_it_took_away(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, tx) = app.quick_user("xav").await;
+    let (ann, ta) = app.quick_user("ann").await;
+    let (bob, tb) = app.quick_user("bob").await;
+    let (_, tr) = app.quick_user("rita").await;
+    app.follow(&tr, ann).await;
+    app.follow(&tr, bob).await;
+    let s = app.tweet(&tx, "by someone rita does not follow").await["id"]
+        .as_i64()
+        .unwrap();
+    let t = app.tweet(&ta, "ann's own").await["id"].as_i64().unwrap();
+    let ann_s = new_retweet(&app, &ta, s).await;
+    new_retweet(&app, &tb, s).await;
+    new_retweet(&app, &tb, t).await;
+    app.drain().await;
+    let before = feed(&app, &tr, 10).await;
+    let statuses: Vec<(i64, i64)> = before.iter().map(|e| (e.tweet, e.status())).collect();
+    assert_eq!(statuses, vec![(ann_s, s), (t, t)], "{before:?}");
+    let res = app
+        .post(
+            &format!("/api/friendships/{ann}/unfollow/"),
+            Some(&tr),
+            json!({}),
+        )
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    app.drain().await;
+    for round in ["warm", "flushed"] {
+        let after = feed(&app, &tr, 10).await;
+        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.author, e.status())).collect();
+        assert_eq!(shown, vec![(bob, t), (bob, s)], "{round}: {after:?}");
+        assert!(after.iter().all(|e| e.at > before[0].at), "{round}: on top");
+        let refreshed = refresh(&app, &tr, &before[0].at).await;
+        assert_eq!(refreshed, after, "{round}");
+        app.flush_cache().await;
+    }
+}

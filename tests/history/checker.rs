@@ -1610,7 +1610,9 @@ async fn retweet_or_unretweet(world: &World, me: &mut Actor, node: usize, rng: &
         let Some(rt) = me.retweets.remove(&tweet) else {
             return;
         };
-        if !determinate {
+        // `deleted: 0`: the tweet's delete took the retweet (its cache step may still be on
+        // its way: that delete has not answered yet).
+        if !determinate || res.body["deleted"] != json!(1) {
             return;
         }
         let retweet = format!("/api/tweets/{rt}/");
