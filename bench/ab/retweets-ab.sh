@@ -3,7 +3,7 @@
 # scripts/bench, two builds alternated twice, on the request files scripts/bench wrote
 # (.local/bench). Each build serves its own database (BASE_DB, HEAD_DB: a copy made with
 # `create database … template …`, so an older build finds only the migrations it knows) and
-# its own Redis prefix. Round 27 of BENCHMARKS.md.
+# its own Redis prefix. Rounds 27 and 28 of BENCHMARKS.md.
 #
 #   BASE_BIN=/tmp/chirp-base HEAD_BIN=target/release/chirp \
 #   BASE_DB=postgres://…/chirp_bench_base HEAD_DB=postgres://…/chirp_bench bench/ab/retweets-ab.sh
@@ -24,7 +24,13 @@ run_one() { # label bin db prefix
   done
   kill -TERM "$pid"; wait "$pid" 2>/dev/null
 }
+# AB_ORDER="head base" runs head first: run both orders to cancel a drift of the machine
+# (round 28 saw every run faster than the one before).
 for _ in 1 2; do
-  run_one base "$BASE_BIN" "$BASE_DB" abbase
-  run_one head "$HEAD_BIN" "$HEAD_DB" abhead
+  for which in ${AB_ORDER:-base head}; do
+    case "$which" in
+      base) run_one base "$BASE_BIN" "$BASE_DB" abbase ;;
+      head) run_one head "$HEAD_BIN" "$HEAD_DB" abhead ;;
+    esac
+  done
 done
