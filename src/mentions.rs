@@ -1,8 +1,8 @@
 //! Mentions: `@username` in a tweet's text names a user (Twitter v1.1's
 //! `entities.user_mentions`, Mastodon's `mentions`).
 //!
-//! **Resolved when posted.** [`parse`] reads the names; [`resolve`] turns them into user ids in
-//! the post's (or edit's) transaction, kept on the row (`tweets.mentioned_user_ids`) in order of
+//! **Resolved when posted.** [`parse`] reads the names; [`resolve`] turns them into user ids as
+//! the tweet is posted (or edited), kept on the row (`tweets.mentioned_user_ids`) in order of
 //! first mention. A later rename, or a new account taking a freed name, does not change whom a
 //! tweet mentions; a name nobody has is plain text.
 //!
@@ -82,11 +82,15 @@ pub fn parse(content: &str) -> Vec<String> {
 }
 
 /// The ids of the users `names` ([`parse`]) name, in the order of `names`; names nobody has are
-/// left out. Run in the post's or edit's transaction.
+/// left out. Usernames never change and accounts are never deleted, so a post resolves them
+/// before its transaction (not under its locks); a text without `@` asks nothing.
 ///
 /// # Errors
 /// Postgres failed.
-pub async fn resolve(tx: &mut PgConnection, names: &[String]) -> sqlx::Result<Vec<i64>> {
+pub async fn resolve<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    names: &[String],
+) -> sqlx::Result<Vec<i64>> {
     if names.is_empty() {
         return Ok(Vec::new());
     }
@@ -95,7 +99,7 @@ pub async fn resolve(tx: &mut PgConnection, names: &[String]) -> sqlx::Result<Ve
          join users u on u.username = n.name order by n.i",
     )
     .bind(names)
-    .fetch_all(tx)
+    .fetch_all(db)
     .await
 }
 

@@ -53,9 +53,10 @@ pub struct Parent {
 }
 
 /// For a new reply to tweet `parent` (a retweet: the tweet it retweets) by `author`, in the
-/// post's transaction after the author's row lock and before any other tweet or circle row: locks the thread (bumping its version)
-/// and the replied-to tweet, and counts the reply on it. `Err` (nothing changed) if there is no
-/// such tweet (400, as for a comment) or either of the two authors blocks the other (403).
+/// post's transaction after the author's row lock and before any other tweet or circle row:
+/// locks the thread (bumping its version) and the replied-to tweet, and counts the reply on
+/// it. `Err` (nothing changed) if there is no such tweet (400, as for a comment) or either of
+/// the two authors blocks the other (403).
 ///
 /// # Errors
 /// Postgres failed.

@@ -33,8 +33,9 @@ pub enum Cached<T> {
 /// Timeline pages splice the members into the response as they are
 /// ([`crate::tweets::TweetJson`]): no parsing, escaping or timestamp formatting per tweet.
 /// Stored as `"{version}|{user_id}|{created_at µs}|{mentioned ids}|{members}"` (the ids of the
-/// users it mentions comma-separated, often none: [`CachedTweet::mentions`]), `version` being the tweet's
-/// `edit_version`: every write of it is a `SET_IF_NEWER` ([`super::scripts::SET_IF_NEWER`]),
+/// users it mentions comma-separated, often none: [`CachedTweet::mentions`]), `version` being
+/// the tweet's `edit_version`: every write of it is a `SET_IF_NEWER`
+/// ([`super::scripts::SET_IF_NEWER`]),
 /// so a reader that loaded the text before an edit can not put it back over the edited one,
 /// and the tombstone of a deleted tweet is final. (The timestamp, so a timeline page takes each
 /// item's time from its tweet instead of asking Redis for its list entry's score.)

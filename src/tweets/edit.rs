@@ -82,7 +82,7 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
     }
     // Whom the new text mentions, resolved now (crate::mentions); those it newly mentions are
     // notified below.
-    let mentioned = mentions::resolve(&mut tx, &mentions::parse(content)).await?;
+    let mentioned = mentions::resolve(&mut *tx, &mentions::parse(content)).await?;
     sqlx::query(
         "insert into tweet_edits (tweet_id, version, content, created_at) values ($1, $2, $3, $4)",
     )

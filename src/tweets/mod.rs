@@ -479,7 +479,9 @@ pub async fn create(
 ) -> ApiResult<(TweetRecord, Option<Tweet>)> {
     let circle = new.circle_id;
     let tag_names = &hashtags::parse(&new.content);
-    let mention_names = &crate::mentions::parse(&new.content);
+    // Whom it mentions, as the names are now (crate::mentions): before the transaction, not
+    // under its locks.
+    let mentioned = &crate::mentions::resolve(db, &crate::mentions::parse(&new.content)).await?;
     let created = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
         // Tries rolled back by the pull clock's check (crate::hybrid::check).
         let mut conflicts = 0;
@@ -558,8 +560,6 @@ pub async fn create(
                 }
                 created_at
             };
-            // Whom it mentions, as the names are now (crate::mentions).
-            let mentioned = crate::mentions::resolve(&mut tx, mention_names).await?;
             let tweet: TweetRecord = sqlx::query_as(
                 "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
                                      coordinates, place, pulled, in_reply_to_tweet_id,
@@ -582,10 +582,10 @@ pub async fn create(
             .bind(parent.as_ref().map(|p| p.row.record.user_id))
             .bind(parent.as_ref().map(|p| p.root))
             .bind(original.as_ref().map(|o| o.record.id))
-            .bind(&mentioned)
+            .bind(mentioned)
             .fetch_one(&mut *tx)
             .await?;
-            crate::mentions::notify(&mut tx, author, tweet.id, &mentioned).await?;
+            crate::mentions::notify(&mut tx, author, tweet.id, mentioned).await?;
             // What the tweet links to: the replied-to tweet's count and the thread's shape with
             // this reply in it, or the retweeted tweet's count.
             let mut linked_updates = Vec::new();
