@@ -778,16 +778,26 @@ async fn delete_once(
     let mut tx = db.begin().await?;
     // Its author and thread never change: read first, to lock in the order of every compose
     // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
-    let head: Option<(i64, Option<i64>)> =
-        sqlx::query_as("select user_id, thread_id from tweets where id = $1")
+    let head: Option<(i64, Option<i64>, Option<i64>)> =
+        sqlx::query_as("select user_id, thread_id, retweeted_tweet_id from tweets where id = $1")
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?;
-    let thread = match head {
+    let (thread, original) = match head {
         None => return Err(ApiError::NotFound),
-        Some((author, _)) if author != me => return Err(ApiError::Forbidden),
-        Some((_, thread)) => thread,
+        Some((author, ..)) if author != me => return Err(ApiError::Forbidden),
+        Some((_, thread, original)) => (thread, original),
     };
+    // A retweet's undo reveals the next one (crate::retweets::reveal), which takes the
+    // candidates' followers locks: before the author's row, the order of a follow or unfollow
+    // (which holds a followers lock exclusively, then moves its users' counts). Taken after
+    // the row, an undo and its author's follow of a candidate deadlocked (the history
+    // checker's 10-minute run found it).
+    if let Some(original) = original.filter(|_| reveal_next) {
+        crate::retweets::lock_candidates(&mut tx, &[original])
+            .await
+            .context("locking the candidates' followers")?;
+    }
     let author_counts = shift_tweets_count(&mut tx, me, -1)
         .await
         .context("moving tweets_count")?;
