@@ -789,10 +789,10 @@ async fn delete_once(
         Some((_, thread, original)) => (thread, original),
     };
     // A retweet's undo reveals the next one (crate::retweets::reveal), which takes the
-    // candidates' followers locks: before the author's row, the order of a follow or unfollow
-    // (which holds a followers lock exclusively, then moves its users' counts). Taken after
-    // the row, an undo and its author's follow of a candidate deadlocked (the history
-    // checker's 10-minute run found it).
+    // candidates' followers locks: before the author's row, the order of an unfollow or a
+    // block (which hold a followers lock exclusively, then move their users' counts). Taken
+    // after the row, an undo and an unfollow of a candidate by its author deadlocked (the
+    // history checker's 10-minute run found it).
     if let Some(original) = original.filter(|_| reveal_next) {
         crate::retweets::lock_candidates(&mut tx, &[original])
             .await
