@@ -1333,14 +1333,7 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
     // Everything since just before the tweet: its entries lie at or after its time (others
     // may have posted many tweets since, so a first page need not reach it).
-    let Some(before) = res.body["created_at"]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| {
-            (t - chrono::Duration::microseconds(1))
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-        })
-    else {
+    let Some(before) = just_before(&res.body) else {
         world.record.violate(
             format!("tweet {id} has no created_at: {}", res.body),
             vec![id],
@@ -1383,6 +1376,15 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
             }
         }
     }
+}
+
+/// 1 µs before an answered tweet's `created_at`, as a cursor: every entry of it lies after.
+fn just_before(tweet: &Value) -> Option<String> {
+    let at = chrono::DateTime::parse_from_rfc3339(tweet["created_at"].as_str()?).ok()?;
+    Some(
+        (at - chrono::Duration::microseconds(1))
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+    )
 }
 
 /// Now and then ` @actor{k}` words naming one or two actors ([`World::mentioned_in`]).
@@ -1523,20 +1525,9 @@ async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     if !determinate {
         return;
     }
-    for n in 0..NODES {
-        let res = world
-            .call(me.index, n, Req::get(&uri, None, vec![id]))
-            .await;
-        if res.status != StatusCode::NOT_FOUND {
-            world.record.violate(
-                format!(
-                    "read-your-writes: tweet {id} deleted on node {node} is {} on node {n}",
-                    res.status
-                ),
-                vec![id],
-            );
-            return;
-        }
+    let what = format!("tweet {id} deleted on node {node}");
+    if !gone_everywhere(world, me.index, id, &[], &what).await {
+        return;
     }
     // Its retweets went first, everywhere: those that answered before the delete was asked.
     let retweets: Vec<i64> = (world.retweets_of.lock().ok())
@@ -1547,24 +1538,31 @@ async fn delete(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
         .map(|(rt, _)| rt)
         .collect();
     for rt in retweets {
-        let uri = format!("/api/tweets/{rt}/");
-        for n in 0..NODES {
-            let res = world
-                .call(me.index, n, Req::get(&uri, None, vec![rt, id]))
-                .await;
-            if res.status != StatusCode::NOT_FOUND {
-                world.record.violate(
-                    format!(
-                        "read-your-writes: retweet {rt} of tweet {id} deleted on node {node} is {} \
-                         on node {n}",
-                        res.status
-                    ),
-                    vec![rt, id],
-                );
-                return;
-            }
+        let what = format!("retweet {rt} of tweet {id} deleted on node {node}");
+        if !gone_everywhere(world, me.index, rt, &[id], &what).await {
+            return;
         }
     }
+}
+
+/// Read your writes of a delete: tweet `id` is 404 on every process (else a violation naming
+/// `what` and `also`); whether it was.
+async fn gone_everywhere(world: &World, actor: usize, id: i64, also: &[i64], what: &str) -> bool {
+    let uri = format!("/api/tweets/{id}/");
+    let ids: Vec<i64> = std::iter::once(id).chain(also.iter().copied()).collect();
+    for n in 0..NODES {
+        let res = world
+            .call(actor, n, Req::get(&uri, None, ids.clone()))
+            .await;
+        if res.status != StatusCode::NOT_FOUND {
+            world.record.violate(
+                format!("read-your-writes: {what} is {} on node {n}", res.status),
+                ids,
+            );
+            return false;
+        }
+    }
+    true
 }
 
 /// Retweets a tweet that exists (mostly), or undoes one of its retweets; then read your
@@ -1675,14 +1673,7 @@ async fn retweet_or_unretweet(world: &World, me: &mut Actor, node: usize, rng: &
     if !determinate {
         return;
     }
-    let Some(before) = res.body["created_at"]
-        .as_str()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| {
-            (t - chrono::Duration::microseconds(1))
-                .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-        })
-    else {
+    let Some(before) = just_before(&res.body) else {
         return;
     };
     for n in (1..=NODES).map(|k| (node + k) % NODES) {
