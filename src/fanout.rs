@@ -162,7 +162,11 @@ pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
     // removal generation would refuse them (they are other members).
     let mut updates = Vec::new();
     for status in statuses {
-        let next = crate::retweets::reveal(&mut tx, &worker.cache, status, &[pair.owner]).await?;
+        let Some(next) =
+            crate::retweets::reveal(&mut tx, &worker.cache, status, &[pair.owner]).await?
+        else {
+            anyhow::bail!("a new retweet's author is being unfollowed: the unmerge is retried");
+        };
         updates.extend(next);
     }
     updates.push(Update::Remove {

@@ -36,6 +36,7 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::Mutex;
 
 use crate::cache::Cache;
+use crate::entities::{self, Grammar};
 use crate::error::{ApiError, ApiResult};
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry};
@@ -51,43 +52,32 @@ pub const TRENDS_MAX_AGE: Duration = Duration::from_millis(500);
 /// most 280.
 pub const MAX_TAG_CHARS: usize = 280;
 
+/// How a hashtag is written: `#` (or `＃`), then letters, digits and `_`; not right after a
+/// letter, digit, `_` or `&`.
+const HASHTAG: Grammar = Grammar {
+    sigils: ['#', '＃'],
+    body: tag_char,
+    joins: joins_tag,
+};
+
 /// Whether `c` may be part of a tag.
 fn tag_char(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
+}
+
+/// Whether a `#` right after `c` is part of a word (`a#b`, the entity `&#38;`).
+fn joins_tag(c: char) -> bool {
+    tag_char(c) || c == '&'
 }
 
 /// The hashtags of `content`: each `#tag` (letters, digits and `_`, at least one letter; not
 /// right after a letter, digit, `_` or `&`, so `a#b` and `&#38;` are none), lowercased,
 /// without repeats, in order of first use.
 pub fn parse(content: &str) -> Vec<String> {
-    let mut tags: Vec<String> = Vec::new();
-    let mut prev: Option<char> = None;
-    let mut chars = content.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let starts = (c == '#' || c == '＃') && !prev.is_some_and(|p| tag_char(p) || p == '&');
-        prev = Some(c);
-        if !starts {
-            continue;
-        }
-        let body_start = i + c.len_utf8();
-        let mut end = body_start;
-        while let Some(&(j, d)) = chars.peek() {
-            if !tag_char(d) {
-                break;
-            }
-            end = j + d.len_utf8();
-            prev = Some(d);
-            chars.next();
-        }
-        let body = &content[body_start..end];
-        if body.chars().any(char::is_alphabetic) {
-            let tag = body.to_lowercase();
-            if !tags.contains(&tag) {
-                tags.push(tag);
-            }
-        }
-    }
-    tags
+    let tags = entities::scan(content, &HASHTAG)
+        .filter(|body| body.chars().any(char::is_alphabetic))
+        .map(str::to_lowercase);
+    entities::distinct(tags, usize::MAX)
 }
 
 /// The tag of a path (`GET /api/hashtags/{tag}/tweets/`): with or without its `#`, any case;

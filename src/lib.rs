@@ -10,6 +10,7 @@ pub mod circles;
 pub mod comments;
 pub mod config;
 pub mod db;
+pub mod entities;
 pub mod error;
 pub mod fanout;
 pub mod friendships;

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::Cache;
+use crate::entities::{self, Grammar};
 use crate::notifications::{self, Verb};
 use crate::timeline::{AuthorBody, Item};
 use crate::tweets::Tweet;
@@ -38,47 +39,32 @@ pub const MAX_MENTIONS: usize = 20;
 /// shorter).
 const MAX_NAME_CHARS: usize = 30;
 
+/// How a mention is written: `@` (or `＠`), then ASCII letters, digits and `_`; not right after
+/// a letter, digit, `_` or `@`.
+const MENTION: Grammar = Grammar {
+    sigils: ['@', '＠'],
+    body: name_char,
+    joins: joins_mention,
+};
+
 /// Whether `c` may be part of a username.
 fn name_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Whether an `@` right after `c` is part of a word (`ann@example.com`, `@@bob`).
+fn joins_mention(c: char) -> bool {
+    c.is_alphanumeric() || c == '_' || c == '@' || c == '＠'
 }
 
 /// The usernames `content` mentions: each `@name` (ASCII letters, digits and `_`, at most 30;
 /// not right after a letter, digit, `_` or `@`, so `ann@example.com` is none), lowercased,
 /// without repeats, in order of first use, at most [`MAX_MENTIONS`].
 pub fn parse(content: &str) -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
-    let mut prev: Option<char> = None;
-    let mut chars = content.char_indices().peekable();
-    while let Some((i, c)) = chars.next() {
-        let starts = (c == '@' || c == '＠')
-            && !prev.is_some_and(|p| p.is_alphanumeric() || p == '_' || p == '@' || p == '＠');
-        prev = Some(c);
-        if !starts {
-            continue;
-        }
-        let body_start = i + c.len_utf8();
-        let mut end = body_start;
-        while let Some(&(j, d)) = chars.peek() {
-            if !name_char(d) {
-                break;
-            }
-            end = j + d.len_utf8();
-            prev = Some(d);
-            chars.next();
-        }
-        let name = &content[body_start..end];
-        if (1..=MAX_NAME_CHARS).contains(&name.len()) {
-            let name = name.to_ascii_lowercase();
-            if !names.contains(&name) {
-                names.push(name);
-                if names.len() == MAX_MENTIONS {
-                    break;
-                }
-            }
-        }
-    }
-    names
+    let names = entities::scan(content, &MENTION)
+        .filter(|name| (1..=MAX_NAME_CHARS).contains(&name.len()))
+        .map(str::to_ascii_lowercase);
+    entities::distinct(names, MAX_MENTIONS)
 }
 
 /// The ids of the users `names` ([`parse`]) name, in the order of `names`; names nobody has are

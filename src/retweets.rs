@@ -284,6 +284,15 @@ pub async fn uncount(tx: &mut PgConnection, retweet: &TweetRecord) -> sqlx::Resu
     Ok(updates)
 }
 
+/// The authors (`a`, in id order) of the statuses `$1` and of their retweets: whose followers
+/// locks [`reveal`] holds.
+macro_rules! candidate_authors {
+    () => {
+        "select distinct user_id as a from tweets
+         where id = any($1) or retweeted_tweet_id = any($1) order by 1"
+    };
+}
+
 /// Gives each of `readers` whose newsfeed no longer shows tweet `status` the next candidate,
 /// if it has one: the earliest live retweet of it by the reader or a followee of the reader,
 /// or the tweet itself if the reader is or follows its author (and a reply reaches the reader,
@@ -291,8 +300,14 @@ pub async fn uncount(tx: &mut PgConnection, retweet: &TweetRecord) -> sqlx::Resu
 /// entry above everything the newsfeed held (stamped under the readers' head locks, with the
 /// pull clock held and [`hybrid::check`]ed, so no pulled tweet commits below it).
 /// Runs in the transaction that took the status away, after its tweet rows; the candidates'
-/// followers locks are taken shared (as a fan-out batch does), so an unfollow's unmerge waits
+/// followers locks are held shared (as a fan-out batch does), so an unfollow's unmerge waits
 /// and the merges are guarded by the lists' removal generations. Returns the cache merges.
+///
+/// The caller took those locks before any row ([`lock_candidates`]); a retweet that committed
+/// between that and the caller's lock on the status's row brings a new author, whose lock is
+/// only tried here: held exclusively (an unfollow or a block that may wait for a row the
+/// caller holds), `None`, and the caller rolls back and tries again (taking it first then)
+/// rather than wait in a possible deadlock.
 ///
 /// # Errors
 /// Postgres failed.
@@ -301,16 +316,26 @@ pub async fn reveal(
     cache: &Cache,
     status: i64,
     readers: &[i64],
-) -> anyhow::Result<Vec<Update>> {
+) -> anyhow::Result<Option<Vec<Update>>> {
     if readers.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let mut readers = readers.to_vec();
     readers.sort_unstable();
     readers.dedup();
-    lock_candidates(&mut *tx, &[status])
-        .await
-        .context("locking the candidates' followers")?;
+    let locked: bool = sqlx::query_scalar(concat!(
+        "select coalesce(bool_and(pg_try_advisory_xact_lock_shared(",
+        "hashtextextended('followers:' || a, 0))), true) from (",
+        candidate_authors!(),
+        ") s"
+    ))
+    .bind([status].as_slice())
+    .fetch_one(&mut *tx)
+    .await
+    .context("locking the candidates' followers")?;
+    if !locked {
+        return Ok(None);
+    }
     newsfeeds::lock_heads(&mut *tx, &readers).await?;
     hybrid::lock_clock(&mut *tx).await?;
     let next: Vec<(i64, i64, i64, Timestamp, Option<i64>)> = sqlx::query_as(concat!(
@@ -333,7 +358,7 @@ pub async fn reveal(
     .await
     .context("finding the next retweets")?;
     if next.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     }
     let who: Vec<i64> = next.iter().map(|n| n.0).collect();
     let keys: Vec<_> = who.iter().map(|r| Timeline::Newsfeed(*r).key()).collect();
@@ -364,10 +389,10 @@ pub async fn reveal(
             Some(Timeline::Newsfeed(*r).guarded_merge(guard, *prev, &[entry]))
         })
         .collect();
-    Ok(updates)
+    Ok(Some(updates))
 }
 
-/// Takes the followers locks [`reveal`] takes for each of `statuses` (shared, of the authors
+/// Takes the followers locks [`reveal`] holds for each of `statuses` (shared, of the authors
 /// of each status and of its retweets), in one statement and in id order: a caller that
 /// reveals several statuses takes them all before it changes any row, so it never holds a row
 /// that an unfollow or a block (which hold one of these locks exclusively) waits for.
@@ -378,11 +403,11 @@ pub async fn lock_candidates(tx: &mut PgConnection, statuses: &[i64]) -> sqlx::R
     if statuses.is_empty() {
         return Ok(());
     }
-    sqlx::query(
-        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0))
-         from (select distinct user_id as a from tweets
-               where id = any($1) or retweeted_tweet_id = any($1) order by 1) s",
-    )
+    sqlx::query(concat!(
+        "select pg_advisory_xact_lock_shared(hashtextextended('followers:' || a, 0)) from (",
+        candidate_authors!(),
+        ") s"
+    ))
     .bind(statuses)
     .execute(tx)
     .await

@@ -737,12 +737,27 @@ async fn shift_tweets_count(
 pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<TweetRecord> {
     // A tweet with retweets: they go first (crate::retweets), then it, once none is left.
     for _ in 0..MAX_DELETE_ROUNDS {
-        if let Some(deleted) = delete_once(db, cache, me, id, true).await? {
-            return Ok(deleted);
+        match delete_once(db, cache, me, id, true).await? {
+            Deleted::Done(deleted) => return Ok(*deleted),
+            Deleted::Retweeted => {
+                crate::retweets::delete_all_of(db, cache, id).await?;
+            }
+            // Rolled back: the next try takes the new candidate's lock first.
+            Deleted::Contended => {}
         }
-        crate::retweets::delete_all_of(db, cache, id).await?;
     }
     Err(ApiError::Busy(1, "the tweet keeps being retweeted"))
+}
+
+/// What one try of [`delete`] did.
+enum Deleted {
+    /// Deleted (committed).
+    Done(Box<TweetRecord>),
+    /// Nothing changed: the tweet has retweets, to delete first.
+    Retweeted,
+    /// Nothing changed: a retweet's undo found a new candidate whose followers lock it could
+    /// not take without risking a deadlock ([`crate::retweets::reveal`]); try again.
+    Contended,
 }
 
 /// How many times [`delete`] deletes a tweet's retweets and tries again before it answers 503
@@ -761,20 +776,23 @@ pub async fn delete_retweet(
     me: i64,
     id: i64,
 ) -> ApiResult<TweetRecord> {
-    delete_once(db, cache, me, id, false)
-        .await?
-        .ok_or(ApiError::NotFound)
+    match delete_once(db, cache, me, id, false).await? {
+        Deleted::Done(deleted) => Ok(*deleted),
+        // Without a reveal nothing is contended; a new retweet of it waits for the tweet's
+        // delete and then finds it gone.
+        Deleted::Retweeted | Deleted::Contended => Err(ApiError::NotFound),
+    }
 }
 
-/// One try of [`delete`]: `None` (nothing changed) if the tweet has retweets to delete first.
-/// A retweet's readers get the next retweet with `reveal_next` ([`crate::retweets::reveal`]).
+/// One try of [`delete`]. A retweet's readers get the next retweet with `reveal_next`
+/// ([`crate::retweets::reveal`]).
 async fn delete_once(
     db: &PgPool,
     cache: &Cache,
     me: i64,
     id: i64,
     reveal_next: bool,
-) -> ApiResult<Option<TweetRecord>> {
+) -> ApiResult<Deleted> {
     let mut tx = db.begin().await?;
     // Its author and thread never change: read first, to lock in the order of every compose
     // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
@@ -828,7 +846,7 @@ async fn delete_once(
             .fetch_one(&mut *tx)
             .await?;
     if retweeted {
-        return Ok(None);
+        return Ok(Deleted::Retweeted);
     }
     // A retweet: its original's row next (crate::retweets::uncount), before any row goes.
     let uncounted = crate::retweets::uncount(&mut tx, &tweet)
@@ -867,6 +885,9 @@ async fn delete_once(
         let next = crate::retweets::reveal(&mut tx, cache, original, &reader_ids)
             .await
             .context("revealing the next retweets")?;
+        let Some(next) = next else {
+            return Ok(Deleted::Contended);
+        };
         retweet_updates.extend(next);
     }
     let own = Timeline::UserTweets(me);
@@ -920,7 +941,7 @@ async fn delete_once(
     tx.commit().await.context("committing the delete")?;
     cache.finish(db, staged).await;
     streams::publish_deleted(cache, &tweet, &reader_ids, pulled).await;
-    Ok(Some(tweet))
+    Ok(Deleted::Done(Box::new(tweet)))
 }
 
 /// The list entry `id` (a newsfeed row, or the tweet itself) of `tweet`: its member holds the

@@ -1339,3 +1339,87 @@ async fn an_unfollow_shows_the_next_retweet_of_what_it_took_away(db: PgPool) {
         app.flush_cache().await;
     }
 }
+
+/// Waits (up to 10 s) until some transaction waits for a lock of `kind` (`pg_locks.locktype`;
+/// `None`: any).
+async fn wait_for_lock_wait(db: &PgPool, kind: Option<&str>) {
+    for _ in 0..1000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "select count(*) from pg_locks where not granted and ($1::text is null or locktype = $1)",
+        )
+        .bind(kind)
+        .fetch_one(db)
+        .await
+        .expect("pg_locks");
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("nobody waited for a {kind:?} lock");
+}
+
+/// An undo's reveal meets a candidate that was retweeted after the undo took the candidates'
+/// followers locks, while an unfollow of that candidate (which holds its followers lock
+/// exclusively, then moves its users' counts) waits for the undo's author's row: the undo must
+/// not wait in that cycle (Postgres kills one side: a 500), but roll back and try again.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_undo_meeting_a_new_retweeters_unfollow_tries_again(db: PgPool) {
+    let app = TestApp::new(db.clone()).await;
+    let (_, to) = app.quick_user("olga").await;
+    let (ann, ta) = app.quick_user("ann").await;
+    let (cat, tc) = app.quick_user("cat").await;
+    let (_, tr) = app.quick_user("rita").await;
+    app.follow(&tr, ann).await;
+    app.follow(&tr, cat).await;
+    let s = app.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    let by_ann = new_retweet(&app, &ta, s).await;
+    app.drain().await;
+    let before = feed(&app, &tr, 10).await;
+    assert_eq!(before.iter().map(|e| e.tweet).collect::<Vec<_>>(), [by_ann]);
+
+    // Ann's row held: her undo takes the candidates' locks (olga's and ann's) and waits.
+    let mut row = db.begin().await.unwrap();
+    sqlx::query("select 1 from users where id = $1 for update")
+        .bind(ann)
+        .execute(&mut *row)
+        .await
+        .unwrap();
+    let undo = unretweet(&app, &ta, s);
+    let (app_, db_, tc) = (&app, &db, &tc);
+    let script = async move {
+        let (app, db) = (app_, db_);
+        wait_for_lock_wait(db, None).await;
+        // Cat retweets it meanwhile: a candidate whose lock the undo does not hold.
+        let by_cat = new_retweet(app, tc, s).await;
+        // An unfollow of cat begins: cat's followers lock, exclusively.
+        let mut unfollow = db.begin().await.unwrap();
+        sqlx::query("select pg_advisory_xact_lock(hashtextextended('followers:' || $1, 0))")
+            .bind(cat)
+            .execute(&mut *unfollow)
+            .await
+            .unwrap();
+        row.commit().await.unwrap();
+        // The undo reaches cat's lock (in its reveal, or first thing in its next try).
+        wait_for_lock_wait(db, Some("advisory")).await;
+        // The unfollow moves its users' counts: ann's row, which a waiting reveal holds.
+        sqlx::query("update users set followers_count = followers_count where id = $1")
+            .bind(ann)
+            .execute(&mut *unfollow)
+            .await
+            .unwrap();
+        unfollow.commit().await.unwrap();
+        by_cat
+    };
+    let (undone, by_cat) = futures_util::future::join(undo, script).await;
+    assert_eq!(undone.status, StatusCode::OK, "{}", undone.body);
+    assert_eq!(undone.body["deleted"], 1, "{}", undone.body);
+    app.drain().await;
+    for round in ["warm", "flushed"] {
+        let after = feed(&app, &tr, 10).await;
+        let shown: Vec<i64> = after.iter().map(|e| e.tweet).collect();
+        assert_eq!(shown, [by_cat], "{round}: cat's retweet is the next one");
+        assert!(after[0].at > before[0].at, "{round}: on top");
+        app.flush_cache().await;
+    }
+}
