@@ -1,22 +1,18 @@
-//! Tweets: creation (with the fan-out job), deletion (removed from every listing), edits
-//! ([`mod@edit`]), loading one tweet through the cache, and the SQL behind the user-tweets timeline.
+//! Tweets: creation with the fan-out job ([`mod@create`]), deletion from every listing
+//! ([`mod@delete`]), edits ([`mod@edit`]), loading one tweet through the cache, and the SQL behind the user-tweets timeline.
 
-use anyhow::Context;
 use serde::Serialize;
 use serde_json::value::RawValue;
 use sqlx::{PgConnection, PgPool};
 
 use crate::cache::objects::{Cached, CachedTweet, CachedUser};
-use crate::cache::{Cache, Guard, Update};
-use crate::db;
-use crate::error::{ApiError, ApiResult};
-use crate::hybrid::{self, PullPolicy};
-use crate::jobs::{self, Job};
+use crate::cache::{Cache, Update};
+use crate::circles;
+use crate::error::ApiResult;
 use crate::model::{Place, TweetCounts, TweetRecord, UserCounts, UserRecord};
 use crate::time::{self, Timestamp};
-use crate::timeline::{AuthorBody, FeedRow, Item, ListEntry, Timeline, TweetBody};
+use crate::timeline::{AuthorBody, FeedRow, Item, ListEntry, TweetBody};
 use crate::users::{self, User};
-use crate::{circles, hashtags, lists, newsfeeds, notifications, replies, streams};
 
 /// Most characters of a tweet or comment, after trimming.
 pub const MAX_CONTENT_CHARS: usize = 280;
@@ -89,10 +85,10 @@ pub struct NewTweet {
     /// `[lon, lat]` in degrees.
     pub coordinates: Option<[f64; 2]>,
     pub place: Option<Place>,
-    /// The tweet it replies to ([`crate::replies`]), checked by [`create`].
+    /// The tweet it replies to ([`crate::replies`]), checked by [`create()`].
     pub in_reply_to_tweet_id: Option<i64>,
     /// The tweet it retweets ([`crate::retweets::retweet`]; the text is empty), checked by
-    /// [`create`].
+    /// [`create()`].
     pub retweeted_tweet_id: Option<i64>,
 }
 
@@ -373,7 +369,11 @@ macro_rules! returning_tweet_row {
     };
 }
 
+mod create;
+mod delete;
 mod edit;
+pub use create::create;
+pub use delete::{delete, delete_retweet};
 pub use edit::{TweetVersion, edit, history};
 
 /// A tweet row with its counters, as read from Postgres.
@@ -449,264 +449,6 @@ pub fn validate_content(raw: &str) -> Result<String, String> {
     }
 }
 
-/// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
-/// [`circles::check_can_post`]), with the photos the caller stored already (see
-/// [`crate::media`]). An author above `CHIRP_FANOUT_PULL_ABOVE` followers (`pull`) has its tweet
-/// pulled by its readers instead of fanned out ([`crate::hybrid`]). One transaction inserts the
-/// tweet, the author's own newsfeed row, the author's (and circle's) count, the fan-out job
-/// (followers, then lists) and the outbox row of its cache updates. Right after the commit it calls `committed` (the caller
-/// wakes the job runners: [`crate::jobs::Worker::announce`]), so the fan-out to followers and
-/// lists starts while the author's cached lists (and the circle's tweets and rank) get the
-/// entry (read your writes), the tweet object and its zero counts are cached and the streams
-/// get it ([`streams::publish_created`]). Returns the stored record and the public `Tweet`
-/// (`None` if its author could not be loaded after the commit: the tweet stands, and the
-/// caller builds the object itself).
-///
-/// A reply (`new.in_reply_to_tweet_id`) is counted on the tweet it answers and joins its thread
-/// ([`crate::replies`]).
-///
-/// # Errors
-/// 400 if the replied-to tweet does not exist, 403 if its author and `author` block each other
-/// (nothing is written); Postgres failed before the commit.
-#[tracing::instrument(name = "tweets::create", skip(db, cache, new, committed), fields(circle = new.circle_id))]
-pub async fn create(
-    db: &PgPool,
-    cache: &Cache,
-    pull: &PullPolicy,
-    author: i64,
-    new: &NewTweet,
-    committed: impl FnOnce(),
-) -> ApiResult<(TweetRecord, Option<Tweet>)> {
-    let circle = new.circle_id;
-    let tag_names = &hashtags::parse(&new.content);
-    // Whom it mentions, as the names are now (crate::mentions): before the transaction, not
-    // under its locks.
-    let mentioned = &crate::mentions::resolve(db, &crate::mentions::parse(&new.content)).await?;
-    let created = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
-        // Tries rolled back by the pull clock's check (crate::hybrid::check).
-        let mut conflicts = 0;
-        loop {
-            let mut tx = db.begin().await?;
-            // The author's row lock first, the time after it: one author's tweets commit in
-            // the order of their times (also across processes whose clocks differ), so a
-            // refresh of the author's tweets from the newest one a client holds misses none.
-            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-            // Fanned out, or pulled by its readers (crate::hybrid); a reply is always fanned
-            // out, to the readers who follow both (crate::replies), and so is a retweet (a
-            // status appears once in a newsfeed: crate::retweets).
-            let pulled = match (new.in_reply_to_tweet_id, new.retweeted_tweet_id) {
-                (None, None) => hybrid::mode(&mut tx, pull, author).await?,
-                _ => false,
-            };
-            // The thread's row and the replied-to tweet's next (crate::replies: the order of
-            // tweet deletes), before the circle's.
-            let parent = match new.in_reply_to_tweet_id {
-                None => None,
-                Some(id) => match replies::lock_parent(&mut tx, author, id).await? {
-                    Ok(parent) => Some(parent),
-                    Err(refused) => return Ok(Err(refused)),
-                },
-            };
-            // The retweeted tweet's row (its count) next (crate::retweets).
-            let original = match new.retweeted_tweet_id {
-                None => None,
-                Some(id) => match crate::retweets::lock_original(&mut tx, author, id).await? {
-                    Ok(row) => Some(row),
-                    Err(refused) => return Ok(Err(refused)),
-                },
-            };
-            // The circle's row before any newsfeed head and the pull clock (the order every
-            // compose locks in: no two wait for each other in a cycle).
-            if let Some(circle) = circle {
-                circles::shift_tweets(&mut tx, circle, 1).await?;
-            }
-            // Its hashtags' rows next, in name order, with each tag's newest tweet.
-            let tags = hashtags::lock(&mut tx, tag_names).await?;
-            let newest_tagged = tags.iter().filter_map(|t| t.newest).max();
-            // The author's newest tweet, its newest pulled one if this one is pulled, and its
-            // circle's newest: the predecessors that guard the merges into the cached lists.
-            let (newest, newest_pulled, newest_in_circle): (
-                Option<Timestamp>,
-                Option<Timestamp>,
-                Option<Timestamp>,
-            ) = sqlx::query_as(
-                "select (select max(created_at) from tweets where user_id = $1),
-                            case when $2 then (select max(created_at) from tweets
-                                               where user_id = $1 and pulled) end,
-                            (select max(created_at) from tweets where circle_id = $3)",
-            )
-            .bind(author)
-            .bind(pulled)
-            .bind(circle)
-            .fetch_one(&mut *tx)
-            .await?;
-            // Above all of them (under their row locks): the author's tweets, the circle's and
-            // each tag's commit in the order of their times, so a refresh of any misses none.
-            let created_at = match newest.max(newest_in_circle).max(newest_tagged) {
-                Some(newest) if newest >= now => {
-                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
-                }
-                _ => now,
-            };
-            // A pulled tweet is stamped under the pull clock held exclusively (crate::hybrid);
-            // the author's newsfeed head first: every writer takes heads before the clock.
-            let created_at = if pulled {
-                newsfeeds::lock_heads(&mut tx, &[author]).await?;
-                hybrid::stamp_pulled(&mut tx, created_at).await?
-            } else {
-                if conflicts >= hybrid::OPTIMISTIC_TRIES {
-                    newsfeeds::lock_heads(&mut tx, &[author]).await?;
-                    hybrid::lock_clock(&mut tx).await?;
-                }
-                created_at
-            };
-            let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
-                                     coordinates, place, pulled, in_reply_to_tweet_id,
-                                     in_reply_to_user_id, thread_id, retweeted_tweet_id,
-                                     mentioned_user_ids)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
-                           place, edited_at, edit_version, in_reply_to_tweet_id,
-                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids",
-            )
-            .bind(author)
-            .bind(&new.content)
-            .bind(created_at)
-            .bind(circle)
-            .bind(&new.photo_urls)
-            .bind(new.coordinates.map(Vec::from))
-            .bind(new.place.clone().map(sqlx::types::Json))
-            .bind(pulled)
-            .bind(parent.as_ref().map(|p| p.row.record.id))
-            .bind(parent.as_ref().map(|p| p.row.record.user_id))
-            .bind(parent.as_ref().map(|p| p.root))
-            .bind(original.as_ref().map(|o| o.record.id))
-            .bind(mentioned)
-            .fetch_one(&mut *tx)
-            .await?;
-            crate::mentions::notify(&mut tx, author, tweet.id, mentioned).await?;
-            // What the tweet links to: the replied-to tweet's count and the thread's shape with
-            // this reply in it, or the retweeted tweet's count.
-            let mut linked_updates = Vec::new();
-            if let Some(parent) = &parent {
-                linked_updates.extend(parent.row.counts_updates());
-                linked_updates
-                    .push(replies::shape_update(&mut tx, parent.root, parent.version).await?);
-            }
-            // A retweet: the retweeted tweet's count, and its author is told.
-            if let Some(original) = &original {
-                linked_updates.extend(original.counts_updates());
-                linked_updates.push(Update::Liked {
-                    user: author,
-                    tweet: crate::retweets::retweet_mark(original.record.id),
-                    liked: true,
-                });
-                if original.record.user_id != author {
-                    let verb = notifications::Verb::RetweetedTweet;
-                    notifications::notify(
-                        &mut tx,
-                        original.record.user_id,
-                        author,
-                        verb,
-                        original.record.id,
-                    )
-                    .await?;
-                }
-            }
-            let tag_ids: Vec<i64> = tags.iter().map(|t| t.id).collect();
-            hashtags::insert_rows(&mut tx, tweet.id, author, created_at, &tag_ids).await?;
-            // A retweet of a tweet the author's newsfeed shows already gets no row there.
-            let own_row = newsfeeds::insert_own(
-                &mut tx,
-                author,
-                tweet.id,
-                created_at,
-                tweet.retweeted_tweet_id,
-            )
-            .await?;
-            let fanout = Job::Fanout {
-                tweet_id: tweet.id,
-                progress: None,
-                list_progress: None,
-            };
-            jobs::enqueue(&mut tx, &fanout).await?;
-            let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
-            let feed = own_row.map(|(newsfeed_id, feed_at, feed_prev)| {
-                let entry = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
-                (Timeline::Newsfeed(author), entry, feed_prev)
-            });
-            // Each merge names its predecessor: a list that lacks it (an earlier write's cache
-            // step has not landed yet) is dropped instead.
-            let pulled_list = pulled.then_some((Timeline::Pulled(author), own, newest_pulled));
-            let tag_lists = tags
-                .iter()
-                .map(|t| (Timeline::Hashtag(t.id), own, t.newest));
-            let updates = std::iter::once((Timeline::UserTweets(author), own, newest))
-                .chain(feed)
-                .chain(pulled_list)
-                .chain(tag_lists)
-                .map(|(t, entry, after)| Update::Merge {
-                    list: t.key(),
-                    guard: Guard::None,
-                    after: after.map(crate::time::to_micros),
-                    entries: vec![t.scored(&entry)],
-                })
-                .chain([
-                    Update::TweetCreated {
-                        tweet: tweet.clone(),
-                        counts: TweetCounts::default(),
-                    },
-                    Update::UserCounts {
-                        id: author,
-                        counts: author_counts,
-                    },
-                ])
-                .chain(circles::created_updates(&tweet, newest_in_circle))
-                .chain(linked_updates)
-                .collect::<Vec<_>>();
-            let staged = cache.stage(&mut tx, &updates).await?;
-            // The author's own row is a newsfeed entry, ordered with pulled tweets.
-            let own_row = own_row.map(|(id, at, _)| (id, at));
-            if pulled {
-                let feed_at = own_row.map_or(created_at, |(_, at)| at);
-                hybrid::wait_past(&mut tx, feed_at, None).await?;
-            } else if !hybrid::check(&mut tx, own_row.map(|(_, at)| at)).await? {
-                conflicts += 1;
-                continue; // rolled back: post it again
-            }
-            tx.commit().await?;
-            return Ok(Ok((tweet, (staged, own_row, pulled))));
-        }
-    })
-    .await
-    .context("inserting the tweet")?;
-    let (tweet, staged) = created?;
-    // The fan-out job is queued: its runners need the commit, not the cache step below.
-    committed();
-    let (staged, own_row, pulled) = staged;
-    cache.finish(db, staged).await;
-    // The tweet object (for the streams and the caller): the author from the user object cache.
-    let object = match users::load_many(db, cache, &[author]).await {
-        Ok(mut authors) => authors
-            .remove(&author)
-            .map(|user| Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false)),
-        Err(e) => {
-            tracing::warn!(error = %e, "loading the author of a new tweet");
-            None
-        }
-    };
-    // A retweet carries its retweeted tweet (crate::retweets), a tweet its mentioned users.
-    let object = match object {
-        Some(object) => complete(db, cache, None, object).await.ok(),
-        None => None,
-    };
-    if let Some(object) = &object {
-        streams::publish_created(cache, object, &tweet, own_row, pulled).await;
-    }
-    Ok((tweet, object))
-}
-
 /// Moves a user's `tweets_count` by `by`, returning the new counts for the cache.
 async fn shift_tweets_count(
     tx: &mut PgConnection,
@@ -721,227 +463,6 @@ async fn shift_tweets_count(
     .bind(by)
     .fetch_one(tx)
     .await
-}
-
-/// Deletes tweet `id` of user `me`: the tweet, every newsfeed, list timeline and hashtag row of
-/// it (and its circle's count), and every cached entry (the tweet object becomes a tombstone, so no
-/// late reader can bring it back). A tweet with more
-/// than [`MAX_EAGER_REMOVALS`] readers (newsfeeds and lists) leaves their cached entries to the
-/// tombstone.
-///
-/// Returns the deleted tweet (the caller deletes its photos).
-///
-/// # Errors
-/// `NotFound` if there is no such tweet, `Forbidden` if `me` is not its author.
-#[tracing::instrument(name = "tweets::delete", skip(db, cache))]
-pub async fn delete(db: &PgPool, cache: &Cache, me: i64, id: i64) -> ApiResult<TweetRecord> {
-    // A tweet with retweets: they go first (crate::retweets), then it, once none is left.
-    for _ in 0..MAX_DELETE_ROUNDS {
-        match delete_once(db, cache, me, id, true).await? {
-            Deleted::Done(deleted) => return Ok(*deleted),
-            Deleted::Retweeted => {
-                crate::retweets::delete_all_of(db, cache, id).await?;
-            }
-            // Rolled back: the next try takes the new candidate's lock first.
-            Deleted::Contended => {}
-        }
-    }
-    Err(ApiError::Busy(1, "the tweet keeps being retweeted"))
-}
-
-/// What one try of [`delete`] did.
-enum Deleted {
-    /// Deleted (committed).
-    Done(Box<TweetRecord>),
-    /// Nothing changed: the tweet has retweets, to delete first.
-    Retweeted,
-    /// Nothing changed: a retweet's undo found a new candidate whose followers lock it could
-    /// not take without risking a deadlock ([`crate::retweets::reveal`]); try again.
-    Contended,
-}
-
-/// How many times [`delete`] deletes a tweet's retweets and tries again before it answers 503
-/// (each round deletes every retweet it finds; a new one needs a retweet between the two).
-const MAX_DELETE_ROUNDS: usize = 5;
-
-/// Deletes retweet `id` of user `me` while its retweeted tweet is being deleted: as [`delete`],
-/// but the readers whose newsfeed showed the tweet by it get no next one
-/// ([`crate::retweets::reveal`]): the tweet is going.
-///
-/// # Errors
-/// As [`delete`].
-pub async fn delete_retweet(
-    db: &PgPool,
-    cache: &Cache,
-    me: i64,
-    id: i64,
-) -> ApiResult<TweetRecord> {
-    match delete_once(db, cache, me, id, false).await? {
-        Deleted::Done(deleted) => Ok(*deleted),
-        // Without a reveal nothing is contended; a new retweet of it waits for the tweet's
-        // delete and then finds it gone.
-        Deleted::Retweeted | Deleted::Contended => Err(ApiError::NotFound),
-    }
-}
-
-/// One try of [`delete`]. A retweet's readers get the next retweet with `reveal_next`
-/// ([`crate::retweets::reveal`]).
-async fn delete_once(
-    db: &PgPool,
-    cache: &Cache,
-    me: i64,
-    id: i64,
-    reveal_next: bool,
-) -> ApiResult<Deleted> {
-    let mut tx = db.begin().await?;
-    // Its author and thread never change: read first, to lock in the order of every compose
-    // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
-    let head: Option<(i64, Option<i64>, Option<i64>)> =
-        sqlx::query_as("select user_id, thread_id, retweeted_tweet_id from tweets where id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let (thread, original) = match head {
-        None => return Err(ApiError::NotFound),
-        Some((author, ..)) if author != me => return Err(ApiError::Forbidden),
-        Some((_, thread, original)) => (thread, original),
-    };
-    // A retweet's undo reveals the next one (crate::retweets::reveal), which takes the
-    // candidates' followers locks: before the author's row, the order of an unfollow or a
-    // block (which hold a followers lock exclusively, then move their users' counts). Taken
-    // after the row, an undo and an unfollow of a candidate by its author deadlocked (the
-    // history checker's 10-minute run found it).
-    if let Some(original) = original.filter(|_| reveal_next) {
-        crate::retweets::lock_candidates(&mut tx, &[original])
-            .await
-            .context("locking the candidates' followers")?;
-    }
-    let author_counts = shift_tweets_count(&mut tx, me, -1)
-        .await
-        .context("moving tweets_count")?;
-    let thread = match thread {
-        Some(root) => Some((root, replies::lock_thread(&mut tx, root).await?)),
-        None => None,
-    };
-    // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
-    // and for comment deletes and likes (they lock it before their own rows).
-    let tweet: Option<TweetRecord> = sqlx::query_as(
-        "select id, user_id, content, created_at, circle_id, photo_urls, coordinates, place,
-                edited_at, edit_version, in_reply_to_tweet_id, in_reply_to_user_id,
-                retweeted_tweet_id, mentioned_user_ids
-         from tweets where id = $1 for update",
-    )
-    .bind(id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let tweet = match tweet {
-        None => return Err(ApiError::NotFound),
-        Some(t) if t.user_id != me => return Err(ApiError::Forbidden),
-        Some(t) => t,
-    };
-    // Its retweets lock this row (`for update`) to count themselves: none commits from here.
-    let retweeted: bool =
-        sqlx::query_scalar("select exists (select 1 from tweets where retweeted_tweet_id = $1)")
-            .bind(id)
-            .fetch_one(&mut *tx)
-            .await?;
-    if retweeted {
-        return Ok(Deleted::Retweeted);
-    }
-    // A retweet: its original's row next (crate::retweets::uncount), before any row goes.
-    let uncounted = crate::retweets::uncount(&mut tx, &tweet)
-        .await
-        .context("uncounting the retweet")?;
-    let readers = newsfeeds::delete_for_tweet(&mut tx, id)
-        .await
-        .context("deleting the tweet's newsfeed rows")?;
-    let reader_ids: Vec<i64> = readers.iter().map(|(_, reader, _)| *reader).collect();
-    let lists = lists::delete_for_tweet(&mut tx, id)
-        .await
-        .context("deleting the tweet's list timeline rows")?;
-    if let Some(circle) = tweet.circle_id {
-        circles::shift_tweets(&mut tx, circle, -1).await?;
-    }
-    notifications::forget_tweet(&mut tx, id).await?;
-    let tags = hashtags::delete_rows(&mut tx, id, None)
-        .await
-        .context("deleting the tweet's hashtag rows")?;
-    // Its comments and likes go with it (on delete cascade).
-    let pulled: bool = sqlx::query_scalar("delete from tweets where id = $1 returning pulled")
-        .bind(id)
-        .fetch_one(&mut *tx)
-        .await
-        .context("deleting the tweet")?;
-    // A reply: the replied-to tweet's count and its thread's shape.
-    let linked_updates = match thread {
-        Some((root, version)) => replies::detach(&mut tx, &tweet, root, version)
-            .await
-            .context("detaching the reply from its thread")?,
-        None => Vec::new(),
-    };
-    // A retweet: its readers' next retweet (crate::retweets::reveal).
-    let mut retweet_updates = uncounted;
-    if let Some(original) = tweet.retweeted_tweet_id.filter(|_| reveal_next) {
-        let next = crate::retweets::reveal(&mut tx, cache, original, &reader_ids)
-            .await
-            .context("revealing the next retweets")?;
-        let Some(next) = next else {
-            return Ok(Deleted::Contended);
-        };
-        retweet_updates.extend(next);
-    }
-    let own = Timeline::UserTweets(me);
-    let mut updates = vec![
-        Update::TweetDeleted { id },
-        Update::UserCounts {
-            id: me,
-            counts: author_counts,
-        },
-        Update::Remove {
-            list: own.key(),
-            members: vec![own.member(&entry_of(id, id, &tweet))],
-        },
-    ];
-    if pulled {
-        // Its readers' newsfeeds merge it from its author's pulled list (crate::hybrid).
-        let list = Timeline::Pulled(me);
-        updates.push(Update::Remove {
-            list: list.key(),
-            members: vec![list.member(&entry_of(id, id, &tweet))],
-        });
-    }
-    updates.extend(circles::deleted_updates(&tweet));
-    updates.extend(linked_updates);
-    updates.extend(retweet_updates);
-    updates.extend(tags.into_iter().map(|tag| {
-        let timeline = Timeline::Hashtag(tag);
-        Update::Remove {
-            list: timeline.key(),
-            members: vec![timeline.member(&entry_of(id, id, &tweet))],
-        }
-    }));
-    if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
-        let feeds = readers
-            .into_iter()
-            .map(|(newsfeed_id, reader, at)| {
-                let entry = ListEntry::stamped(newsfeed_id, id, me, tweet.created_at, at);
-                (Timeline::Newsfeed(reader), entry)
-            })
-            .chain(
-                lists
-                    .into_iter()
-                    .map(|list| (Timeline::List(list), entry_of(id, id, &tweet))),
-            );
-        updates.extend(feeds.map(|(timeline, entry)| Update::Remove {
-            list: timeline.key(),
-            members: vec![timeline.member(&entry)],
-        }));
-    }
-    let staged = cache.stage(&mut tx, &updates).await?;
-    tx.commit().await.context("committing the delete")?;
-    cache.finish(db, staged).await;
-    streams::publish_deleted(cache, &tweet, &reader_ids, pulled).await;
-    Ok(Deleted::Done(Box::new(tweet)))
 }
 
 /// The list entry `id` (a newsfeed row, or the tweet itself) of `tweet`: its member holds the

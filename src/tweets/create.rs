@@ -1,0 +1,274 @@
+//! Posting a tweet: one transaction for the row, the author's own entry, the counts, the
+//! fan-out job and the outbox; then the author's cached lists, the object and the streams.
+
+use anyhow::Context;
+use sqlx::PgPool;
+
+use super::{NewTweet, Tweet, complete, shift_tweets_count};
+use crate::cache::{Cache, Guard, Update};
+use crate::db;
+use crate::error::ApiResult;
+use crate::hybrid::{self, PullPolicy};
+use crate::jobs::{self, Job};
+use crate::model::{TweetCounts, TweetRecord};
+use crate::time::Timestamp;
+use crate::timeline::{ListEntry, Timeline};
+use crate::{circles, hashtags, newsfeeds, notifications, replies, streams, users};
+
+/// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
+/// [`circles::check_can_post`]), with the photos the caller stored already (see
+/// [`crate::media`]). An author above `CHIRP_FANOUT_PULL_ABOVE` followers (`pull`) has its tweet
+/// pulled by its readers instead of fanned out ([`crate::hybrid`]). One transaction inserts the
+/// tweet, the author's own newsfeed row, the author's (and circle's) count, the fan-out job
+/// (followers, then lists) and the outbox row of its cache updates. Right after the commit it calls `committed` (the caller
+/// wakes the job runners: [`crate::jobs::Worker::announce`]), so the fan-out to followers and
+/// lists starts while the author's cached lists (and the circle's tweets and rank) get the
+/// entry (read your writes), the tweet object and its zero counts are cached and the streams
+/// get it ([`streams::publish_created`]). Returns the stored record and the public `Tweet`
+/// (`None` if its author could not be loaded after the commit: the tweet stands, and the
+/// caller builds the object itself).
+///
+/// A reply (`new.in_reply_to_tweet_id`) is counted on the tweet it answers and joins its thread
+/// ([`crate::replies`]).
+///
+/// # Errors
+/// 400 if the replied-to tweet does not exist, 403 if its author and `author` block each other
+/// (nothing is written); Postgres failed before the commit.
+#[tracing::instrument(name = "tweets::create", skip(db, cache, new, committed), fields(circle = new.circle_id))]
+pub async fn create(
+    db: &PgPool,
+    cache: &Cache,
+    pull: &PullPolicy,
+    author: i64,
+    new: &NewTweet,
+    committed: impl FnOnce(),
+) -> ApiResult<(TweetRecord, Option<Tweet>)> {
+    let circle = new.circle_id;
+    let tag_names = &hashtags::parse(&new.content);
+    // Whom it mentions, as the names are now (crate::mentions): before the transaction, not
+    // under its locks.
+    let mentioned = &crate::mentions::resolve(db, &crate::mentions::parse(&new.content)).await?;
+    let created = db::with_unique_timestamp(&["tweets_created_at_key"], |now| async move {
+        // Tries rolled back by the pull clock's check (crate::hybrid::check).
+        let mut conflicts = 0;
+        loop {
+            let mut tx = db.begin().await?;
+            // The author's row lock first, the time after it: one author's tweets commit in
+            // the order of their times (also across processes whose clocks differ), so a
+            // refresh of the author's tweets from the newest one a client holds misses none.
+            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
+            // Fanned out, or pulled by its readers (crate::hybrid); a reply is always fanned
+            // out, to the readers who follow both (crate::replies), and so is a retweet (a
+            // status appears once in a newsfeed: crate::retweets).
+            let pulled = match (new.in_reply_to_tweet_id, new.retweeted_tweet_id) {
+                (None, None) => hybrid::mode(&mut tx, pull, author).await?,
+                _ => false,
+            };
+            // The thread's row and the replied-to tweet's next (crate::replies: the order of
+            // tweet deletes), before the circle's.
+            let parent = match new.in_reply_to_tweet_id {
+                None => None,
+                Some(id) => match replies::lock_parent(&mut tx, author, id).await? {
+                    Ok(parent) => Some(parent),
+                    Err(refused) => return Ok(Err(refused)),
+                },
+            };
+            // The retweeted tweet's row (its count) next (crate::retweets).
+            let original = match new.retweeted_tweet_id {
+                None => None,
+                Some(id) => match crate::retweets::lock_original(&mut tx, author, id).await? {
+                    Ok(row) => Some(row),
+                    Err(refused) => return Ok(Err(refused)),
+                },
+            };
+            // The circle's row before any newsfeed head and the pull clock (the order every
+            // compose locks in: no two wait for each other in a cycle).
+            if let Some(circle) = circle {
+                circles::shift_tweets(&mut tx, circle, 1).await?;
+            }
+            // Its hashtags' rows next, in name order, with each tag's newest tweet.
+            let tags = hashtags::lock(&mut tx, tag_names).await?;
+            let newest_tagged = tags.iter().filter_map(|t| t.newest).max();
+            // The author's newest tweet, its newest pulled one if this one is pulled, and its
+            // circle's newest: the predecessors that guard the merges into the cached lists.
+            let (newest, newest_pulled, newest_in_circle): (
+                Option<Timestamp>,
+                Option<Timestamp>,
+                Option<Timestamp>,
+            ) = sqlx::query_as(
+                "select (select max(created_at) from tweets where user_id = $1),
+                            case when $2 then (select max(created_at) from tweets
+                                               where user_id = $1 and pulled) end,
+                            (select max(created_at) from tweets where circle_id = $3)",
+            )
+            .bind(author)
+            .bind(pulled)
+            .bind(circle)
+            .fetch_one(&mut *tx)
+            .await?;
+            // Above all of them (under their row locks): the author's tweets, the circle's and
+            // each tag's commit in the order of their times, so a refresh of any misses none.
+            let created_at = match newest.max(newest_in_circle).max(newest_tagged) {
+                Some(newest) if newest >= now => {
+                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
+                }
+                _ => now,
+            };
+            // A pulled tweet is stamped under the pull clock held exclusively (crate::hybrid);
+            // the author's newsfeed head first: every writer takes heads before the clock.
+            let created_at = if pulled {
+                newsfeeds::lock_heads(&mut tx, &[author]).await?;
+                hybrid::stamp_pulled(&mut tx, created_at).await?
+            } else {
+                if conflicts >= hybrid::OPTIMISTIC_TRIES {
+                    newsfeeds::lock_heads(&mut tx, &[author]).await?;
+                    hybrid::lock_clock(&mut tx).await?;
+                }
+                created_at
+            };
+            let tweet: TweetRecord = sqlx::query_as(
+                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
+                                     coordinates, place, pulled, in_reply_to_tweet_id,
+                                     in_reply_to_user_id, thread_id, retweeted_tweet_id,
+                                     mentioned_user_ids)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+                 returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
+                           place, edited_at, edit_version, in_reply_to_tweet_id,
+                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids",
+            )
+            .bind(author)
+            .bind(&new.content)
+            .bind(created_at)
+            .bind(circle)
+            .bind(&new.photo_urls)
+            .bind(new.coordinates.map(Vec::from))
+            .bind(new.place.clone().map(sqlx::types::Json))
+            .bind(pulled)
+            .bind(parent.as_ref().map(|p| p.row.record.id))
+            .bind(parent.as_ref().map(|p| p.row.record.user_id))
+            .bind(parent.as_ref().map(|p| p.root))
+            .bind(original.as_ref().map(|o| o.record.id))
+            .bind(mentioned)
+            .fetch_one(&mut *tx)
+            .await?;
+            crate::mentions::notify(&mut tx, author, tweet.id, mentioned).await?;
+            // What the tweet links to: the replied-to tweet's count and the thread's shape with
+            // this reply in it, or the retweeted tweet's count.
+            let mut linked_updates = Vec::new();
+            if let Some(parent) = &parent {
+                linked_updates.extend(parent.row.counts_updates());
+                linked_updates
+                    .push(replies::shape_update(&mut tx, parent.root, parent.version).await?);
+            }
+            // A retweet: the retweeted tweet's count, and its author is told.
+            if let Some(original) = &original {
+                linked_updates.extend(original.counts_updates());
+                linked_updates.push(Update::Liked {
+                    user: author,
+                    tweet: crate::retweets::retweet_mark(original.record.id),
+                    liked: true,
+                });
+                if original.record.user_id != author {
+                    let verb = notifications::Verb::RetweetedTweet;
+                    notifications::notify(
+                        &mut tx,
+                        original.record.user_id,
+                        author,
+                        verb,
+                        original.record.id,
+                    )
+                    .await?;
+                }
+            }
+            let tag_ids: Vec<i64> = tags.iter().map(|t| t.id).collect();
+            hashtags::insert_rows(&mut tx, tweet.id, author, created_at, &tag_ids).await?;
+            // A retweet of a tweet the author's newsfeed shows already gets no row there.
+            let own_row = newsfeeds::insert_own(
+                &mut tx,
+                author,
+                tweet.id,
+                created_at,
+                tweet.retweeted_tweet_id,
+            )
+            .await?;
+            let fanout = Job::Fanout {
+                tweet_id: tweet.id,
+                progress: None,
+                list_progress: None,
+            };
+            jobs::enqueue(&mut tx, &fanout).await?;
+            let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
+            let feed = own_row.map(|(newsfeed_id, feed_at, feed_prev)| {
+                let entry = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
+                (Timeline::Newsfeed(author), entry, feed_prev)
+            });
+            // Each merge names its predecessor: a list that lacks it (an earlier write's cache
+            // step has not landed yet) is dropped instead.
+            let pulled_list = pulled.then_some((Timeline::Pulled(author), own, newest_pulled));
+            let tag_lists = tags
+                .iter()
+                .map(|t| (Timeline::Hashtag(t.id), own, t.newest));
+            let updates = std::iter::once((Timeline::UserTweets(author), own, newest))
+                .chain(feed)
+                .chain(pulled_list)
+                .chain(tag_lists)
+                .map(|(t, entry, after)| Update::Merge {
+                    list: t.key(),
+                    guard: Guard::None,
+                    after: after.map(crate::time::to_micros),
+                    entries: vec![t.scored(&entry)],
+                })
+                .chain([
+                    Update::TweetCreated {
+                        tweet: tweet.clone(),
+                        counts: TweetCounts::default(),
+                    },
+                    Update::UserCounts {
+                        id: author,
+                        counts: author_counts,
+                    },
+                ])
+                .chain(circles::created_updates(&tweet, newest_in_circle))
+                .chain(linked_updates)
+                .collect::<Vec<_>>();
+            let staged = cache.stage(&mut tx, &updates).await?;
+            // The author's own row is a newsfeed entry, ordered with pulled tweets.
+            let own_row = own_row.map(|(id, at, _)| (id, at));
+            if pulled {
+                let feed_at = own_row.map_or(created_at, |(_, at)| at);
+                hybrid::wait_past(&mut tx, feed_at, None).await?;
+            } else if !hybrid::check(&mut tx, own_row.map(|(_, at)| at)).await? {
+                conflicts += 1;
+                continue; // rolled back: post it again
+            }
+            tx.commit().await?;
+            return Ok(Ok((tweet, (staged, own_row, pulled))));
+        }
+    })
+    .await
+    .context("inserting the tweet")?;
+    let (tweet, staged) = created?;
+    // The fan-out job is queued: its runners need the commit, not the cache step below.
+    committed();
+    let (staged, own_row, pulled) = staged;
+    cache.finish(db, staged).await;
+    // The tweet object (for the streams and the caller): the author from the user object cache.
+    let object = match users::load_many(db, cache, &[author]).await {
+        Ok(mut authors) => authors
+            .remove(&author)
+            .map(|user| Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false)),
+        Err(e) => {
+            tracing::warn!(error = %e, "loading the author of a new tweet");
+            None
+        }
+    };
+    // A retweet carries its retweeted tweet (crate::retweets), a tweet its mentioned users.
+    let object = match object {
+        Some(object) => complete(db, cache, None, object).await.ok(),
+        None => None,
+    };
+    if let Some(object) = &object {
+        streams::publish_created(cache, object, &tweet, own_row, pulled).await;
+    }
+    Ok((tweet, object))
+}
