@@ -356,10 +356,12 @@ pub fn deleted_updates(tweet: &TweetRecord) -> Vec<Update> {
         Update::Remove {
             list: timeline.key(),
             members: vec![timeline.member(&entry)],
+            mark: None,
         },
         Update::Remove {
             list: rank_key(circle, day_number(tweet.created_at.date_naive())),
             members: vec![rank_member(tweet.created_at, tweet.id, tweet.user_id).into_bytes()],
+            mark: None,
         },
     ]
 }

@@ -47,6 +47,10 @@ pub struct Pair {
     /// [`crate::retweets::reveal`]ed (a status stays in a newsfeed while a followee still
     /// brings it).
     pub reveals: Option<&'static str>,
+    /// Whether the unmerge marks its removal in the timeline's head (a newsfeed:
+    /// [`crate::newsfeeds::mark_removals`]), so no later merge lands on a cached list this
+    /// removal has not reached.
+    pub marks_removal: bool,
 }
 
 impl Pair {
@@ -169,9 +173,19 @@ pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
         };
         updates.extend(next);
     }
+    // After the reveals, whose merges name the head before it as their predecessor.
+    let mark = match pair.marks_removal {
+        true => crate::newsfeeds::mark_removals(&mut tx, &[pair.owner])
+            .await
+            .context("marking the removal")?
+            .first()
+            .map(|(_, at)| crate::time::to_micros(*at)),
+        false => None,
+    };
     updates.push(Update::Remove {
         list: pair.timeline.key(),
         members: rows.iter().map(|e| pair.timeline.member(e)).collect(),
+        mark,
     });
     let staged = worker.cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the unmerge")?;

@@ -156,41 +156,27 @@ pub(crate) async fn insert_rows(
     Ok(())
 }
 
-/// Unlists tweet `tweet_id` from the tags `ids` (all of its tags if `None`); returns the ids
-/// of the tags it was listed under.
+/// Unlists tweet `tweet_id` from the tags named `names` (all of its tags if `None`); returns
+/// the ids of the tags it was listed under.
 ///
 /// # Errors
 /// Postgres failed.
 pub(crate) async fn delete_rows(
     tx: &mut PgConnection,
     tweet_id: i64,
-    ids: Option<&[i64]>,
+    names: Option<&[String]>,
 ) -> sqlx::Result<Vec<i64>> {
     sqlx::query_scalar(
         "delete from tweet_hashtags
-         where tweet_id = $1 and ($2::bigint[] is null or hashtag_id = any($2))
+         where tweet_id = $1
+           and ($2::text[] is null
+                or hashtag_id in (select id from hashtags where name = any($2)))
          returning hashtag_id",
     )
     .bind(tweet_id)
-    .bind(ids)
+    .bind(names)
     .fetch_all(tx)
     .await
-}
-
-/// The ids of `tags` that exist, with their names.
-///
-/// # Errors
-/// Postgres failed.
-pub(crate) async fn ids_of(
-    tx: &mut PgConnection,
-    tags: &[String],
-) -> sqlx::Result<HashMap<String, i64>> {
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("select name, id from hashtags where name = any($1)")
-            .bind(tags)
-            .fetch_all(tx)
-            .await?;
-    Ok(rows.into_iter().collect())
 }
 
 /// The id of tag `name` (lowercase), if any tweet ever used it.

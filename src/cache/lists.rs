@@ -60,7 +60,8 @@ pub struct Window {
     /// Members newest first, strictly inside the requested bounds. Without their scores:
     /// every reader can tell an entry's time from what the member names (a timeline's from the
     /// tweet, a chat backlog's from the message), and a page of 20 then parses 21 replies
-    /// fewer (redis-rs spends 800–1,000 instructions on each; docs/benchmarks-journal.md, round 4).
+    /// fewer (redis-rs spends 800–1,000 instructions on each, as measured with callgrind in
+    /// docs/benchmarks-journal.md).
     pub items: Vec<Vec<u8>>,
     /// Up to [`LIKED_SAMPLE`] members of the list owner's liked set (`SRANDMEMBER`: all of
     /// them when it holds fewer), read in the same round trip when the read asked for it

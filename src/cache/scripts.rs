@@ -171,7 +171,8 @@ end
 /// timeline (µs since the score epoch: score × 10⁶ + the member's sub-second prefix), its
 /// *predecessor*: if the list's newest entry is older, the list lacks an entry whose own merge
 /// has not landed yet (two writers' cache steps reached Redis out of order), and a reader that
-/// saw this entry without that one would refresh past it: the list is dropped instead.
+/// saw this entry without that one would refresh past it: the list is dropped instead. The
+/// list's newest is its newest entry or its removal mark `h` ([`REMOVE`]), whichever is later.
 pub static MERGE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{GENERATIONS}{ABOVE}{ENTRY_TIME}{TRIM}
@@ -185,6 +186,8 @@ if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
   local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
   local newest = nil
   if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
+  local marked = tonumber(redis.call('HGET', KEYS[2], 'h') or '')
+  if marked and (newest == nil or marked > newest) then newest = marked end
   if newest == nil or newest < tonumber(ARGV[4]) then
     redis.call('DEL', KEYS[1])
     bump(KEYS[2], ttl, false)
@@ -213,14 +216,24 @@ return 1
     ))
 });
 
-/// `REMOVE list gen | ttl member ...`: removes entries and bumps `r` and `w` (if the list or its
-/// generation exists).
+/// `REMOVE list gen | ttl mark member ...`: removes entries and bumps `r` and `w` (if the list or
+/// its generation exists). `mark` is `""` or the time (µs, as [`MERGE`]'s `after`) the removal
+/// moved its newsfeed's head to ([`crate::newsfeeds::mark_removals`]): stored as the
+/// generation's `h` (the newest time the list is known current at, entries or not), which
+/// [`MERGE`]'s predecessor check takes as the list's newest. A list whose removal has not
+/// landed (its writer stopped after the commit; the relay drops the list later) lacks that
+/// mark, so a later merge drops it instead of adding an entry beside a removed one.
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
         r#"{GENERATIONS}{EACH_CHUNK}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
-if cached then each_chunk('ZREM', KEYS[1], 2) end
-if cached or redis.call('EXISTS', KEYS[2]) == 1 then bump(KEYS[2], ARGV[1], true) end
+if cached then each_chunk('ZREM', KEYS[1], 3) end
+if cached or redis.call('EXISTS', KEYS[2]) == 1 then
+  bump(KEYS[2], ARGV[1], true)
+  if ARGV[2] ~= '' and tonumber(redis.call('HGET', KEYS[2], 'h') or '0') < tonumber(ARGV[2]) then
+    redis.call('HSET', KEYS[2], 'h', ARGV[2])
+  end
+end
 return 1
 "#
     ))

@@ -47,6 +47,11 @@ pub enum Update {
     Remove {
         list: ListKey,
         members: Vec<Vec<u8>>,
+        /// The time (µs) a newsfeed's removal moved its head to
+        /// ([`crate::newsfeeds::mark_removals`]), stored with the list ([`scripts::REMOVE`]):
+        /// a later merge (whose predecessor is that head) finds the list current only if this
+        /// removal landed.
+        mark: Option<i64>,
     },
     /// Drop a list.
     Invalidate { list: ListKey },
@@ -258,10 +263,21 @@ impl Update {
                 pipe.invoke_script(&inv).ignore();
                 vec![Update::merge_repair(keys, *list)]
             }
-            Update::Remove { list, members } => {
+            Update::Remove {
+                list,
+                members,
+                mark,
+            } => {
                 let key = keys.list(*list);
                 let mut inv = scripts::REMOVE.key(&key);
                 inv.key(Keys::gen_of(&key)).arg(ttl);
+                match mark {
+                    Some(at) => {
+                        let (score, sub) = super::lists::split_time(*at);
+                        inv.arg(score * 1_000_000 + i64::from(sub))
+                    }
+                    None => inv.arg(""),
+                };
                 for m in members {
                     inv.arg(m);
                 }

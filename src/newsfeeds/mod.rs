@@ -137,6 +137,37 @@ pub async fn unstamp(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()>
         .map(|_| ())
 }
 
+/// Marks a removal of entries from the newsfeeds of `readers` (ascending ids, no repeats):
+/// moves each existing head 1 µs on (no entry takes that time) and returns `(reader, mark)`,
+/// the new head, for the removal's cache update ([`crate::cache::Update::Remove`]'s `mark`).
+/// Every later entry of the newsfeed names a head at or after the mark as its predecessor, so
+/// its merge drops a cached list that this removal has not reached yet (a writer stopped
+/// between the commit and its cache step) rather than add an entry beside a removed one: a
+/// retweet's status shown twice, by the stale entry and by the new one
+/// (docs/decisions/0026-retweets.md). Readers without a head row had no entry: skipped.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn mark_removals(
+    tx: &mut PgConnection,
+    readers: &[i64],
+) -> sqlx::Result<Vec<(i64, Timestamp)>> {
+    if readers.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_as(
+        "update feed_heads h set head = h.head + interval '1 microsecond'
+         from (select user_id from feed_heads
+               where user_id = any($1) and head > '-infinity'
+               order by user_id for update) x
+         where h.user_id = x.user_id
+         returning h.user_id, h.head",
+    )
+    .bind(readers)
+    .fetch_all(tx)
+    .await
+}
+
 /// Locks the head rows of `readers` (ascending ids; creating missing ones) until the
 /// transaction ends, stamping nothing: taken before the pull clock by a writer that must hold
 /// both (a pulled compose, a writer's retry that holds the clock from the start), so every
@@ -696,6 +727,7 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                                where r.retweeted_tweet_id = n.tweet_id and r.user_id <> $2))
              order by 1",
         ),
+        marks_removal: true,
     }
 }
 

@@ -167,6 +167,7 @@ async fn read_cached(
             .apply_best_effort(&[Update::Remove {
                 list: timeline.key(),
                 members,
+                mark: None,
             }])
             .await;
         return Ok(None);

@@ -1,6 +1,8 @@
 //! Deleting a tweet: its retweets first, then every row that lists it and its cached entries
 //! (a retweet's undo shows its readers the next one: [`crate::retweets::reveal`]).
 
+use std::collections::HashMap;
+
 use anyhow::Context;
 use sqlx::PgPool;
 
@@ -8,6 +10,7 @@ use super::{MAX_EAGER_REMOVALS, entry_of, shift_tweets_count};
 use crate::cache::{Cache, Update};
 use crate::error::{ApiError, ApiResult};
 use crate::model::TweetRecord;
+use crate::time;
 use crate::timeline::{ListEntry, Timeline};
 use crate::{circles, hashtags, lists, newsfeeds, notifications, replies, streams};
 
@@ -178,6 +181,18 @@ async fn delete_once(
         };
         retweet_updates.extend(next);
     }
+    let eager = readers.len() + lists.len() <= MAX_EAGER_REMOVALS;
+    // An undone retweet's status may come back to its readers (another retweet, a follow):
+    // their removals are marked, after the reveal's stamps (crate::newsfeeds::mark_removals).
+    let marks: HashMap<i64, i64> = match tweet.retweeted_tweet_id {
+        Some(_) if reveal_next && eager => newsfeeds::mark_removals(&mut tx, &reader_ids)
+            .await
+            .context("marking the removals")?
+            .into_iter()
+            .map(|(reader, at)| (reader, time::to_micros(at)))
+            .collect(),
+        _ => HashMap::new(),
+    };
     let own = Timeline::UserTweets(me);
     let mut updates = vec![
         Update::TweetDeleted { id },
@@ -188,6 +203,7 @@ async fn delete_once(
         Update::Remove {
             list: own.key(),
             members: vec![own.member(&entry_of(id, id, &tweet))],
+            mark: None,
         },
     ];
     if pulled {
@@ -196,6 +212,7 @@ async fn delete_once(
         updates.push(Update::Remove {
             list: list.key(),
             members: vec![list.member(&entry_of(id, id, &tweet))],
+            mark: None,
         });
     }
     updates.extend(circles::deleted_updates(&tweet));
@@ -206,23 +223,29 @@ async fn delete_once(
         Update::Remove {
             list: timeline.key(),
             members: vec![timeline.member(&entry_of(id, id, &tweet))],
+            mark: None,
         }
     }));
-    if readers.len() + lists.len() <= MAX_EAGER_REMOVALS {
+    if eager {
         let feeds = readers
             .into_iter()
             .map(|(newsfeed_id, reader, at)| {
                 let entry = ListEntry::stamped(newsfeed_id, id, me, tweet.created_at, at);
-                (Timeline::Newsfeed(reader), entry)
+                (
+                    Timeline::Newsfeed(reader),
+                    entry,
+                    marks.get(&reader).copied(),
+                )
             })
             .chain(
                 lists
                     .into_iter()
-                    .map(|list| (Timeline::List(list), entry_of(id, id, &tweet))),
+                    .map(|list| (Timeline::List(list), entry_of(id, id, &tweet), None)),
             );
-        updates.extend(feeds.map(|(timeline, entry)| Update::Remove {
+        updates.extend(feeds.map(|(timeline, entry, mark)| Update::Remove {
             list: timeline.key(),
             members: vec![timeline.member(&entry)],
+            mark,
         }));
     }
     let staged = cache.stage(&mut tx, &updates).await?;

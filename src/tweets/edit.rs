@@ -164,10 +164,9 @@ async fn retag(
         .collect();
     let mut updates = Vec::new();
     if !lost.is_empty() {
-        let ids: Vec<i64> = hashtags::ids_of(tx, &lost).await?.into_values().collect();
         // Dropped, not trimmed of the entry: a removal that lands late (after a later edit
         // gave the tag back and a reader refilled the list) would take out a listed tweet.
-        for tag in hashtags::delete_rows(tx, new.id, Some(&ids)).await? {
+        for tag in hashtags::delete_rows(tx, new.id, Some(&lost)).await? {
             updates.push(Update::Invalidate {
                 list: Timeline::Hashtag(tag).key(),
             });

@@ -1423,3 +1423,93 @@ async fn an_undo_meeting_a_new_retweeters_unfollow_tries_again(db: PgPool) {
         app.flush_cache().await;
     }
 }
+
+/// An unfollow whose cache step never ran (its process stopped after the commit) leaves the
+/// retweet it took away in the cached newsfeed until the relay; a follow that brings the same
+/// tweet back meanwhile must not be merged beside it (the history checker found the status
+/// twice on one page). The removal's mark makes the follow's merge drop the list instead.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_removal_that_has_not_reached_the_cache_lets_no_status_in_twice(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (olga, to) = app.quick_user("olga").await;
+    let (fred, tf) = app.quick_user("fred").await;
+    let (_, tr) = app.quick_user("rita").await;
+    app.follow(&tr, fred).await;
+    let s = app.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    let by_fred = new_retweet(&app, &tf, s).await;
+    app.drain().await;
+    let before = feed(&app, &tr, 10).await;
+    assert_eq!(
+        before.iter().map(|e| e.tweet).collect::<Vec<_>>(),
+        [by_fred]
+    );
+
+    let res = app
+        .post(
+            &format!("/api/friendships/{fred}/unfollow/"),
+            Some(&tr),
+            json!({}),
+        )
+        .await;
+    assert!(res.status.is_success(), "{}", res.body);
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Crash);
+    app.drain().await; // the unmerge commits; its cache step is skipped
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    app.follow(&tr, olga).await;
+    app.drain().await; // the backfill brings the tweet itself
+    for round in ["before the relay", "after the relay", "flushed"] {
+        let after = feed(&app, &tr, 10).await;
+        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
+        assert_eq!(shown, [(s, s)], "{round}: {after:?}");
+        if round == "before the relay" {
+            app.relay().await;
+        } else {
+            app.flush_cache().await;
+        }
+    }
+}
+
+/// As above for an undo whose cache step never ran: another followee's later retweet of the
+/// same tweet must not be merged beside the undone one.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_undo_that_has_not_reached_the_cache_lets_no_status_in_twice(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, to) = app.quick_user("olga").await;
+    let (fred, tf) = app.quick_user("fred").await;
+    let (gus, tg) = app.quick_user("gus").await;
+    let (_, tr) = app.quick_user("rita").await;
+    app.follow(&tr, fred).await;
+    app.follow(&tr, gus).await;
+    let s = app.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    let by_fred = new_retweet(&app, &tf, s).await;
+    app.drain().await;
+    let before = feed(&app, &tr, 10).await;
+    assert_eq!(
+        before.iter().map(|e| e.tweet).collect::<Vec<_>>(),
+        [by_fred]
+    );
+
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Crash);
+    assert_eq!(unretweet_deleted(&app, &tf, s).await, 1);
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    let by_gus = new_retweet(&app, &tg, s).await;
+    app.drain().await;
+    for round in ["before the relay", "after the relay", "flushed"] {
+        let after = feed(&app, &tr, 10).await;
+        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
+        assert_eq!(shown, [(by_gus, s)], "{round}: {after:?}");
+        if round == "before the relay" {
+            app.relay().await;
+        } else {
+            app.flush_cache().await;
+        }
+    }
+}
