@@ -222,11 +222,25 @@ return 1
 /// generation's `h` (the newest time the list is known current at, entries or not), which
 /// [`MERGE`]'s predecessor check takes as the list's newest. A list whose removal has not
 /// landed (its writer stopped after the commit; the relay drops the list later) lacks that
-/// mark, so a later merge drops it instead of adding an entry beside a removed one.
+/// mark, so a later merge drops it instead of adding an entry beside a removed one. A marked
+/// removal has a predecessor too, the head 1 µs before its mark: a list older than that (an
+/// earlier removal or merge has not landed) is dropped rather than marked current.
 pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(&format!(
-        r#"{GENERATIONS}{EACH_CHUNK}
+        r#"{GENERATIONS}{EACH_CHUNK}{ENTRY_TIME}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
+if cached and ARGV[2] ~= '' then
+  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  local newest = nil
+  if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
+  local marked = tonumber(redis.call('HGET', KEYS[2], 'h') or '')
+  if marked and (newest == nil or marked > newest) then newest = marked end
+  if newest == nil or newest < tonumber(ARGV[2]) - 1 then
+    redis.call('DEL', KEYS[1])
+    bump(KEYS[2], ARGV[1], true)
+    return 1
+  end
+end
 if cached then each_chunk('ZREM', KEYS[1], 3) end
 if cached or redis.call('EXISTS', KEYS[2]) == 1 then
   bump(KEYS[2], ARGV[1], true)

@@ -1513,3 +1513,57 @@ async fn an_undo_that_has_not_reached_the_cache_lets_no_status_in_twice(db: PgPo
         }
     }
 }
+
+/// As above with a second unfollow whose cache step did run between the two: its removal must
+/// not vouch for a list that still lacks the first one.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_later_removal_does_not_vouch_for_one_that_has_not_reached_the_cache(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (olga, to) = app.quick_user("olga").await;
+    let (fred, tf) = app.quick_user("fred").await;
+    let (gus, tg) = app.quick_user("gus").await;
+    let (_, tr) = app.quick_user("rita").await;
+    app.follow(&tr, fred).await;
+    app.follow(&tr, gus).await;
+    let s = app.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    let t = app.tweet(&to, "another").await["id"].as_i64().unwrap();
+    let by_fred = new_retweet(&app, &tf, s).await;
+    let by_gus = new_retweet(&app, &tg, t).await;
+    app.drain().await;
+    let before = feed(&app, &tr, 10).await;
+    assert_eq!(
+        before.iter().map(|e| e.tweet).collect::<Vec<_>>(),
+        [by_gus, by_fred]
+    );
+    let unfollow = |who: i64| {
+        let uri = format!("/api/friendships/{who}/unfollow/");
+        let app = &app;
+        let tr = &tr;
+        async move {
+            let res = app.post(&uri, Some(tr), json!({})).await;
+            assert!(res.status.is_success(), "{}", res.body);
+        }
+    };
+    unfollow(fred).await;
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Crash);
+    app.drain().await; // fred's unmerge commits; its cache step is skipped
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    unfollow(gus).await;
+    app.drain().await; // gus's unmerge reaches the cache
+    app.follow(&tr, olga).await;
+    app.drain().await; // the backfill brings both tweets themselves
+    for round in ["before the relay", "after the relay", "flushed"] {
+        let after = feed(&app, &tr, 10).await;
+        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
+        assert_eq!(shown, [(t, t), (s, s)], "{round}: {after:?}");
+        if round == "before the relay" {
+            app.relay().await;
+        } else {
+            app.flush_cache().await;
+        }
+    }
+}
