@@ -2020,12 +2020,14 @@ async fn step_view(
     // A status (a tweet, by itself or by a retweet) is at most once in a newsfeed: in any one
     // answer, at least (a client may hold an entry that an undone retweet left behind).
     // (A user's tweets may list a tweet and the author's own retweet of it.)
-    if let Some(status) = repeated_status(&res.body).filter(|_| matches!(shown, Shown::Newsfeed)) {
+    if let Some((status, by)) =
+        repeated_status(&res.body).filter(|_| matches!(shown, Shown::Newsfeed))
+    {
         world.record.violate(
             format!(
-                "at most once: {shown:?} of actor {actor} lists tweet {status} twice, on {uri}"
+                "at most once: {shown:?} of actor {actor} lists tweet {status} twice (as tweets {by:?}), on {uri}"
             ),
-            vec![status],
+            std::iter::once(status).chain(by).collect(),
         );
         return;
     }
@@ -2051,16 +2053,16 @@ async fn step_view(
     }
 }
 
-/// A tweet a page's results show twice, each by itself or by a retweet of it, if any.
-fn repeated_status(body: &Value) -> Option<i64> {
-    let mut seen = HashSet::new();
+/// A tweet a page's results show twice, each by itself or by a retweet of it, if any, with the
+/// ids of the two tweets (itself or retweets of it) that show it.
+fn repeated_status(body: &Value) -> Option<(i64, Vec<i64>)> {
+    let mut seen: HashMap<i64, i64> = HashMap::new();
     for r in body["results"].as_array().into_iter().flatten() {
         let tweet = r.get("tweet").unwrap_or(r);
-        let status = tweet["retweeted_tweet"]["id"]
-            .as_i64()
-            .or_else(|| tweet["id"].as_i64())?;
-        if !seen.insert(status) {
-            return Some(status);
+        let id = tweet["id"].as_i64()?;
+        let status = tweet["retweeted_tweet"]["id"].as_i64().unwrap_or(id);
+        if let Some(first) = seen.insert(status, id) {
+            return Some((status, vec![first, id]));
         }
     }
     None
