@@ -2,7 +2,8 @@
 //! docs/decisions/0026-retweets.md): the retweet object and its 201/200 answers, an exact
 //! `retweets_count` under concurrency, a status at most once in a newsfeed (the first entry
 //! stays, undoing it shows the next one on top) against a model of random histories, warm,
-//! flushed and with Redis down, also for undos at once and for a pulled author's tweets, and
+//! flushed and with Redis down, also for undos at once, for a pulled author's tweets and for
+//! removals whose cache step never ran, an undo that meets a new retweeter's unfollow, and
 //! mutes hiding retweets by and of the muted account.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
