@@ -2299,17 +2299,32 @@ fn seed() -> u64 {
         .unwrap_or_else(|| rand::rng().random())
 }
 
-#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn random_histories_with_faults_keep_every_client_view_exact(db: PgPool) {
+/// One random history of `CHIRP_MODEL_SECONDS` (default `seconds`) from [`seed`]; panics with
+/// the report of a violation.
+async fn random_history(db: PgPool, seconds: u64) {
     let seconds = std::env::var("CHIRP_MODEL_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(20);
+        .unwrap_or(seconds);
     let seed = seed();
     eprintln!("history checker: seed {seed}, {seconds} s");
     if let Some(report) = run_history(db, seed, seconds).await {
         panic!("{report}");
     }
+}
+
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn random_histories_with_faults_keep_every_client_view_exact(db: PgPool) {
+    random_history(db, 20).await;
+}
+
+/// `scripts/model`'s runs: the same, under a name of its own. sqlx names a test's database after
+/// the test, so a long run and a `scripts/test` on the same Postgres would otherwise drop each
+/// other's database (the one that starts second fails to set up).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+#[ignore = "long: scripts/model runs it"]
+async fn long_random_histories(db: PgPool) {
+    random_history(db, 600).await;
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
