@@ -32,6 +32,10 @@ pub struct Pair {
     pub pull_clock: bool,
     /// `select exists (…)`: does the pair exist now?
     pub exists: &'static str,
+    /// A statement the backfill runs first (binds as `copy`) that locks the rows `copy` will
+    /// read `for key share`: tweet rows before the timeline's head, the lock order of every
+    /// writer. (The copy locks them again; a tweet posted in between is locked late.)
+    pub lock_source: Option<&'static str>,
     /// A statement the backfill runs before `copy` that returns the timeline's newest entry
     /// time, if any (a newsfeed takes its head lock: [`crate::newsfeeds::stamp`]): the
     /// predecessor that guards the backfill's cache merge.
@@ -84,6 +88,15 @@ pub async fn backfill(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
         let mut tx = worker.db.begin().await?;
         if !pair.lock_and_check(&mut tx).await? {
             return Ok(()); // ended meanwhile
+        }
+        if let Some(sql) = pair.lock_source {
+            sqlx::query(sql)
+                .bind(pair.owner)
+                .bind(pair.source)
+                .bind(worker.backfill_limit as i64)
+                .execute(&mut *tx)
+                .await
+                .context("locking the tweets to copy")?;
         }
         let guard = worker
             .cache

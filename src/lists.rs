@@ -564,6 +564,7 @@ fn membership(list: i64, member: i64) -> Pair {
                  returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
         reveals: None,
         marks_removal: false,
+        lock_source: None,
     }
 }
 

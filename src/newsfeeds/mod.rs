@@ -641,6 +641,23 @@ pub async fn delete_for_tweet(
         .await
 }
 
+/// The followee's tweets a follow's backfill copies (`$1` the follower, `$2` the followee, `$3`
+/// how many), locked `for key share`: its newest, but pulled ones after the friendship's
+/// `visible_from` and replies that do not reach the follower ([`crate::reply_reaches`]).
+macro_rules! backfill_source {
+    () => {
+        concat!(
+            "select id, created_at, retweeted_tweet_id from tweets t where user_id = $2
+               and (not pulled or created_at <= (
+                   select coalesce(visible_from, '-infinity') from friendships
+                   where from_user_id = $1 and to_user_id = $2))
+               and ",
+            crate::reply_reaches!("t", "$1"),
+            " order by created_at desc limit $3 for key share"
+        )
+    };
+}
+
 /// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and
 /// [`fanout::unmerge`].
 fn friendship(follower: i64, followee: i64) -> Pair {
@@ -651,6 +668,9 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         lock: "newsfeed-pair",
         pull_clock: true,
         exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        // Tweet rows before the head, the order of every writer (an undo holds its retweet's
+        // row and then waits for its readers' heads): the copy's rows, locked first.
+        lock_source: Some(backfill_source!()),
         // Takes the follower's head lock (see [`stamp`]) before the copy reads the newsfeed.
         head: Some(
             "insert into feed_heads as h (user_id, head) values ($1, '-infinity')
@@ -664,15 +684,9 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         // are stamped above the head and the newest pulled tweet in their own order
         // (`greatest` of increasing sequences), and the head moves.
         copy: concat!(
-            "with x as (
-                   select id, created_at, retweeted_tweet_id from tweets t where user_id = $2
-                     and (not pulled or created_at <= (
-                         select coalesce(visible_from, '-infinity') from friendships
-                         where from_user_id = $1 and to_user_id = $2))
-                     and ",
-            crate::reply_reaches!("t", "$1"),
-            "
-                   order by created_at desc limit $3 for key share),
+            "with x as (",
+            backfill_source!(),
+            "),
                -- A status the newsfeed shows already (by itself or a retweet) is skipped,
                -- and of two entries of one status here the older is copied (crate::retweets).
                y as (

@@ -1568,3 +1568,48 @@ async fn a_later_removal_does_not_vouch_for_one_that_has_not_reached_the_cache(d
         }
     }
 }
+
+/// A follow's backfill locks the tweets it copies before the follower's head, the order of
+/// every writer: taken the other way round, it held the head and waited for a retweet's row
+/// while that retweet's undo held the row and waited for the head (a deadlock, a 500 for the
+/// undo; the history checker's third 10-minute run on 2026-11-29).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_backfill_locks_the_tweets_it_copies_before_the_followers_head(db: PgPool) {
+    let app = TestApp::new(db.clone()).await;
+    let (_, to) = app.quick_user("olga").await;
+    let (fred, tf) = app.quick_user("fred").await;
+    let (rita, tr) = app.quick_user("rita").await;
+    let s = app.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    let by_fred = new_retweet(&app, &tf, s).await;
+    app.tweet(&tr, "rita's own").await; // rita's newsfeed has a head
+    app.drain().await;
+    app.follow(&tr, fred).await;
+
+    // Rita's head held: the backfill waits for it.
+    let mut head = db.begin().await.unwrap();
+    sqlx::query("select 1 from feed_heads where user_id = $1 for update")
+        .bind(rita)
+        .execute(&mut *head)
+        .await
+        .unwrap();
+    let backfill = app.drain();
+    let probe = async {
+        wait_for_lock_wait(&db, None).await;
+        // What an undo takes first: the retweet's row. The backfill holds it already.
+        let mut undo = db.begin().await.unwrap();
+        let taken = sqlx::query("select 1 from tweets where id = $1 for update nowait")
+            .bind(by_fred)
+            .execute(&mut *undo)
+            .await;
+        drop(undo);
+        head.commit().await.unwrap();
+        taken.is_ok()
+    };
+    let (_, undo_got_the_row) = futures_util::future::join(backfill, probe).await;
+    assert!(
+        !undo_got_the_row,
+        "the backfill waits for the head without holding the rows it will copy"
+    );
+    let shown: Vec<i64> = feed(&app, &tr, 10).await.iter().map(|e| e.tweet).collect();
+    assert_eq!(shown[0], by_fred);
+}
