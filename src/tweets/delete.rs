@@ -75,6 +75,15 @@ pub async fn delete_retweet(
     }
 }
 
+/// What a delete reads of its tweet before it locks anything (none of it ever changes).
+#[derive(sqlx::FromRow)]
+struct Head {
+    user_id: i64,
+    thread_id: Option<i64>,
+    retweeted_tweet_id: Option<i64>,
+    in_reply_to_tweet_id: Option<i64>,
+}
+
 /// One try of [`delete`]. A retweet's readers get the next retweet with `reveal_next`
 /// ([`crate::retweets::reveal`]).
 async fn delete_once(
@@ -87,15 +96,17 @@ async fn delete_once(
     let mut tx = db.begin().await?;
     // Its author and thread never change: read first, to lock in the order of every compose
     // (the author's row, the thread's, then tweet rows, then a circle's; crate::replies).
-    let head: Option<(i64, Option<i64>, Option<i64>)> =
-        sqlx::query_as("select user_id, thread_id, retweeted_tweet_id from tweets where id = $1")
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let (thread, original) = match head {
+    let head: Option<Head> = sqlx::query_as(
+        "select user_id, thread_id, retweeted_tweet_id, in_reply_to_tweet_id
+         from tweets where id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let (thread, original, parent) = match head {
         None => return Err(ApiError::NotFound),
-        Some((author, ..)) if author != me => return Err(ApiError::Forbidden),
-        Some((_, thread, original)) => (thread, original),
+        Some(h) if h.user_id != me => return Err(ApiError::Forbidden),
+        Some(h) => (h.thread_id, h.retweeted_tweet_id, h.in_reply_to_tweet_id),
     };
     // A retweet's undo reveals the next one (crate::retweets::reveal), which takes the
     // candidates' followers locks: before the author's row, the order of an unfollow or a
@@ -114,6 +125,17 @@ async fn delete_once(
         Some(root) => Some((root, replies::lock_thread(&mut tx, root).await?)),
         None => None,
     };
+    // A reply: the tweet it answers, whose count `replies::detach` moves, is locked now, before
+    // this tweet's row and any newsfeed row (the order of a reply's post, and of an unfollow's
+    // unmerge, which locks the tweets it reveals before it deletes newsfeed rows). Taken at
+    // the detach, after this tweet's newsfeed rows, a delete and an unmerge deadlocked (the
+    // history checker's 10-minute run).
+    if let Some(parent) = parent {
+        sqlx::query("select 1 from tweets where id = $1 for no key update")
+            .bind(parent)
+            .execute(&mut *tx)
+            .await?;
+    }
     // Locking the row waits for fan-out batches inserting rows for it (they hold a key share),
     // and for comment deletes and likes (they lock it before their own rows).
     let tweet: Option<TweetRecord> = sqlx::query_as(

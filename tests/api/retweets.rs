@@ -1613,3 +1613,47 @@ async fn a_backfill_locks_the_tweets_it_copies_before_the_followers_head(db: PgP
     let shown: Vec<i64> = feed(&app, &tr, 10).await.iter().map(|e| e.tweet).collect();
     assert_eq!(shown[0], by_fred);
 }
+
+/// A reply's delete locks the tweet it answers before it deletes any newsfeed row, the order
+/// of an unfollow's unmerge (the tweets it reveals, then newsfeed rows): taken at the end, when
+/// the count moves, the two deadlocked (a 500 for the delete; the history checker's 10-minute
+/// run on 2026-11-29). The unmerge is played by a transaction in its order.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_replys_delete_locks_what_it_answers_before_any_newsfeed_row(db: PgPool) {
+    let app = TestApp::new(db.clone()).await;
+    let (_, to) = app.quick_user("olga").await;
+    let (_, tr) = app.quick_user("rita").await;
+    let p = app.tweet(&to, "the question").await["id"].as_i64().unwrap();
+    let res = app
+        .post(
+            "/api/tweets/",
+            Some(&tr),
+            json!({"content": "the answer", "in_reply_to_tweet_id": p}),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::CREATED, "{}", res.body);
+    let c = res.body["id"].as_i64().unwrap();
+    app.drain().await;
+
+    let mut unmerge = db.begin().await.unwrap();
+    sqlx::query("select 1 from tweets where id = $1 for no key update")
+        .bind(p)
+        .execute(&mut *unmerge)
+        .await
+        .unwrap();
+    let uri = format!("/api/tweets/{c}/");
+    let delete = app.delete(&uri, Some(&tr));
+    let script = async {
+        wait_for_lock_wait(&db, None).await;
+        sqlx::query("delete from newsfeeds where tweet_id = $1")
+            .bind(c)
+            .execute(&mut *unmerge)
+            .await
+            .unwrap();
+        unmerge.commit().await.unwrap();
+    };
+    let (deleted, ()) = futures_util::future::join(delete, script).await;
+    assert!(deleted.status.is_success(), "{}", deleted.body);
+    let answered = detail(&app, p, None).await;
+    assert_eq!(answered["replies_count"], 0, "{answered}");
+}
