@@ -38,7 +38,9 @@ pub struct Pair {
     pub lock_source: Option<&'static str>,
     /// A statement the backfill runs before `copy` that returns the timeline's newest entry
     /// time, if any (a newsfeed takes its head lock: [`crate::newsfeeds::stamp`]): the
-    /// predecessor that guards the backfill's cache merge.
+    /// predecessor that guards the backfill's cache merge. A timeline with a head (a newsfeed)
+    /// also has its unmerge mark the removal there ([`crate::newsfeeds::mark_removals`]), so
+    /// no later merge lands on a cached list this removal has not reached.
     pub head: Option<&'static str>,
     /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets; the
     /// arrival time is Postgres's `clock_timestamp()`).
@@ -51,10 +53,6 @@ pub struct Pair {
     /// [`crate::retweets::reveal`]ed (a status stays in a newsfeed while a followee still
     /// brings it).
     pub reveals: Option<&'static str>,
-    /// Whether the unmerge marks its removal in the timeline's head (a newsfeed:
-    /// [`crate::newsfeeds::mark_removals`]), so no later merge lands on a cached list this
-    /// removal has not reached.
-    pub marks_removal: bool,
 }
 
 impl Pair {
@@ -187,13 +185,13 @@ pub async fn unmerge(worker: &Worker, pair: &Pair) -> anyhow::Result<()> {
         updates.extend(next);
     }
     // After the reveals, whose merges name the head before it as their predecessor.
-    let mark = match pair.marks_removal {
-        true => crate::newsfeeds::mark_removals(&mut tx, &[pair.owner])
+    let mark = match pair.head {
+        Some(_) => crate::newsfeeds::mark_removals(&mut tx, &[pair.owner])
             .await
             .context("marking the removal")?
             .first()
             .map(|(_, at)| crate::time::to_micros(*at)),
-        false => None,
+        None => None,
     };
     updates.push(Update::Remove {
         list: pair.timeline.key(),

@@ -563,7 +563,6 @@ fn membership(list: i64, member: i64) -> Pair {
                  where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
                  returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
         reveals: None,
-        marks_removal: false,
         lock_source: None,
     }
 }

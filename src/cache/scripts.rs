@@ -148,7 +148,8 @@ end
 "#;
 
 /// `entry_time(score, member)`: a timeline entry's time in µs since the score epoch (score ×
-/// 10⁶ + the member's sub-second prefix: [`super::lists::pack_entry`]).
+/// 10⁶ + the member's sub-second prefix: [`super::lists::pack_entry`]); `list_newest(list,
+/// gen)`: the time a cached list is known current at (its newest entry or removal mark).
 const ENTRY_TIME: &str = r#"
 local function entry_time(score, m)
   local sub = 0
@@ -157,6 +158,17 @@ local function entry_time(score, m)
     sub = (b1 - 128) * 65536 + string.byte(m, 2) * 256 + string.byte(m, 3)
   end
   return tonumber(score) * 1000000 + sub
+end
+
+-- `list_newest(list, gen)`: the time (µs) a cached list is known current at: its newest entry
+-- or its removal mark `h` ([`REMOVE`]), whichever is later; nil if it has neither.
+local function list_newest(list, gen)
+  local top = redis.call('ZRANGE', list, -1, -1, 'WITHSCORES')
+  local newest = nil
+  if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
+  local marked = tonumber(redis.call('HGET', gen, 'h') or '')
+  if marked and (newest == nil or marked > newest) then newest = marked end
+  return newest
 end
 "#;
 
@@ -183,11 +195,7 @@ if ARGV[1] ~= '*' and (redis.call('HGET', KEYS[2], 'r') or '') ~= ARGV[1] then
   return 0
 end
 if ARGV[4] ~= '' and redis.call('EXISTS', KEYS[1]) == 1 then
-  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  local newest = nil
-  if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
-  local marked = tonumber(redis.call('HGET', KEYS[2], 'h') or '')
-  if marked and (newest == nil or marked > newest) then newest = marked end
+  local newest = list_newest(KEYS[1], KEYS[2])
   if newest == nil or newest < tonumber(ARGV[4]) then
     redis.call('DEL', KEYS[1])
     bump(KEYS[2], ttl, false)
@@ -230,11 +238,7 @@ pub static REMOVE: LazyLock<Script> = LazyLock::new(|| {
         r#"{GENERATIONS}{EACH_CHUNK}{ENTRY_TIME}
 local cached = redis.call('EXISTS', KEYS[1]) == 1
 if cached and ARGV[2] ~= '' then
-  local top = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
-  local newest = nil
-  if top[1] and top[1] ~= '#' then newest = entry_time(top[2], top[1]) end
-  local marked = tonumber(redis.call('HGET', KEYS[2], 'h') or '')
-  if marked and (newest == nil or marked > newest) then newest = marked end
+  local newest = list_newest(KEYS[1], KEYS[2])
   if newest == nil or newest < tonumber(ARGV[2]) - 1 then
     redis.call('DEL', KEYS[1])
     bump(KEYS[2], ARGV[1], true)

@@ -100,6 +100,14 @@ pub enum Update {
     },
 }
 
+/// A time (µs) as the scripts compare entry times ([`scripts::MERGE`]'s `after`,
+/// [`scripts::REMOVE`]'s `mark`): the score's whole seconds × 10⁶ plus the sub-second part a
+/// member carries.
+fn script_time(at: i64) -> i64 {
+    let (score, sub) = super::lists::split_time(at);
+    score * 1_000_000 + i64::from(sub)
+}
+
 /// What the outbox relay does for a key when the post-commit step did not confirm: each is safe
 /// to apply late and more than once. Stored as JSON in `cache_outbox.repairs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -251,10 +259,7 @@ impl Update {
                 };
                 inv.arg(ttl).arg(limit);
                 match after {
-                    Some(at) => {
-                        let (score, sub) = super::lists::split_time(*at);
-                        inv.arg(score * 1_000_000 + i64::from(sub))
-                    }
+                    Some(at) => inv.arg(script_time(*at)),
                     None => inv.arg(""),
                 };
                 for (score, member) in entries {
@@ -272,10 +277,7 @@ impl Update {
                 let mut inv = scripts::REMOVE.key(&key);
                 inv.key(Keys::gen_of(&key)).arg(ttl);
                 match mark {
-                    Some(at) => {
-                        let (score, sub) = super::lists::split_time(*at);
-                        inv.arg(score * 1_000_000 + i64::from(sub))
-                    }
+                    Some(at) => inv.arg(script_time(*at)),
                     None => inv.arg(""),
                 };
                 for m in members {

@@ -741,7 +741,6 @@ fn friendship(follower: i64, followee: i64) -> Pair {
                                where r.retweeted_tweet_id = n.tweet_id and r.user_id <> $2))
              order by 1",
         ),
-        marks_removal: true,
     }
 }
 

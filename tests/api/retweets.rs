@@ -1425,6 +1425,37 @@ async fn an_undo_meeting_a_new_retweeters_unfollow_tries_again(db: PgPool) {
     }
 }
 
+/// Runs `write` with this process's cache steps skipped, as a process stopped right after its
+/// commits would (the outbox rows stay for the relay).
+async fn with_cache_steps_skipped<T>(
+    app: &TestApp,
+    write: impl std::future::Future<Output = T>,
+) -> T {
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Crash);
+    let out = write.await;
+    app.state
+        .cache
+        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    out
+}
+
+/// Asserts that `token`'s newsfeed shows `expected` (`(tweet, status)`, newest first) before
+/// the relay applies the skipped cache steps, after it, and after a flush.
+async fn assert_shown_through_the_relay(app: &TestApp, token: &str, expected: &[(i64, i64)]) {
+    for round in ["before the relay", "after the relay", "flushed"] {
+        let after = feed(app, token, 10).await;
+        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
+        assert_eq!(shown, expected, "{round}: {after:?}");
+        if round == "before the relay" {
+            app.relay().await;
+        } else {
+            app.flush_cache().await;
+        }
+    }
+}
+
 /// An unfollow whose cache step never ran (its process stopped after the commit) leaves the
 /// retweet it took away in the cached newsfeed until the relay; a follow that brings the same
 /// tweet back meanwhile must not be merged beside it (the history checker found the status
@@ -1453,25 +1484,10 @@ async fn a_removal_that_has_not_reached_the_cache_lets_no_status_in_twice(db: Pg
         )
         .await;
     assert!(res.status.is_success(), "{}", res.body);
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Crash);
-    app.drain().await; // the unmerge commits; its cache step is skipped
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    with_cache_steps_skipped(&app, app.drain()).await; // the unmerge commits, no cache step
     app.follow(&tr, olga).await;
     app.drain().await; // the backfill brings the tweet itself
-    for round in ["before the relay", "after the relay", "flushed"] {
-        let after = feed(&app, &tr, 10).await;
-        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
-        assert_eq!(shown, [(s, s)], "{round}: {after:?}");
-        if round == "before the relay" {
-            app.relay().await;
-        } else {
-            app.flush_cache().await;
-        }
-    }
+    assert_shown_through_the_relay(&app, &tr, &[(s, s)]).await;
 }
 
 /// As above for an undo whose cache step never ran: another followee's later retweet of the
@@ -1494,25 +1510,11 @@ async fn an_undo_that_has_not_reached_the_cache_lets_no_status_in_twice(db: PgPo
         [by_fred]
     );
 
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Crash);
-    assert_eq!(unretweet_deleted(&app, &tf, s).await, 1);
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    let undone = with_cache_steps_skipped(&app, unretweet_deleted(&app, &tf, s)).await;
+    assert_eq!(undone, 1);
     let by_gus = new_retweet(&app, &tg, s).await;
     app.drain().await;
-    for round in ["before the relay", "after the relay", "flushed"] {
-        let after = feed(&app, &tr, 10).await;
-        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
-        assert_eq!(shown, [(by_gus, s)], "{round}: {after:?}");
-        if round == "before the relay" {
-            app.relay().await;
-        } else {
-            app.flush_cache().await;
-        }
-    }
+    assert_shown_through_the_relay(&app, &tr, &[(by_gus, s)]).await;
 }
 
 /// As above with a second unfollow whose cache step did run between the two: its removal must
@@ -1546,27 +1548,12 @@ async fn a_later_removal_does_not_vouch_for_one_that_has_not_reached_the_cache(d
         }
     };
     unfollow(fred).await;
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Crash);
-    app.drain().await; // fred's unmerge commits; its cache step is skipped
-    app.state
-        .cache
-        .set_after_commit(chirp::cache::AfterCommit::Apply);
+    with_cache_steps_skipped(&app, app.drain()).await; // fred's unmerge, no cache step
     unfollow(gus).await;
     app.drain().await; // gus's unmerge reaches the cache
     app.follow(&tr, olga).await;
     app.drain().await; // the backfill brings both tweets themselves
-    for round in ["before the relay", "after the relay", "flushed"] {
-        let after = feed(&app, &tr, 10).await;
-        let shown: Vec<(i64, i64)> = after.iter().map(|e| (e.tweet, e.status())).collect();
-        assert_eq!(shown, [(t, t), (s, s)], "{round}: {after:?}");
-        if round == "before the relay" {
-            app.relay().await;
-        } else {
-            app.flush_cache().await;
-        }
-    }
+    assert_shown_through_the_relay(&app, &tr, &[(t, t), (s, s)]).await;
 }
 
 /// A follow's backfill locks the tweets it copies before the follower's head, the order of
