@@ -121,7 +121,8 @@ pub(crate) async fn lock(tx: &mut PgConnection, tags: &[String]) -> sqlx::Result
     let ids: HashMap<String, i64> = ids.into_iter().collect();
     let ordered: Vec<i64> = tags.iter().filter_map(|t| ids.get(t).copied()).collect();
     sqlx::query_as(
-        "select h.id, (select max(created_at) from tweet_hashtags where hashtag_id = h.id) as newest
+        "select h.id, (select created_at from tweet_hashtags where hashtag_id = h.id
+                       order by created_at desc limit 1) as newest
          from unnest($1::bigint[]) with ordinality h(id, n) order by h.n",
     )
     .bind(&ordered)

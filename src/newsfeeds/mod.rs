@@ -291,17 +291,19 @@ pub async fn sources(
     sqlx::query_as(
         "with pulls as (
              select f.to_user_id as author, f.visible_from,
-                    (select max(t.created_at) from tweets t
+                    (select t.created_at from tweets t
                      where t.user_id = f.to_user_id and t.pulled
                        and t.created_at > coalesce(f.visible_from, '-infinity')
                        and t.created_at < coalesce($2, 'infinity')
-                       and t.created_at > coalesce($3, '-infinity')) as newest
+                       and t.created_at > coalesce($3, '-infinity')
+                     order by t.created_at desc limit 1) as newest
              from friendships f where f.from_user_id = $1 and f.to_user_id = any($4))
          select author, visible_from, newest from pulls
          union all
-         select null, null, (select max(created_at) from newsfeeds
+         select null, null, (select created_at from newsfeeds
                              where user_id = $1 and created_at < coalesce($2, 'infinity')
-                               and created_at > coalesce($3, '-infinity'))
+                               and created_at > coalesce($3, '-infinity')
+                             order by created_at desc limit 1)
          where exists (select 1 from pulls)",
     )
     .bind(reader)
@@ -437,10 +439,11 @@ pub async fn newest_entry(
                     order by created_at desc limit 1)
          select (select id from r),
                 greatest((select created_at from r),
-                         (select max((select max(t.created_at) from tweets t
+                         (select max((select t.created_at from tweets t
                                       where t.user_id = f.to_user_id and t.pulled
                                         and t.created_at > coalesce(f.visible_from, '-infinity')
-                                        and t.created_at <= coalesce($2, 'infinity')))
+                                        and t.created_at <= coalesce($2, 'infinity')
+                                      order by t.created_at desc limit 1))
                           from friendships f
                           where f.from_user_id = $1 and f.to_user_id = any($3)))",
     )
