@@ -21,8 +21,7 @@ use crate::{circles, hashtags, newsfeeds, notifications, replies, streams, users
 /// tweets the author has: written as `max(created_at)`, the planner may aggregate over all of
 /// them (it did whenever its statistics predated an author's tweets: 4,380 of them cost 2.5 ms
 /// of a 10 ms compose, and the cost grew with every tweet). Public so a test can read its plan.
-pub const PREDECESSORS: &str =
-    "select (select created_at from tweets where user_id = $1
+pub const PREDECESSORS: &str = "select (select created_at from tweets where user_id = $1
              order by created_at desc limit 1),
             case when $2 then (select created_at from tweets where user_id = $1 and pulled
                                order by created_at desc limit 1) end,
@@ -110,11 +109,11 @@ pub async fn create(
                 Option<Timestamp>,
                 Option<Timestamp>,
             ) = sqlx::query_as(PREDECESSORS)
-            .bind(author)
-            .bind(pulled)
-            .bind(circle)
-            .fetch_one(&mut *tx)
-            .await?;
+                .bind(author)
+                .bind(pulled)
+                .bind(circle)
+                .fetch_one(&mut *tx)
+                .await?;
             // Above all of them (under their row locks): the author's tweets, the circle's and
             // each tag's commit in the order of their times, so a refresh of any misses none.
             let created_at = match newest.max(newest_in_circle).max(newest_tagged) {

@@ -303,7 +303,10 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     let app = TestApp::new(db).await;
     let (alice, ta) = app.signup("alice").await;
     app.tweet(&ta, "first").await;
-    sqlx::query("analyze tweets").execute(app.db()).await.unwrap();
+    sqlx::query("analyze tweets")
+        .execute(app.db())
+        .await
+        .unwrap();
     // 5,000 tweets the statistics do not know of (a new account that posts a lot).
     sqlx::query(
         "insert into tweets (user_id, content, created_at)
@@ -324,7 +327,10 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     .await
     .unwrap();
     fn scanned(node: &serde_json::Value) -> i64 {
-        let own = if node["Node Type"].as_str().is_some_and(|t| t.contains("Scan")) {
+        let own = if node["Node Type"]
+            .as_str()
+            .is_some_and(|t| t.contains("Scan"))
+        {
             node["Actual Rows"].as_i64().unwrap_or(0) * node["Actual Loops"].as_i64().unwrap_or(1)
         } else {
             0
@@ -338,7 +344,11 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
 
     // And the compose itself still names the newest as the predecessor: the new tweet tops the
     // author's list, cached and not.
-    let id = app.tweet(&ta, "after the bulk").await["id"].as_i64().unwrap();
-    let page = app.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+    let id = app.tweet(&ta, "after the bulk").await["id"]
+        .as_i64()
+        .unwrap();
+    let page = app
+        .get(&format!("/api/tweets/?user_id={alice}"), None)
+        .await;
     assert_eq!(tweet_ids(&page.body)[0], id);
 }
