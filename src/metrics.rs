@@ -223,6 +223,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         "Cache events: loads (lists filled from Postgres), extensions (lists grown), \
          fallbacks (pages past the cached window read from Postgres), errors (failed Redis \
          operations), recoveries (Redis back in use), epoch_changes, replicas_distrusted, \
+         waits_skipped (durable writes that did not WAIT on a master just found short), \
          prefetched (pages hydrated without a second round trip), merged and \
          merge_fallbacks (newsfeed pages of readers of pulled authors), near_evictions, \
          near_unconfirmed (evictions that waited out a lease).",
@@ -268,6 +269,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
         ] {
             cache.set(&[event], get(n));
         }
+        cache.set(&["waits_skipped"], state.cache.waits_skipped());
     }
     let stats = state.cache.stats();
     fences.set(&[], stats.map_or(0, |s| get(&s.fences)));

@@ -162,6 +162,8 @@ struct Inner {
     backend: Backend,
     /// `WAIT` for durable writes (see [`conn`]).
     wait: Wait,
+    /// Cluster masters whose replicas fell short of a `WAIT` a moment ago (see [`conn`]).
+    short_masters: Arc<conn::ShortMasters>,
     keys: Keys,
     ttl_secs: u64,
     list_limit: usize,
@@ -254,6 +256,7 @@ impl Cache {
                     replicas,
                     timeout_ms: (config.redis_timeout_ms / 2).max(1),
                 },
+                short_masters: Arc::default(),
                 keys,
                 ttl_secs: config.cache_ttl_secs,
                 list_limit: config.cache_list_limit as usize,
@@ -309,6 +312,13 @@ impl Cache {
     /// Work counters (`None` when disabled).
     pub fn stats(&self) -> Option<&Stats> {
         self.inner.as_ref().map(|i| &i.stats)
+    }
+
+    /// Durable writes that sent no `WAIT` to a cluster master whose replicas had fallen short
+    /// within [`conn::ShortMasters::HELD`] (each still took those replicas out of the epoch's
+    /// record): `/healthz` `cache.waits_skipped`.
+    pub fn waits_skipped(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |i| i.short_masters.skipped())
     }
 
     /// The near cache of tweet and user objects (`None` with the cache off).

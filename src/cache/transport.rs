@@ -118,7 +118,8 @@ pub(super) async fn session(
                 }
             }
             let map = slots.read().unwrap_or_else(|p| p.into_inner()).clone();
-            Ok(Session::new(Conn::Cluster(c), wait).with_slots(map, stale.clone()))
+            let short = inner.short_masters.clone();
+            Ok(Session::new(Conn::Cluster(c), wait).with_slots(map, stale.clone(), short))
         }
     }
 }

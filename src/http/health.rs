@@ -85,6 +85,7 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "fences": s.fences.load(Ordering::Relaxed),
             "recoveries": s.recoveries.load(Ordering::Relaxed),
             "replicas_distrusted": s.replicas_distrusted.load(Ordering::Relaxed),
+            "waits_skipped": state.cache.waits_skipped(),
             "prefetched": s.prefetched.load(Ordering::Relaxed),
             "merged": s.merged.load(Ordering::Relaxed),
             "merge_fallbacks": s.merge_fallbacks.load(Ordering::Relaxed),

@@ -523,9 +523,34 @@ async fn a_replica_that_stops_acknowledging_keeps_no_rows_and_is_not_trusted_unt
 
     signal(pid, "-STOP");
     let stopped = Stopped(pid);
-    for content in ["while the replica sleeps", "and again"] {
+    let distrusted = || {
+        let stats = app.state.cache.stats().expect("cache on");
+        stats
+            .replicas_distrusted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let (distrusted_before, skipped_before) = (distrusted(), app.state.cache.waits_skipped());
+    let contents = [
+        "while the replica sleeps",
+        "and again",
+        "a third",
+        "a fourth",
+        "a fifth",
+    ];
+    for content in contents {
         app.tweet(&token, content).await;
     }
+    // Only the first write waited out `WAIT`'s timeout; the others, a moment later, sent none
+    // and took the replica out of the record again at once (issue 35: bounded `WAIT` failures).
+    assert!(
+        distrusted() - distrusted_before >= contents.len() as u64,
+        "every write that stood on the master alone took the replica out of the record"
+    );
+    assert!(
+        app.state.cache.waits_skipped() - skipped_before >= contents.len() as u64 - 2,
+        "writes right after a shortfall send no WAIT: {} skipped",
+        app.state.cache.waits_skipped() - skipped_before
+    );
     assert_eq!(
         app.outbox_rows().await,
         0,
@@ -538,7 +563,7 @@ async fn a_replica_that_stops_acknowledging_keeps_no_rows_and_is_not_trusted_unt
     let page = app
         .get(&format!("/api/tweets/?user_id={alice}"), None)
         .await;
-    assert_eq!(tweet_ids(&page.body).len(), 3);
+    assert_eq!(tweet_ids(&page.body).len(), 1 + contents.len());
     let exists: i64 = redis::cmd("EXISTS")
         .arg(&posts)
         .query_async(&mut redis)

@@ -38,6 +38,13 @@
 //! after a topology change) fails the write as before: its row stays for the relay. On a
 //! single server a shortfall is ignored: the epoch records no replica there, so a promoted one
 //! is always fenced.
+//!
+//! A master whose replicas fell short is remembered for [`ShortMasters::HELD`]: meanwhile its
+//! durable writes send no `WAIT` and are reported short at once, which is what a `WAIT` that
+//! timed out would have led to (the caller takes the replicas out of the record again after
+//! the write, so no epoch check that began before it can trust them). With a replica down, one
+//! write per master and period waits out the `WAIT` timeout instead of every write (issue 35:
+//! "`WAIT` failures are bounded"); the first `WAIT` answered in full forgets the master.
 
 mod retry;
 mod split;
@@ -74,6 +81,45 @@ pub struct Wait {
     pub timeout_ms: u64,
 }
 
+/// Masters (`host`, `port`) whose replicas recently did not acknowledge a durable write in
+/// time (see the module docs), shared by every session of a [`super::Cache`], and how many
+/// `WAIT`s were skipped for them.
+#[derive(Debug, Default)]
+pub struct ShortMasters {
+    since: std::sync::Mutex<std::collections::HashMap<(String, u16), std::time::Instant>>,
+    skipped: std::sync::atomic::AtomicU64,
+}
+
+impl ShortMasters {
+    /// How long a shortfall is remembered: about the epoch check's period, so a replica that
+    /// is back is waited for again (and re-trusted) within about a second.
+    pub const HELD: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Whether `master` fell short within [`ShortMasters::HELD`] (its next write skips `WAIT`).
+    fn is_short(&self, master: &(String, u16)) -> bool {
+        let since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        since
+            .get(master)
+            .is_some_and(|at| at.elapsed() < Self::HELD)
+    }
+
+    /// Notes `WAIT`'s outcome on `master`: remembered if short, forgotten if acknowledged.
+    fn note(&self, master: &(String, u16), acknowledged: bool) {
+        let mut since = self.since.lock().unwrap_or_else(|p| p.into_inner());
+        if acknowledged {
+            since.remove(master);
+        } else {
+            since.insert(master.clone(), std::time::Instant::now());
+        }
+    }
+
+    /// Durable writes on a master that sent no `WAIT` because the master had just fallen
+    /// short (`/healthz` `cache.waits_skipped`).
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+}
+
 /// The error a durable write reports when too few replicas acknowledged it.
 pub const NOT_REPLICATED: &str = "cache write not acknowledged by enough replicas (WAIT)";
 
@@ -93,6 +139,8 @@ pub struct Session {
     stale: Option<Arc<AtomicBool>>,
     /// Masters (`host`, `port`) whose replicas did not acknowledge a durable write in time.
     short: Vec<(String, u16)>,
+    /// Masters that fell short recently: their writes skip `WAIT` (see the module docs).
+    short_masters: Option<Arc<ShortMasters>>,
 }
 
 impl Session {
@@ -104,6 +152,7 @@ impl Session {
             slots: None,
             stale: None,
             short: Vec::new(),
+            short_masters: None,
         }
     }
 
@@ -113,10 +162,17 @@ impl Session {
         std::mem::take(&mut self.short)
     }
 
-    /// Splits pipelines per master with `slots`, and sets `stale` when it is out of date.
-    pub fn with_slots(mut self, slots: Option<Arc<SlotMap>>, stale: Arc<AtomicBool>) -> Self {
+    /// Splits pipelines per master with `slots`, sets `stale` when it is out of date, and
+    /// skips `WAIT` on the masters `short` holds (see the module docs).
+    pub fn with_slots(
+        mut self,
+        slots: Option<Arc<SlotMap>>,
+        stale: Arc<AtomicBool>,
+        short: Arc<ShortMasters>,
+    ) -> Self {
         self.slots = slots;
         self.stale = Some(stale);
+        self.short_masters = Some(short);
         self
     }
 
@@ -225,7 +281,8 @@ impl Session {
                 let Some(slots) = &self.slots else {
                     return split(c, pipeline, self.wait).await;
                 };
-                let result = split_per_master(c, slots, pipeline, self.wait).await;
+                let short = self.short_masters.as_deref();
+                let result = split_per_master(c, slots, pipeline, self.wait, short).await;
                 // Any failure may come from a changed topology: read the map again.
                 if !matches!(result, Ok(Split { stale: false, .. }))
                     && let Some(flag) = &self.stale

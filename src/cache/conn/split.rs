@@ -10,7 +10,7 @@ use redis::{Arg, Cmd, Pipeline, RedisError, RedisResult, ServerErrorKind, Value}
 
 use super::retry::{AGAIN_AFTER, Next, command, next_after, redirect_of, resendable};
 use super::topology::{SlotMap, placement, routing_key};
-use super::{Wait, acknowledged, check_acks};
+use super::{ShortMasters, Wait, acknowledged, check_acks};
 
 pub(super) fn redirected(value: &Value) -> bool {
     matches!(value, Value::ServerError(e)
@@ -49,12 +49,14 @@ pub(super) struct Split {
     pub(super) short: Vec<(String, u16)>,
 }
 
-/// Runs `pipeline` on a cluster, one pipeline per master of `slots` (see the module docs).
+/// Runs `pipeline` on a cluster, one pipeline per master of `slots` (see the module docs); a
+/// master that `short` holds gets no `WAIT` and is reported short at once.
 pub(super) async fn split_per_master(
     conn: &ClusterConnection,
     slots: &SlotMap,
     pipeline: &Pipeline,
     wait: Option<Wait>,
+    short: Option<&ShortMasters>,
 ) -> RedisResult<Split> {
     let cmds: Vec<&Cmd> = pipeline.cmd_iter().collect();
     let mut groups: Vec<Vec<(Cmd, Origin)>> = vec![Vec::new(); slots.masters.len()];
@@ -98,22 +100,35 @@ pub(super) async fn split_per_master(
             for (cmd, _) in group {
                 sub.add_command(cmd);
             }
+            let master = slots.masters[m].clone();
+            // Fell short a moment ago: the write stands on the master alone without waiting.
+            let skip = wait.is_some() && short.is_some_and(|s| s.is_short(&master));
+            let wait = wait.filter(|_| !skip);
             if let Some(w) = wait {
                 sub.cmd("WAIT").arg(w.replicas).arg(w.timeout_ms);
             }
             let count = origins.len() + usize::from(wait.is_some());
-            let (host, port) = slots.masters[m].clone();
             async move {
                 let route = SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port,
+                    host: master.0.clone(),
+                    port: master.1,
                 };
                 match conn.route_pipeline(sub, 0, count, route).await {
                     Ok(mut values) => {
-                        let short = match wait {
-                            Some(w) if !acknowledged(values.pop(), w) => Some((host, port)),
-                            _ => None,
+                        let fell_short = match wait {
+                            Some(w) => {
+                                let acked = acknowledged(values.pop(), w);
+                                if let Some(s) = short {
+                                    s.note(&master, acked);
+                                }
+                                !acked
+                            }
+                            None => skip,
                         };
+                        if skip && let Some(s) = short {
+                            s.skipped.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        let short = fell_short.then_some(master);
                         let values = origins
                             .into_iter()
                             .zip(values.into_iter().map(Some))
