@@ -122,8 +122,14 @@ pub async fn follow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiResu
         })
         .await
         .context("inserting the friendship")?;
-    if let Some(staged) = outcome.1 {
-        cache.finish(db, staged).await;
+    match outcome {
+        (_, Some(staged)) => cache.finish(db, staged).await,
+        // The follow that made it may not have reached the cache yet (its process stopped
+        // after the commit): this answer promises it, so it shows everywhere now.
+        (Some(Followed::Duplicate), None) => {
+            crate::cache::outbox::settle(cache, db).await;
+        }
+        (_, None) => {}
     }
     outcome.0.ok_or(ApiError::Forbidden)
 }

@@ -191,6 +191,11 @@ pub async fn like(db: &PgPool, cache: &Cache, user: &User, target: Target) -> Ap
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the like")?;
     cache.finish(db, staged).await;
+    if !inserted {
+        // The like that made it may not have reached the cache yet (its process stopped
+        // after the commit): this answer promises it, so it shows everywhere now.
+        crate::cache::outbox::settle(cache, db).await;
+    }
     Ok(Like {
         user: user.clone(),
         created_at,

@@ -150,6 +150,9 @@ pub async fn retweet(
         Ok((record, _)) => (record, true),
         Err(ApiError::Detail(StatusCode::CONFLICT, _)) => {
             let existing = existing(db, user, id).await?.ok_or(ApiError::NotFound)?;
+            // The retweet that made it may not have reached the cache yet (its process
+            // stopped after the commit): this answer promises it, so it shows everywhere now.
+            crate::cache::outbox::settle(cache, db).await;
             (existing, false)
         }
         Err(e) => return Err(e),

@@ -92,6 +92,61 @@ pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
     }
 }
 
+/// Applies every outbox row that exists now, as the relay does, and waits for the rows another
+/// process is applying: what a write that found its effect already made (a follow, a like or
+/// a retweet asked for again) does before it answers. The write that made it may have committed
+/// on a process that stopped before its cache step (a client's retry on another process after
+/// a timeout is just that); the repeated write's answer promises its effect, so every process
+/// must show it from then on, not only once the relay takes the row (read-your-writes through a
+/// crash: found by the history checker's 10-minute run, seed 13287291949698396313). Rows of
+/// writes still in flight are applied twice, which is harmless (their repairs are late-safe).
+/// Returns whether every such row was applied (false: Redis or Postgres failed; the relay
+/// applies them later).
+pub async fn settle(cache: &Cache, db: &PgPool) -> bool {
+    if !cache.enabled() {
+        return true;
+    }
+    let upto: Result<Option<i64>, _> = sqlx::query_scalar("select max(id) from cache_outbox")
+        .fetch_one(db)
+        .await;
+    let upto = match upto {
+        Ok(Some(upto)) => upto,
+        Ok(None) => return true,
+        Err(e) => {
+            tracing::debug!(error = %e, "outbox not settled");
+            return false;
+        }
+    };
+    // Twice: the first pass skips rows another process's relay holds; waiting for their
+    // locks, then passing again, applies what that relay left (it failed, or kept them).
+    for pass in 0..2 {
+        if let Err(e) = relay_rows(cache, db, Duration::ZERO, None).await {
+            tracing::debug!(error = %e, "outbox not settled");
+            return false;
+        }
+        let held: sqlx::Result<Vec<i64>> = async {
+            let mut tx = db.begin().await?;
+            let left = sqlx::query_scalar("select id from cache_outbox where id <= $1 for update")
+                .bind(upto)
+                .fetch_all(&mut *tx)
+                .await?;
+            tx.rollback().await?;
+            Ok(left)
+        }
+        .await;
+        match held {
+            Ok(left) if left.is_empty() => return true,
+            Ok(_) if pass == 1 => return true, // applied, kept for a replica's acknowledgement
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "outbox not settled");
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// What a relay pass did: rows applied and deleted, rows applied and kept (a replica did not
 /// acknowledge them in time).
 #[derive(Debug, Default, Clone, Copy)]

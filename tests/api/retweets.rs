@@ -1644,3 +1644,57 @@ async fn a_replys_delete_locks_what_it_answers_before_any_newsfeed_row(db: PgPoo
     let answered = detail(&app, p, None).await;
     assert_eq!(answered["replies_count"], 0, "{answered}");
 }
+
+/// A write asked for again on another process after its first process stopped between the
+/// commit and the cache step (a client's retry after a timeout): the second answer (the
+/// existing retweet, like or follow) promises the write, so both processes show it at once,
+/// not only after the relay takes the first one's outbox row. Found by the history checker's
+/// 10-minute run (seed 13287291949698396313: "retweet … is not shown on node 1").
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_write_asked_again_after_its_process_stopped_shows_everywhere_at_once(db: PgPool) {
+    let (a, b) = two_processes(db).await;
+    let (olga, to) = a.quick_user("olga").await;
+    let (_, tf) = a.quick_user("fred").await;
+    let s = a.tweet(&to, "the status").await["id"].as_i64().unwrap();
+    a.drain().await;
+    let detail = format!("/api/tweets/{s}/");
+    // Both processes hold the tweet as fred sees it (counts and his liked set).
+    for app in [&a, &b] {
+        let d = app.get(&detail, Some(&tf)).await;
+        assert_eq!(d.body["has_retweeted"], false);
+        assert_eq!(d.body["has_liked"], false);
+    }
+
+    // Each write commits on `a`, whose process stops before the cache step; fred asks again
+    // on `b`.
+    let first = with_cache_steps_skipped(&a, retweet(&a, &tf, s)).await;
+    assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
+    let again = retweet(&b, &tf, s).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.body);
+    assert_eq!(again.body["id"], first.body["id"]);
+    let like = json!({"content_type": "tweet", "object_id": s});
+    let liked = with_cache_steps_skipped(&a, a.post("/api/likes/", Some(&tf), like.clone())).await;
+    assert_eq!(liked.status, StatusCode::CREATED, "{}", liked.body);
+    let again = b.post("/api/likes/", Some(&tf), like).await;
+    assert!(again.status.is_success(), "{}", again.body);
+    let (_, tg) = a.quick_user("gus").await;
+    let follow = format!("/api/friendships/{olga}/follow/");
+    let followed = with_cache_steps_skipped(&a, a.post(&follow, Some(&tg), json!({}))).await;
+    assert!(followed.status.is_success(), "{}", followed.body);
+    let again = b.post(&follow, Some(&tg), json!({})).await;
+    assert_eq!(again.body["duplicate"], true, "{}", again.body);
+
+    for (name, app) in [("a", &a), ("b", &b)] {
+        let d = app.get(&detail, Some(&tf)).await;
+        assert_eq!(d.body["has_retweeted"], true, "on {name}: {}", d.body);
+        assert_eq!(d.body["retweets_count"], 1, "on {name}: {}", d.body);
+        assert_eq!(d.body["has_liked"], true, "on {name}: {}", d.body);
+        assert_eq!(d.body["likes_count"], 1, "on {name}: {}", d.body);
+        let profile = app.get(&format!("/api/users/{olga}/"), None).await;
+        assert_eq!(
+            profile.body["followers_count"], 1,
+            "on {name}: {}",
+            profile.body
+        );
+    }
+}
