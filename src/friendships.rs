@@ -148,6 +148,10 @@ pub async fn unfollow(db: &PgPool, cache: &Cache, me: i64, target: i64) -> ApiRe
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the unfollow")?;
     cache.finish(db, staged).await;
+    if deleted == 0 {
+        // Asked for again: the unfollow that made it may not have reached the cache yet.
+        crate::cache::outbox::settle(cache, db).await;
+    }
     Ok(deleted)
 }
 

@@ -238,6 +238,10 @@ pub async fn cancel(db: &PgPool, cache: &Cache, user: i64, target: Target) -> Ap
     let staged = cache.stage(&mut tx, &updates).await?;
     tx.commit().await.context("committing the cancel")?;
     cache.finish(db, staged).await;
+    if deleted == 0 {
+        // Asked for again: the cancel that made it may not have reached the cache yet.
+        crate::cache::outbox::settle(cache, db).await;
+    }
     Ok(deleted)
 }
 

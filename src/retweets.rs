@@ -248,19 +248,21 @@ pub async fn unretweet(db: &PgPool, cache: &Cache, user: i64, id: i64) -> ApiRes
         .bind(id)
         .fetch_one(db)
         .await?;
-    let Some(retweet) = existing(db, user, id).await? else {
-        return if exists {
-            Ok(0)
-        } else {
-            Err(ApiError::NotFound)
-        };
+    let deleted = match existing(db, user, id).await? {
+        None if !exists => return Err(ApiError::NotFound),
+        None => 0,
+        Some(retweet) => match tweets::delete(db, cache, user, retweet.id).await {
+            Ok(_) => 1,
+            // Taken back meanwhile (a concurrent unretweet, or the original's delete).
+            Err(ApiError::NotFound) => 0,
+            Err(e) => return Err(e),
+        },
     };
-    match tweets::delete(db, cache, user, retweet.id).await {
-        Ok(_) => Ok(1),
-        // Taken back meanwhile (a concurrent unretweet, or the original's delete).
-        Err(ApiError::NotFound) => Ok(0),
-        Err(e) => Err(e),
+    if deleted == 0 {
+        // Asked for again: the undo that made it may not have reached the cache yet.
+        crate::cache::outbox::settle(cache, db).await;
     }
+    Ok(deleted)
 }
 
 /// For a retweet's delete, in its transaction right after the retweet's row lock and before

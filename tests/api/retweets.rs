@@ -1647,54 +1647,83 @@ async fn a_replys_delete_locks_what_it_answers_before_any_newsfeed_row(db: PgPoo
 
 /// A write asked for again on another process after its first process stopped between the
 /// commit and the cache step (a client's retry after a timeout): the second answer (the
-/// existing retweet, like or follow) promises the write, so both processes show it at once,
-/// not only after the relay takes the first one's outbox row. Found by the history checker's
+/// existing retweet, like or follow; `deleted: 0` for an undo) promises the write, so both
+/// processes show it at once, not only after the relay takes the first one's outbox row. Found by the history checker's
 /// 10-minute run (seed 13287291949698396313: "retweet … is not shown on node 1").
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_write_asked_again_after_its_process_stopped_shows_everywhere_at_once(db: PgPool) {
     let (a, b) = two_processes(db).await;
     let (olga, to) = a.quick_user("olga").await;
     let (_, tf) = a.quick_user("fred").await;
+    let (_, tg) = a.quick_user("gus").await;
     let s = a.tweet(&to, "the status").await["id"].as_i64().unwrap();
     a.drain().await;
     let detail = format!("/api/tweets/{s}/");
+    let profile = format!("/api/users/{olga}/");
+    // What both processes show: `field` of the tweet as fred sees it, or of olga's profile.
+    let shown = |field: &'static str, want: Value| {
+        let (a, b, detail, profile, tf) = (&a, &b, &detail, &profile, &tf);
+        async move {
+            for (name, app) in [("a", a), ("b", b)] {
+                let body = if field == "followers_count" {
+                    app.get(profile, None).await.body
+                } else {
+                    app.get(detail, Some(tf)).await.body
+                };
+                assert_eq!(body[field], want, "{field} on {name}: {body}");
+            }
+        }
+    };
     // Both processes hold the tweet as fred sees it (counts and his liked set).
-    for app in [&a, &b] {
-        let d = app.get(&detail, Some(&tf)).await;
-        assert_eq!(d.body["has_retweeted"], false);
-        assert_eq!(d.body["has_liked"], false);
-    }
+    shown("has_retweeted", json!(false)).await;
+    shown("has_liked", json!(false)).await;
+    shown("followers_count", json!(0)).await;
 
-    // Each write commits on `a`, whose process stops before the cache step; fred asks again
-    // on `b`.
+    // Each write commits on `a`, whose process stops before the cache step; it is asked for
+    // again on `b`, and after each answer both processes show it.
     let first = with_cache_steps_skipped(&a, retweet(&a, &tf, s)).await;
     assert_eq!(first.status, StatusCode::CREATED, "{}", first.body);
     let again = retweet(&b, &tf, s).await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.body);
     assert_eq!(again.body["id"], first.body["id"]);
+    shown("has_retweeted", json!(true)).await;
+    shown("retweets_count", json!(1)).await;
+
     let like = json!({"content_type": "tweet", "object_id": s});
     let liked = with_cache_steps_skipped(&a, a.post("/api/likes/", Some(&tf), like.clone())).await;
     assert_eq!(liked.status, StatusCode::CREATED, "{}", liked.body);
-    let again = b.post("/api/likes/", Some(&tf), like).await;
+    let again = b.post("/api/likes/", Some(&tf), like.clone()).await;
     assert!(again.status.is_success(), "{}", again.body);
-    let (_, tg) = a.quick_user("gus").await;
+    shown("has_liked", json!(true)).await;
+    shown("likes_count", json!(1)).await;
+
     let follow = format!("/api/friendships/{olga}/follow/");
     let followed = with_cache_steps_skipped(&a, a.post(&follow, Some(&tg), json!({}))).await;
     assert!(followed.status.is_success(), "{}", followed.body);
     let again = b.post(&follow, Some(&tg), json!({})).await;
     assert_eq!(again.body["duplicate"], true, "{}", again.body);
+    shown("followers_count", json!(1)).await;
 
-    for (name, app) in [("a", &a), ("b", &b)] {
-        let d = app.get(&detail, Some(&tf)).await;
-        assert_eq!(d.body["has_retweeted"], true, "on {name}: {}", d.body);
-        assert_eq!(d.body["retweets_count"], 1, "on {name}: {}", d.body);
-        assert_eq!(d.body["has_liked"], true, "on {name}: {}", d.body);
-        assert_eq!(d.body["likes_count"], 1, "on {name}: {}", d.body);
-        let profile = app.get(&format!("/api/users/{olga}/"), None).await;
-        assert_eq!(
-            profile.body["followers_count"], 1,
-            "on {name}: {}",
-            profile.body
-        );
-    }
+    // The undos likewise: the second answer (nothing left to delete) promises the undo.
+    let undone = with_cache_steps_skipped(&a, unretweet(&a, &tf, s)).await;
+    assert_eq!(undone.body["deleted"], 1, "{}", undone.body);
+    assert_eq!(unretweet(&b, &tf, s).await.body["deleted"], 0);
+    shown("has_retweeted", json!(false)).await;
+    shown("retweets_count", json!(0)).await;
+
+    let cancel = "/api/likes/cancel/";
+    let cancelled = with_cache_steps_skipped(&a, a.post(cancel, Some(&tf), like.clone())).await;
+    assert_eq!(cancelled.body["deleted"], 1, "{}", cancelled.body);
+    assert_eq!(b.post(cancel, Some(&tf), like).await.body["deleted"], 0);
+    shown("has_liked", json!(false)).await;
+    shown("likes_count", json!(0)).await;
+
+    let unfollow = format!("/api/friendships/{olga}/unfollow/");
+    let unfollowed = with_cache_steps_skipped(&a, a.post(&unfollow, Some(&tg), json!({}))).await;
+    assert_eq!(unfollowed.body["deleted"], 1, "{}", unfollowed.body);
+    assert_eq!(
+        b.post(&unfollow, Some(&tg), json!({})).await.body["deleted"],
+        0
+    );
+    shown("followers_count", json!(0)).await;
 }
