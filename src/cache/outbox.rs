@@ -92,59 +92,76 @@ pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
     }
 }
 
-/// Applies every outbox row that exists now, as the relay does, and waits for the rows another
-/// process is applying: what a write that found its effect already made (a follow, a like or
-/// a retweet asked for again) does before it answers. The write that made it may have committed
+/// How long [`settle`] waits for the writers of the rows it found to delete them themselves
+/// before it applies what is left.
+pub const SETTLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Makes every outbox row that exists now applied before it returns: what a write that found
+/// its effect already made (a follow, a like or a retweet asked for again; an undo with
+/// nothing left to delete) does before it answers. The write that made it may have committed
 /// on a process that stopped before its cache step (a client's retry on another process after
 /// a timeout is just that); the repeated write's answer promises its effect, so every process
-/// must show it from then on, not only once the relay takes the row (read-your-writes through a
-/// crash: found by the history checker's 10-minute run, seed 13287291949698396313). Rows of
-/// writes still in flight are applied twice, which is harmless (their repairs are late-safe).
-/// Returns whether every such row was applied (false: Redis or Postgres failed; the relay
-/// applies them later).
+/// must show it from then on, not only once the relay takes the row (read-your-writes through
+/// a crash: found by the history checker's 10-minute run, seed 13287291949698396313).
+///
+/// Most rows found belong to writes in flight, whose writers delete them within milliseconds:
+/// `settle` waits up to [`SETTLE_WAIT`] for those (one indexed read every 5 ms), then applies
+/// what is left as the relay does (late-safe repairs: a row whose writer is only slow is applied
+/// twice, harmlessly) and waits for rows another relay holds. With no row, one read. Returns
+/// whether every such row was applied (false: Redis or Postgres failed; the relay applies them
+/// later).
 pub async fn settle(cache: &Cache, db: &PgPool) -> bool {
     if !cache.enabled() {
         return true;
     }
-    let upto: Result<Option<i64>, _> = sqlx::query_scalar("select max(id) from cache_outbox")
-        .fetch_one(db)
-        .await;
-    let upto = match upto {
-        Ok(Some(upto)) => upto,
-        Ok(None) => return true,
+    match settle_rows(cache, db).await {
+        Ok(()) => true,
         Err(e) => {
             tracing::debug!(error = %e, "outbox not settled");
-            return false;
+            false
         }
+    }
+}
+
+async fn settle_rows(cache: &Cache, db: &PgPool) -> anyhow::Result<()> {
+    // At most a relay pass's worth: more rows than that mean the relay is behind (Redis was
+    // down), and the passes below take them all anyway.
+    let mut pending: Vec<i64> =
+        sqlx::query_scalar("select id from cache_outbox order by id limit 1000")
+            .fetch_all(db)
+            .await?;
+    let Some(&upto) = pending.last() else {
+        return Ok(());
     };
+    let started = std::time::Instant::now();
+    while !pending.is_empty() && pending.len() < 1000 && started.elapsed() < SETTLE_WAIT {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        pending = sqlx::query_scalar("select id from cache_outbox where id = any($1) order by id")
+            .bind(&pending)
+            .fetch_all(db)
+            .await?;
+    }
+    if pending.is_empty() {
+        return Ok(());
+    }
     // Twice: the first pass skips rows another process's relay holds; waiting for their
     // locks, then passing again, applies what that relay left (it failed, or kept them).
-    for pass in 0..2 {
-        if let Err(e) = relay_rows(cache, db, Duration::ZERO, None).await {
-            tracing::debug!(error = %e, "outbox not settled");
-            return false;
-        }
-        let held: sqlx::Result<Vec<i64>> = async {
-            let mut tx = db.begin().await?;
-            let left = sqlx::query_scalar("select id from cache_outbox where id <= $1 for update")
+    for _ in 0..2 {
+        relay_rows(cache, db, Duration::ZERO, None).await?;
+        let mut tx = db.begin().await?;
+        let left: Vec<i64> =
+            sqlx::query_scalar("select id from cache_outbox where id <= $1 for update")
                 .bind(upto)
                 .fetch_all(&mut *tx)
                 .await?;
-            tx.rollback().await?;
-            Ok(left)
-        }
-        .await;
-        match held {
-            Ok(left) if left.is_empty() => return true,
-            Ok(_) if pass == 1 => return true, // applied, kept for a replica's acknowledgement
-            Ok(_) => {}
-            Err(e) => {
-                tracing::debug!(error = %e, "outbox not settled");
-                return false;
-            }
+        tx.rollback().await?;
+        if left.is_empty() {
+            break;
         }
     }
-    true
+    // Rows still there were applied and kept for a replica's acknowledgement (see
+    // `super::conn`): Redis's master and every process's memory hold them.
+    Ok(())
 }
 
 /// What a relay pass did: rows applied and deleted, rows applied and kept (a replica did not
