@@ -1341,12 +1341,17 @@ async fn an_unfollow_shows_the_next_retweet_of_what_it_took_away(db: PgPool) {
     }
 }
 
-/// Waits (up to 10 s) until some transaction waits for a lock of `kind` (`pg_locks.locktype`;
-/// `None`: any).
+/// Waits (up to 10 s) until some transaction of this test's database waits for a lock of
+/// `kind` (`pg_locks.locktype`; `None`: any).
 async fn wait_for_lock_wait(db: &PgPool, kind: Option<&str>) {
     for _ in 0..1000 {
         let waiting: i64 = sqlx::query_scalar(
-            "select count(*) from pg_locks where not granted and ($1::text is null or locktype = $1)",
+            // This test's database only: `pg_locks` lists every database's, and a lock wait of
+            // a test running beside this one let the script go on before the undo waited (the
+            // test then hung in a cycle through its own script, seen under load).
+            "select count(*) from pg_locks l join pg_stat_activity a on a.pid = l.pid
+             where not l.granted and a.datname = current_database()
+               and ($1::text is null or l.locktype = $1)",
         )
         .bind(kind)
         .fetch_one(db)
