@@ -2,7 +2,8 @@
 //! `FeedManager` merge / unmerge): when a (timeline, source) pair begins, **backfill** copies
 //! the source's newest tweets into the timeline; when it ends, **unmerge** takes them out.
 //!
-//! Both steps of one pair take the same advisory lock and re-check the pair under it, so
+//! Both steps of one pair take the same advisory lock and re-check the pair under it (the
+//! unmerge once more in its delete: the pair's own writes do not take that lock), so
 //! begin / end / begin in any job order ends with the timeline matching the last state. The
 //! backfill's merge is guarded by the list's removal generation read under that lock; the
 //! unmerge stages its removal in the delete's transaction, so a crash after the commit (when a
@@ -45,7 +46,11 @@ pub struct Pair {
     /// The backfill's `insert … returning` [`ListEntry`] columns (`$3` = how many tweets; the
     /// arrival time is Postgres's `clock_timestamp()`).
     pub copy: &'static str,
-    /// The unmerge's `delete … returning` [`ListEntry`] columns.
+    /// The unmerge's `delete … returning` [`ListEntry`] columns. It deletes nothing if the pair
+    /// exists (`exists`, repeated in the delete): the unmerge's check and its delete are two
+    /// statements, and a pair begun again in between (a follow that came back while the
+    /// unmerge waited for a lock) would otherwise lose entries fanned out to it since, which
+    /// its backfill then brought back on top (a client's refresh returned them again).
     pub remove: &'static str,
     /// A newsfeed's: `select` of the statuses (tweets, by themselves or by a retweet) that the
     /// unmerge's rows show and that another entry may show next (a retweet by another

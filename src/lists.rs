@@ -561,6 +561,7 @@ fn membership(list: i64, member: i64) -> Pair {
                returning tweet_id as id, tweet_id, $2::bigint as author_id, created_at",
         remove: "delete from list_feeds f using tweets t
                  where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
+                   and not exists (select 1 from list_members where list_id = $1 and user_id = $2)
                  returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
         reveals: None,
         lock_source: None,

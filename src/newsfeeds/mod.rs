@@ -730,6 +730,7 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         remove: concat!(
             "delete from newsfeeds n using tweets t
              where n.user_id = $1 and t.user_id = $2 and n.tweet_id = t.id
+               and not exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)
              returning n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
             shift_column!()
         ),

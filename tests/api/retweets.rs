@@ -1732,3 +1732,77 @@ async fn a_write_asked_again_after_its_process_stopped_shows_everywhere_at_once(
     );
     shown("followers_count", json!(0)).await;
 }
+
+/// An unmerge decides "the friendship is gone" in the statement that deletes, not only in its
+/// check: a follow that came back while the unmerge waited between the two (here for a tweet
+/// it reveals, which the test holds) keeps every entry, also one fanned out after the follow.
+/// Before, the unmerge deleted the new entry too and the follow's backfill brought it back on
+/// top: a client that held it got it again from its refresh (the history checker's 10-minute
+/// run on 2026-11-29, at 138 s: a tweet twice on a user stream).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_unmerge_takes_nothing_once_the_follow_is_back(db: PgPool) {
+    let app = TestApp::new(db.clone()).await;
+    let (xan, tx) = app.quick_user("xan").await;
+    let (_, ty) = app.quick_user("yul").await;
+    let (_, tf) = app.quick_user("fay").await;
+    app.follow(&tf, xan).await;
+    let t1 = app
+        .tweet(&tx, "retweeted by someone fay does not follow")
+        .await["id"]
+        .as_i64()
+        .unwrap();
+    new_retweet(&app, &ty, t1).await;
+    app.drain().await;
+    let res = (app.post(
+        &format!("/api/friendships/{xan}/unfollow/"),
+        Some(&tf),
+        json!({}),
+    ))
+    .await;
+    assert!(res.status.is_success(), "{}", res.body);
+
+    // The tweet it would reveal held: the unmerge checks the friendship, then waits.
+    let mut held = db.begin().await.unwrap();
+    sqlx::query("select 1 from tweets where id = $1 for update")
+        .bind(t1)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let unmerge = app.drain();
+    let (app_, db_, tx_, tf_) = (&app, &db, &tx, &tf);
+    let script = async move {
+        let (app, db) = (app_, db_);
+        wait_for_lock_wait(db, None).await;
+        app.follow(tf_, xan).await;
+        let t2 = app.tweet(tx_, "after the follow").await["id"]
+            .as_i64()
+            .unwrap();
+        // Its fan-out runs beside the unmerge (the follow's backfill waits for the pair).
+        let backfill = app.drain();
+        let fanout = async {
+            wait_for_lock_wait(db, Some("advisory")).await;
+            app.drain().await;
+        };
+        let held_feed = async {
+            fanout.await;
+            let page = feed(app, tf_, 10).await;
+            held.commit().await.unwrap();
+            page
+        };
+        let (_, page) = futures_util::future::join(backfill, held_feed).await;
+        (t2, page)
+    };
+    let (_, (t2, page)) = futures_util::future::join(unmerge, script).await;
+    app.drain().await;
+    let shown: Vec<i64> = page.iter().map(|e| e.tweet).collect();
+    assert_eq!(shown, [t2, t1], "what the client holds: {page:?}");
+    for round in ["warm", "flushed"] {
+        let after = feed(&app, &tf, 10).await;
+        let places: Vec<_> = after.iter().map(Entry::place).collect();
+        let held: Vec<_> = page.iter().map(Entry::place).collect();
+        assert_eq!(places, held, "{round}: every entry stays where it was");
+        let refreshed = refresh(&app, &tf, &page[0].at).await;
+        assert!(refreshed.is_empty(), "{round}: {refreshed:?}");
+        app.flush_cache().await;
+    }
+}
