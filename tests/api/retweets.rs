@@ -1417,7 +1417,12 @@ async fn an_undo_meeting_a_new_retweeters_unfollow_tries_again(db: PgPool) {
         unfollow.commit().await.unwrap();
         by_cat
     };
-    let (undone, by_cat) = futures_util::future::join(undo, script).await;
+    // A broken assumption about the undo's lock order is a cycle through this script: fail
+    // instead of hanging (it once hung CI for 30 minutes).
+    let both = futures_util::future::join(undo, script);
+    let (undone, by_cat) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
+        .await
+        .expect("the undo and the script waited for each other");
     assert_eq!(undone.status, StatusCode::OK, "{}", undone.body);
     assert_eq!(undone.body["deleted"], 1, "{}", undone.body);
     app.drain().await;
@@ -1792,7 +1797,10 @@ async fn an_unmerge_takes_nothing_once_the_follow_is_back(db: PgPool) {
         let (_, page) = futures_util::future::join(backfill, held_feed).await;
         (t2, page)
     };
-    let (_, (t2, page)) = futures_util::future::join(unmerge, script).await;
+    let both = futures_util::future::join(unmerge, script);
+    let (_, (t2, page)) = tokio::time::timeout(std::time::Duration::from_secs(60), both)
+        .await
+        .expect("the unmerge and the script waited for each other");
     app.drain().await;
     let shown: Vec<i64> = page.iter().map(|e| e.tweet).collect();
     assert_eq!(shown, [t2, t1], "what the client holds: {page:?}");
