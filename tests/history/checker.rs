@@ -6,8 +6,9 @@
 //! private `redis-server`; seeded random actors post, edit, delete, follow, unfollow, like,
 //! unlike, retweet, undo retweets, rename, log out and read, each through a random process (a
 //! third of the posts go into one of two circles all of them joined, a quarter of the others
-//! reply to a tweet, and texts mention actors now and then), and keep a course front end's views (a
-//! newsfeed, one user's tweets and one circle's tweets: a first page, pull-to-refresh with
+//! reply to a tweet, and texts mention actors and carry one of two tags now and then), and keep
+//! a course front end's views (a newsfeed, one user's tweets, and one circle's or one tag's
+//! tweets: a first page, pull-to-refresh with
 //! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
 //! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
 //! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
@@ -233,6 +234,21 @@ enum Shown {
     UserTweets(i64),
     /// The tweets posted into a circle (entries are tweets).
     Circle(i64),
+    /// The tweets that carry the tag `TAGS[k]` (entries are tweets).
+    Tag(usize),
+}
+
+/// The hashtags posts carry now and then (`#h0`, `#h1`): few, so that their timelines fill.
+const TAGS: [&str; 2] = ["h0", "h1"];
+
+/// The ` #tag` words of a text (of [`TAGS`]), in order: an edit keeps them, so a tweet never
+/// gains a tag after its post (the tag timelines' late-arrival exception, decision 0024, is
+/// not the contract this checks).
+fn tags_in(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| w.strip_prefix('#').is_some_and(|t| TAGS.contains(&t)))
+        .map(|w| format!(" {w}"))
+        .collect()
 }
 
 impl Shown {
@@ -241,6 +257,7 @@ impl Shown {
             Shown::Newsfeed => "/api/newsfeeds/?".to_owned(),
             Shown::UserTweets(u) => format!("/api/tweets/?user_id={u}&"),
             Shown::Circle(c) => format!("/api/circles/{c}/tweets/?"),
+            Shown::Tag(k) => format!("/api/hashtags/{}/tweets/?", TAGS[k]),
         }
     }
 
@@ -377,7 +394,13 @@ impl World {
     /// No old text: each tweet of a page or detail read through `node` that `started` at that
     /// instant shows the text of the newest edit answered before it, or a later one.
     fn check_texts(&self, node: usize, uri: &str, body: &Value, started: Instant) {
-        if !(uri.starts_with("/api/tweets/") || uri.starts_with("/api/newsfeeds/")) {
+        let pages = [
+            "/api/tweets/",
+            "/api/newsfeeds/",
+            "/api/circles/",
+            "/api/hashtags/",
+        ];
+        if !pages.iter().any(|p| uri.starts_with(p)) {
             return;
         }
         let mut tweets: Vec<&Value> = match body.get("results").and_then(Value::as_array) {
@@ -672,8 +695,13 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
     .fetch_one(&db)
     .await
     .unwrap_or_default();
+    let tagged: i64 = sqlx::query_scalar("select count(distinct tweet_id) from tweet_hashtags")
+        .fetch_one(&db)
+        .await
+        .unwrap_or_default();
     eprintln!(
-        "history checker: seed {seed}: {} tweets standing in {} circles, by {} authors",
+        "history checker: seed {seed}: {} tweets standing in {} circles, by {} authors; \
+         {tagged} with a tag",
         circle_tweets.0,
         world.circles.len(),
         circle_tweets.1
@@ -1279,11 +1307,15 @@ fn other(node: usize) -> usize {
 }
 
 async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
+    let tag = rng
+        .random_bool(0.3)
+        .then(|| rng.random_range(0..TAGS.len()));
     let content = format!(
-        "{} says {}{}",
+        "{} says {}{}{}",
         me.name,
         rng.random_range(0..1_000_000),
-        mentions(world, rng)
+        mentions(world, rng),
+        tag.map(|k| format!(" #{}", TAGS[k])).unwrap_or_default()
     );
     // A third of the posts go into a circle; a quarter of the others reply to a tweet.
     let circle = rng
@@ -1361,6 +1393,7 @@ async fn post(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
             Some((Shown::UserTweets(me.id), None)),
             Some((Shown::Newsfeed, Some(me.token.as_str()))),
             circle.map(|c| (Shown::Circle(c), None)),
+            tag.map(|k| (Shown::Tag(k), None)),
         ];
         for (shown, token) in views.into_iter().flatten() {
             if !listed_since(world, me.index, there, shown, token, &before, id).await {
@@ -1450,7 +1483,7 @@ async fn edit(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     }
     let id = me.tweets[rng.random_range(0..me.tweets.len())];
     me.nickname_seq += 1;
-    let content = format!(
+    let mut content = format!(
         "{} edits {id} ({}){}",
         me.name,
         me.nickname_seq,
@@ -1459,6 +1492,9 @@ async fn edit(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     let version = match world.texts.lock() {
         Ok(mut texts) => {
             let versions = texts.entry(id).or_default();
+            if let Some((first, _)) = versions.first() {
+                content.push_str(&tags_in(first));
+            }
             versions.push((content.clone(), None));
             versions.len() - 1
         }
@@ -1944,8 +1980,11 @@ async fn read_tweets(world: &World, me: &mut Actor, node: usize, rng: &mut StdRn
 
 async fn read_circle(world: &World, me: &mut Actor, node: usize, rng: &mut StdRng) {
     let kept = me.circle_view.take();
-    let pick =
-        |rng: &mut StdRng| Shown::Circle(world.circles[rng.random_range(0..world.circles.len())]);
+    // A circle's tweets, or a tag's (both are tweets of many authors in one order).
+    let pick = |rng: &mut StdRng| match rng.random_range(0..world.circles.len() + TAGS.len()) {
+        k if k < world.circles.len() => Shown::Circle(world.circles[k]),
+        k => Shown::Tag(k - world.circles.len()),
+    };
     let token = me.token.clone();
     me.circle_view = Some(step_kept(world, me.index, node, kept, pick, Some(&token), rng).await);
 }
@@ -2095,6 +2134,13 @@ async fn tweets_between(
                and ($3::timestamptz is null or created_at <= $3)",
             circle,
         ),
+        // `TAGS[k]` is `h{k}`.
+        Shown::Tag(k) => (
+            "select t.id, t.id from tweet_hashtags th join tweets t on t.id = th.tweet_id
+             where th.hashtag_id = (select id from hashtags where name = 'h' || $1::bigint)
+               and th.created_at >= $2 and ($3::timestamptz is null or th.created_at <= $3)",
+            i64::try_from(k).ok()?,
+        ),
     };
     Some(
         sqlx::query_as(query)
@@ -2107,7 +2153,8 @@ async fn tweets_between(
     )
 }
 
-/// **None missed, at any time**, for a view whose entries are tweets (a user's or a circle's):
+/// **None missed, at any time**, for a view whose entries are tweets (a user's, a circle's or a
+/// tag's):
 /// they become visible in the order of their times, so every tweet from the oldest to the
 /// newest the view holds that Postgres has now had committed by the view's last read, and the
 /// view holds it (one deleted since is simply gone). Checked whenever a view is dropped (a
