@@ -54,11 +54,18 @@ pub struct HashPool {
     pub peak: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+impl Default for HashPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl HashPool {
     /// Hashes that may wait per core.
     pub const QUEUE_PER_CORE: usize = 16;
 
-    fn new() -> Self {
+    /// A pool of one hash per core, with [`HashPool::QUEUE_PER_CORE`] waiting per core.
+    pub fn new() -> Self {
         let cores = std::thread::available_parallelism().map_or(2, std::num::NonZero::get);
         HashPool {
             permits: tokio::sync::Semaphore::new(cores),
@@ -110,11 +117,8 @@ impl HashPool {
     }
 }
 
-/// This process's [`HashPool`] (memory is per process, so is the bound).
-pub static HASHING: LazyLock<HashPool> = LazyLock::new(HashPool::new);
-
-async fn hash_password(password: String) -> ApiResult<String> {
-    HASHING
+async fn hash_password(hashing: &HashPool, password: String) -> ApiResult<String> {
+    hashing
         .run(move || {
             let salt = SaltString::generate(&mut OsRng);
             Argon2::default()
@@ -127,8 +131,12 @@ async fn hash_password(password: String) -> ApiResult<String> {
 }
 
 /// Verifies `password` against `hash`, or against [`DUMMY_HASH`] when there is none.
-async fn verify_password(password: String, hash: Option<String>) -> ApiResult<bool> {
-    HASHING
+async fn verify_password(
+    hashing: &HashPool,
+    password: String,
+    hash: Option<String>,
+) -> ApiResult<bool> {
+    hashing
         .run(move || {
             let hash = hash.as_deref().unwrap_or(DUMMY_HASH.as_str());
             match PasswordHash::new(hash) {
@@ -159,17 +167,19 @@ pub async fn issue_token(db: &PgPool, user_id: i64) -> sqlx::Result<String> {
     Ok(token)
 }
 
-/// Creates an account (inputs already validated; the username lowercase) and a token.
+/// Creates an account (inputs already validated; the username lowercase) and a token; the
+/// password is hashed on `hashing`, the process's pool ([`crate::state::Shared::hashing`]).
 ///
 /// # Errors
-/// 400 naming the field if the username or email is taken.
+/// 400 naming the field if the username or email is taken; 503 if `hashing`'s queue is full.
 pub async fn signup(
     db: &PgPool,
+    hashing: &HashPool,
     username: &str,
     email: &str,
     password: String,
 ) -> ApiResult<(User, String)> {
-    let hash = hash_password(password).await?;
+    let hash = hash_password(hashing, password).await?;
     let inserted = sqlx::query_as::<_, UserRecord>(
         "insert into users (username, email, password_hash) values ($1, $2, $3)
          returning id, username, nickname, avatar_url, version, created_at",
@@ -208,18 +218,25 @@ struct Credentials {
     password_hash: String,
 }
 
-/// Checks a username and password and issues a token.
+/// Checks a username and password (on `hashing`, the process's pool) and issues a token.
 ///
 /// # Errors
-/// 400 "username and password does not match" for any wrong pair.
-pub async fn login(db: &PgPool, username: &str, password: String) -> ApiResult<(User, String)> {
+/// 400 "username and password does not match" for any wrong pair; 503 if `hashing`'s queue is
+/// full.
+pub async fn login(
+    db: &PgPool,
+    hashing: &HashPool,
+    username: &str,
+    password: String,
+) -> ApiResult<(User, String)> {
     let row: Option<Credentials> = sqlx::query_as(
         "select id, username, nickname, avatar_url, password_hash from users where username = $1",
     )
     .bind(username.to_lowercase())
     .fetch_optional(db)
     .await?;
-    let matches = verify_password(password, row.as_ref().map(|r| r.password_hash.clone())).await?;
+    let hash = row.as_ref().map(|r| r.password_hash.clone());
+    let matches = verify_password(hashing, password, hash).await?;
     match row {
         Some(c) if matches => {
             let token = issue_token(db, c.id).await?;

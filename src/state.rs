@@ -46,6 +46,9 @@ pub struct Shared {
     pub shutdown: Arc<watch::Sender<bool>>,
     /// The per-process rate limiter used while Redis is down.
     pub limiter: Arc<LocalGcra>,
+    /// The bounded pool every password hash (signup, login) runs on: its bound is this
+    /// process's cores and memory.
+    pub hashing: crate::accounts::HashPool,
     /// Clients whose token lookups this process refuses for now (failed authentications).
     pub refused: crate::http::limits::Refused,
     /// `/healthz`'s probe of Postgres and Redis, run at most once per interval.
@@ -128,6 +131,7 @@ impl AppState {
             media: Media::new(&config)?,
             config: Arc::new(config),
             limiter: Arc::new(LocalGcra::default()),
+            hashing: crate::accounts::HashPool::new(),
             refused: crate::http::limits::Refused::default(),
             health: crate::http::health::Probe::default(),
             streams,

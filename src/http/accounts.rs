@@ -80,7 +80,8 @@ async fn signup(
     let (username, email, password) =
         accounts::validate_signup(username, email, password, &mut errors)
             .ok_or(ApiError::Validation(errors))?;
-    let (user, token) = accounts::signup(&state.db, &username, &email, password).await?;
+    let (user, token) =
+        accounts::signup(&state.db, &state.hashing, &username, &email, password).await?;
     // Known to Redis from the start (also to a client over its failed-authentication limit).
     state
         .cache
@@ -116,13 +117,14 @@ async fn login(State(state): State<AppState>, fields: Fields) -> ApiResult<Respo
     if let Some(too_many) = limits::login_refused(&state, &subject) {
         return Ok(too_many);
     }
-    let (user, token) = match accounts::login(&state.db, username.trim(), password).await {
-        Ok(found) => found,
-        Err(e @ ApiError::BadRequest(_)) => {
-            return Ok(limits::login_failed(&state, &subject, e).await);
-        }
-        Err(e) => return Err(e),
-    };
+    let (user, token) =
+        match accounts::login(&state.db, &state.hashing, username.trim(), password).await {
+            Ok(found) => found,
+            Err(e @ ApiError::BadRequest(_)) => {
+                return Ok(limits::login_failed(&state, &subject, e).await);
+            }
+            Err(e) => return Err(e),
+        };
     state
         .cache
         .put_token(&accounts::hash_token(&token), user.id)
