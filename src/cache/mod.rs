@@ -177,6 +177,9 @@ struct Inner {
     extensions: Arc<tokio::sync::Semaphore>,
     stats: Stats,
     after_commit: Mutex<AfterCommit>,
+    /// A test hook: the subscriber connection to the cluster master at this address goes to
+    /// this URL instead (a fault proxy in front of it; [`Cache::route_subscriber`]).
+    subscriber_route: Mutex<Option<((String, u16), String)>>,
     /// Tweet and user objects in this process's memory ([`near`]).
     objects: Arc<near::Near<held::NearId, held::NearObject>>,
     /// The tweets of the timeline pages this process served last ([`pages`]).
@@ -272,6 +275,7 @@ impl Cache {
                 )),
                 stats: Stats::default(),
                 after_commit: Mutex::new(AfterCommit::Apply),
+                subscriber_route: Mutex::new(None),
                 objects: near::Near::new(
                     held::OBJECTS_TOPIC,
                     Duration::from_secs(config.object_cache_secs),
@@ -348,6 +352,20 @@ impl Cache {
     pub fn set_after_commit(&self, mode: AfterCommit) {
         if let Some(inner) = &self.inner {
             *inner.after_commit.lock().unwrap_or_else(|p| p.into_inner()) = mode;
+        }
+    }
+
+    /// Sends the subscriber connection, from its next connect on, to `via` (a `redis://` URL)
+    /// whenever the `{bus}` slot's master is at `master` (`(host, port)`): a test hook that
+    /// puts a fault proxy in front of the one connection of a cluster process that pub/sub
+    /// faults break. One Redis: no effect (point `CHIRP_REDIS_URL` at the proxy instead).
+    #[doc(hidden)]
+    pub fn route_subscriber(&self, master: (String, u16), via: String) {
+        if let Some(inner) = &self.inner {
+            *inner
+                .subscriber_route
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some((master, via));
         }
     }
 

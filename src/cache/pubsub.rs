@@ -47,6 +47,12 @@ impl Cache {
                 let master = tokio::time::timeout(inner.timeout * 5, lookup)
                     .await
                     .ok()??;
+                let route = (inner.subscriber_route.lock())
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone();
+                if let Some((_, via)) = route.filter(|(at, _)| *at == master.addr) {
+                    return redis::Client::open(via).ok();
+                }
                 let (host, port) = master.addr;
                 redis::Client::open(format!("redis://{host}:{port}/")).ok()
             }

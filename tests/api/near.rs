@@ -742,6 +742,68 @@ async fn a_stalled_subscription_stops_its_process_answering_from_memory(db: PgPo
     assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
 }
 
+/// Review of 2026-11-26, finding 1(a), on the Redis Cluster (`scripts/test --cluster`; one
+/// server: the test above): `b`'s subscription, on the master of the `{bus}` slot, goes
+/// half-open behind a proxy (`Cache::route_subscriber`). As on one server, writes on `a` are
+/// seen on `b` the moment they answer (they wait for `b`'s acknowledgement or its lease), `b`'s
+/// lease runs out, and `b` subscribes again and holds a new lease once the proxy passes again.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_from_memory(
+    db: PgPool,
+) {
+    let a = TestApp::with(db.clone(), |c| c.near_lease_ms = 300).await;
+    if a.state.config.redis_cluster.is_empty() {
+        return; // one server: a_half_open_subscription_stops_its_process_answering_from_memory
+    }
+    let prefix = a.prefix.clone();
+    let b = TestApp::with(db, |c| {
+        c.redis_prefix = prefix;
+        c.near_lease_ms = 300;
+    })
+    .await;
+    // Every process subscribes on the master of the `{bus}` slot: b through a proxy, from its
+    // first subscription on (it starts on first use).
+    let channel = b.state.cache.topic("objects").expect("cache on");
+    let mut redis = b.redis().await;
+    let slot = redis
+        .slot_of(&channel)
+        .await
+        .expect("slot")
+        .expect("cluster");
+    let masters = redis.masters().await.expect("masters").expect("cluster");
+    let master = (masters.iter().find(|m| m.serves(slot)))
+        .expect("a master")
+        .addr
+        .clone();
+    let proxy = Proxy::to(&format!("redis://{}:{}/", master.0, master.1)).await;
+    b.state.cache.route_subscriber(master, proxy.url());
+    let (alice, token) = a.signup("alice").await;
+    let id = a.tweet(&token, "held by b").await["id"]
+        .as_i64()
+        .expect("tweet id");
+    held_in_memory(&b, &format!("/api/tweets/{id}/")).await;
+    read_until_held(
+        &b,
+        &format!("/api/tweets/?user_id={alice}"),
+        NearId::Counts(id),
+    )
+    .await;
+    token_held_in_memory(&b, &token).await;
+    let term = b.state.subscriber.lease().term();
+
+    proxy.set_pubsub(PubSub::HalfOpen);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(b.state.subscriber.subscribed(), "b was told nothing");
+    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
+    proxy.set_pubsub(PubSub::Pass);
+    eventually("b holds a new lease", async || {
+        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        let lease = b.state.subscriber.lease();
+        lease.held() && lease.term() > term
+    })
+    .await;
+}
+
 /// Review of 2026-11-26, finding 2: a write whose own Redis step fails (here `a` is cut off
 /// from Redis) answered at once, and `b` served the old values from memory until a relay took
 /// the row 5 s later. Now `a` hands the row to every process through Postgres; `b`'s monitor
