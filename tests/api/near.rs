@@ -742,18 +742,16 @@ async fn a_stalled_subscription_stops_its_process_answering_from_memory(db: PgPo
     assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
 }
 
-/// Review of 2026-11-26, finding 1(a), on the Redis Cluster (`scripts/test --cluster`; one
-/// server: the test above): `b`'s subscription, on the master of the `{bus}` slot, goes
-/// half-open behind a proxy (`Cache::route_subscriber`). As on one server, writes on `a` are
-/// seen on `b` the moment they answer (they wait for `b`'s acknowledgement or its lease), `b`'s
-/// lease runs out, and `b` subscribes again and holds a new lease once the proxy passes again.
-#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_from_memory(
+/// Review of 2026-11-26, findings 1(a) and 1(b), on the Redis Cluster (`scripts/test
+/// --cluster`): `a` and `b` as [`b_behind_a_proxy`] sets them up, but `b` reaches the cluster
+/// directly and only its subscriber connection, to the master of the `{bus}` slot, goes through
+/// `proxy` (`Cache::route_subscriber`). `None` on one server (the tests above cover it).
+async fn b_subscribed_through_a_proxy_on_the_cluster(
     db: PgPool,
-) {
+) -> Option<(TestApp, TestApp, Proxy, i64, String, i64)> {
     let a = TestApp::with(db.clone(), |c| c.near_lease_ms = 300).await;
     if a.state.config.redis_cluster.is_empty() {
-        return; // one server: a_half_open_subscription_stops_its_process_answering_from_memory
+        return None;
     }
     let prefix = a.prefix.clone();
     let b = TestApp::with(db, |c| {
@@ -761,8 +759,8 @@ async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_fro
         c.near_lease_ms = 300;
     })
     .await;
-    // Every process subscribes on the master of the `{bus}` slot: b through a proxy, from its
-    // first subscription on (it starts on first use).
+    // Every process subscribes on the master of the `{bus}` slot: b through the proxy, from
+    // its first subscription on (it starts on first use).
     let channel = b.state.cache.topic("objects").expect("cache on");
     let mut redis = b.redis().await;
     let slot = redis
@@ -789,8 +787,23 @@ async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_fro
     )
     .await;
     token_held_in_memory(&b, &token).await;
-    let term = b.state.subscriber.lease().term();
+    Some((a, b, proxy, alice, token, id))
+}
 
+/// Finding 1(a) on the Cluster: `b`'s subscription goes half-open. As on one server, writes on
+/// `a` are seen on `b` the moment they answer (they wait for `b`'s acknowledgement or its
+/// lease), `b`'s lease runs out, and `b` subscribes again and holds a new lease once the proxy
+/// passes again.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_from_memory(
+    db: PgPool,
+) {
+    let Some((a, b, proxy, alice, token, id)) =
+        b_subscribed_through_a_proxy_on_the_cluster(db).await
+    else {
+        return; // one server: a_half_open_subscription_stops_its_process_answering_from_memory
+    };
+    let term = b.state.subscriber.lease().term();
     proxy.set_pubsub(PubSub::HalfOpen);
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     assert!(b.state.subscriber.subscribed(), "b was told nothing");
@@ -802,6 +815,31 @@ async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_fro
         lease.held() && lease.term() > term
     })
     .await;
+}
+
+/// Finding 1(b) on the Cluster: `b`'s subscription stalls (the master still counts it, `b`
+/// hears nothing). Writes on `a` wait at most `b`'s lease and are seen on `b` at once; when the
+/// stall ends `b` hears the evictions before the heartbeat that renews its lease.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn on_the_cluster_a_stalled_subscription_stops_its_process_answering_from_memory(db: PgPool) {
+    let Some((a, b, proxy, alice, token, id)) =
+        b_subscribed_through_a_proxy_on_the_cluster(db).await
+    else {
+        return; // one server: a_stalled_subscription_stops_its_process_answering_from_memory
+    };
+    let term = b.state.subscriber.lease().term();
+    proxy.set_pubsub(PubSub::Stall);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
+    proxy.set_pubsub(PubSub::Pass);
+    eventually("b holds a new lease", async || {
+        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        let lease = b.state.subscriber.lease();
+        lease.held() && lease.term() > term
+    })
+    .await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
 }
 
 /// Review of 2026-11-26, finding 2: a write whose own Redis step fails (here `a` is cut off
