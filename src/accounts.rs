@@ -43,6 +43,7 @@ static DUMMY_HASH: LazyLock<String> = LazyLock::new(|| {
 /// most one hash per core runs at once ([`HashPool::running`]), at most
 /// [`HashPool::QUEUE_PER_CORE`] per core wait, and a login or signup past that is a 503 with
 /// `Retry-After: 1` (OWASP's password storage guidance: bound the work factor's concurrency).
+/// One per app, that is per process ([`crate::state::Shared::hashing`]).
 pub struct HashPool {
     permits: tokio::sync::Semaphore,
     waiting: std::sync::atomic::AtomicUsize,
