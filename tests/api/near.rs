@@ -638,19 +638,26 @@ async fn b_behind_a_proxy(
         c.near_lease_ms = 300;
     })
     .await;
+    let (alice, token, id) = alice_held_in_memory_of_b(&a, &b).await;
+    (a, b, alice, token, id)
+}
+
+/// Alice signs up and tweets on `a`; `b` holds her token, her tweet and its counters in memory.
+/// Returns `(alice, her token, the tweet)`.
+async fn alice_held_in_memory_of_b(a: &TestApp, b: &TestApp) -> (i64, String, i64) {
     let (alice, token) = a.signup("alice").await;
     let id = a.tweet(&token, "held by b").await["id"]
         .as_i64()
         .expect("tweet id");
-    held_in_memory(&b, &format!("/api/tweets/{id}/")).await;
+    held_in_memory(b, &format!("/api/tweets/{id}/")).await;
     read_until_held(
-        &b,
+        b,
         &format!("/api/tweets/?user_id={alice}"),
         NearId::Counts(id),
     )
     .await;
-    token_held_in_memory(&b, &token).await;
-    (a, b, alice, token, id)
+    token_held_in_memory(b, &token).await;
+    (alice, token, id)
 }
 
 /// A like, a logout and a delete on `a` are seen on `b` the moment they answer, whatever
@@ -699,6 +706,57 @@ async fn writes_on_a_are_seen_at_once_on_b(
     );
 }
 
+/// `b`'s subscription (through `proxy`) goes half-open: Redis drops it and `b` is told nothing.
+/// Writes on `a` are seen on `b` at once; `b` notices the silence, subscribes again and holds a
+/// new lease (a higher term) once the proxy passes again.
+async fn half_open_then_back(
+    a: &TestApp,
+    b: &TestApp,
+    proxy: &Proxy,
+    alice: i64,
+    token: &str,
+    id: i64,
+) {
+    let term = b.state.subscriber.lease().term();
+    proxy.set_pubsub(PubSub::HalfOpen);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert!(b.state.subscriber.subscribed(), "b was told nothing");
+    writes_on_a_are_seen_at_once_on_b(a, b, alice, token, id).await;
+    proxy.set_pubsub(PubSub::Pass);
+    lease_back(b, alice, term).await;
+}
+
+/// `b`'s subscription (through `proxy`) stalls: Redis still counts it, `b` hears nothing.
+/// Writes on `a` wait at most `b`'s lease and are seen on `b` at once; when the stall ends `b`
+/// holds a new lease, and what it hears came in order (the like's eviction before the renewal).
+async fn stalled_then_back(
+    a: &TestApp,
+    b: &TestApp,
+    proxy: &Proxy,
+    alice: i64,
+    token: &str,
+    id: i64,
+) {
+    let term = b.state.subscriber.lease().term();
+    proxy.set_pubsub(PubSub::Stall);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    writes_on_a_are_seen_at_once_on_b(a, b, alice, token, id).await;
+    proxy.set_pubsub(PubSub::Pass);
+    lease_back(b, alice, term).await;
+    let listing = format!("/api/tweets/?user_id={alice}");
+    assert_eq!(count_on_page(b, &listing, id, "likes_count").await, 1);
+}
+
+/// Waits until `b` holds a lease of a later term than `term` (granted after its lapse).
+async fn lease_back(b: &TestApp, alice: i64, term: u64) {
+    eventually("b holds a new lease", async || {
+        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        let lease = b.state.subscriber.lease();
+        lease.held() && lease.term() > term
+    })
+    .await;
+}
+
 /// Review of 2026-11-26, finding 1(a): `b`'s subscription dies silently (Redis dropped it, `b`
 /// was told nothing), so `PUBLISH` no longer counts `b` and writers waited for nobody, while
 /// `b` kept answering from memory for up to 60 s (a revoked token accepted). Now `b`'s lease
@@ -708,17 +766,7 @@ async fn writes_on_a_are_seen_at_once_on_b(
 async fn a_half_open_subscription_stops_its_process_answering_from_memory(db: PgPool) {
     let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
     let (a, b, alice, token, id) = b_behind_a_proxy(db, &direct, &proxy).await;
-    proxy.set_pubsub(PubSub::HalfOpen);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(b.state.subscriber.subscribed(), "b was told nothing");
-    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
-    // b notices the silence, subscribes again and trusts its memory once its lease is back.
-    proxy.set_pubsub(PubSub::Pass);
-    eventually("b holds a lease again", async || {
-        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
-        b.state.subscriber.lease().held()
-    })
-    .await;
+    half_open_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
 /// Review of 2026-11-26, finding 1(b): `b`'s subscription stalls (Redis still counts it, `b`
@@ -729,17 +777,7 @@ async fn a_half_open_subscription_stops_its_process_answering_from_memory(db: Pg
 async fn a_stalled_subscription_stops_its_process_answering_from_memory(db: PgPool) {
     let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
     let (a, b, alice, token, id) = b_behind_a_proxy(db, &direct, &proxy).await;
-    proxy.set_pubsub(PubSub::Stall);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
-    proxy.set_pubsub(PubSub::Pass);
-    eventually("b holds a lease again", async || {
-        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
-        b.state.subscriber.lease().held()
-    })
-    .await;
-    let listing = format!("/api/tweets/?user_id={alice}");
-    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+    stalled_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
 /// Review of 2026-11-26, findings 1(a) and 1(b), on the Redis Cluster (`scripts/test
@@ -775,18 +813,7 @@ async fn b_subscribed_through_a_proxy_on_the_cluster(
         .clone();
     let proxy = Proxy::to(&format!("redis://{}:{}/", master.0, master.1)).await;
     b.state.cache.route_subscriber(master, proxy.url());
-    let (alice, token) = a.signup("alice").await;
-    let id = a.tweet(&token, "held by b").await["id"]
-        .as_i64()
-        .expect("tweet id");
-    held_in_memory(&b, &format!("/api/tweets/{id}/")).await;
-    read_until_held(
-        &b,
-        &format!("/api/tweets/?user_id={alice}"),
-        NearId::Counts(id),
-    )
-    .await;
-    token_held_in_memory(&b, &token).await;
+    let (alice, token, id) = alice_held_in_memory_of_b(&a, &b).await;
     Some((a, b, proxy, alice, token, id))
 }
 
@@ -803,18 +830,7 @@ async fn on_the_cluster_a_half_open_subscription_stops_its_process_answering_fro
     else {
         return; // one server: a_half_open_subscription_stops_its_process_answering_from_memory
     };
-    let term = b.state.subscriber.lease().term();
-    proxy.set_pubsub(PubSub::HalfOpen);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    assert!(b.state.subscriber.subscribed(), "b was told nothing");
-    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
-    proxy.set_pubsub(PubSub::Pass);
-    eventually("b holds a new lease", async || {
-        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
-        let lease = b.state.subscriber.lease();
-        lease.held() && lease.term() > term
-    })
-    .await;
+    half_open_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
 /// Finding 1(b) on the Cluster: `b`'s subscription stalls (the master still counts it, `b`
@@ -827,19 +843,7 @@ async fn on_the_cluster_a_stalled_subscription_stops_its_process_answering_from_
     else {
         return; // one server: a_stalled_subscription_stops_its_process_answering_from_memory
     };
-    let term = b.state.subscriber.lease().term();
-    proxy.set_pubsub(PubSub::Stall);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    writes_on_a_are_seen_at_once_on_b(&a, &b, alice, &token, id).await;
-    proxy.set_pubsub(PubSub::Pass);
-    eventually("b holds a new lease", async || {
-        let _ = b.get(&format!("/api/tweets/?user_id={alice}"), None).await;
-        let lease = b.state.subscriber.lease();
-        lease.held() && lease.term() > term
-    })
-    .await;
-    let listing = format!("/api/tweets/?user_id={alice}");
-    assert_eq!(count_on_page(&b, &listing, id, "likes_count").await, 1);
+    stalled_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
 /// Review of 2026-11-26, finding 2: a write whose own Redis step fails (here `a` is cut off
