@@ -543,6 +543,14 @@ pub async fn fanout(
     }
 }
 
+/// The membership's row (`$2` is in list `$1`): the pair exists while it does. Both the check
+/// and the unmerge's delete ask it ([`Pair::remove`]).
+macro_rules! membership_row {
+    () => {
+        "select 1 from list_members where list_id = $1 and user_id = $2"
+    };
+}
+
 /// The (list timeline, member) pair of a membership, for [`fanout::backfill`] and
 /// [`fanout::unmerge`].
 fn membership(list: i64, member: i64) -> Pair {
@@ -552,17 +560,21 @@ fn membership(list: i64, member: i64) -> Pair {
         source: member,
         lock: "list-member",
         pull_clock: false,
-        exists: "select exists (select 1 from list_members where list_id = $1 and user_id = $2)",
+        exists: concat!("select exists (", membership_row!(), ")"),
         head: None,
         copy: "insert into list_feeds (list_id, tweet_id, created_at, arrived_at)
                select $1, t.id, t.created_at, clock_timestamp() from tweets t
                where t.user_id = $2 order by t.created_at desc limit $3
                on conflict (list_id, created_at) do update set tweet_id = excluded.tweet_id
                returning tweet_id as id, tweet_id, $2::bigint as author_id, created_at",
-        remove: "delete from list_feeds f using tweets t
-                 where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
-                   and not exists (select 1 from list_members where list_id = $1 and user_id = $2)
-                 returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at",
+        remove: concat!(
+            "delete from list_feeds f using tweets t
+             where f.list_id = $1 and t.user_id = $2 and f.tweet_id = t.id
+               and not exists (",
+            membership_row!(),
+            ")
+             returning f.tweet_id as id, f.tweet_id, t.user_id as author_id, f.created_at"
+        ),
         reveals: None,
         lock_source: None,
     }

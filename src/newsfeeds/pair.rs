@@ -25,6 +25,14 @@ macro_rules! backfill_source {
     };
 }
 
+/// The friendship's row (`$1` follows `$2`): the pair exists while it does. Both the check
+/// and the unmerge's delete ask it ([`Pair::remove`]).
+macro_rules! friendship_row {
+    () => {
+        "select 1 from friendships where from_user_id = $1 and to_user_id = $2"
+    };
+}
+
 /// The (newsfeed, followee) pair of a friendship, for [`fanout::backfill`] and
 /// [`fanout::unmerge`].
 fn friendship(follower: i64, followee: i64) -> Pair {
@@ -34,7 +42,7 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         source: followee,
         lock: "newsfeed-pair",
         pull_clock: true,
-        exists: "select exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)",
+        exists: concat!("select exists (", friendship_row!(), ")"),
         // Tweet rows before the head, the order of every writer (an undo holds its retweet's
         // row and then waits for its readers' heads): the copy's rows, locked first.
         lock_source: Some(backfill_source!()),
@@ -94,7 +102,9 @@ fn friendship(follower: i64, followee: i64) -> Pair {
         remove: concat!(
             "delete from newsfeeds n using tweets t
              where n.user_id = $1 and t.user_id = $2 and n.tweet_id = t.id
-               and not exists (select 1 from friendships where from_user_id = $1 and to_user_id = $2)
+               and not exists (",
+            friendship_row!(),
+            ")
              returning n.id, n.tweet_id, t.user_id as author_id, n.created_at,",
             shift_column!()
         ),
