@@ -5,8 +5,8 @@
 //! fan-out rows, with the same cursors ([`crate::newsfeeds::page`]).
 //!
 //! **Which tweets are pulled.** A compose decides for its tweet, under the author's row lock
-//! ([`mode`]): an author above the threshold becomes a pull source (`has_pulled`, in the set
-//! every newsfeed read consults: [`PullAuthors`]), and its tweets are pulled once every process
+//! ([`count_tweet`]): an author above the threshold becomes a pull source (`has_pulled`, in the
+//! set every newsfeed read consults: [`PullAuthors`]), and its tweets are pulled once every process
 //! has re-read that set since (`CHIRP_FANOUT_PULL_SETTLE_MS`); below
 //! `CHIRP_FANOUT_PULL_BELOW` (hysteresis) its tweets are fanned out again. A tweet keeps the
 //! way it was posted: its rows, or its `pulled` flag, never both (but the author's own row and
@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 
 use crate::config::Config;
+use crate::model::UserCounts;
 
 /// When a compose pulls its tweet instead of fanning it out (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,44 +69,57 @@ impl PullPolicy {
     }
 }
 
-/// Decides, under the author's row lock (the caller holds it), whether `author`'s new tweet is
-/// pulled, and moves the author between the modes: above `policy.above` followers an author
-/// becomes a pull source (pending), its next compose starts the settle time, and tweets posted
-/// after it are pulled; below `policy.below` they are fanned out again. Returns `true` if the
-/// tweet is pulled.
+/// Counts a new tweet of `author` (`tweets_count` + 1, a new `counts_version`) and decides
+/// whether it is pulled, in one statement that takes the author's row lock (held until the
+/// commit: one author's composes decide in turn). With `may_pull` (a tweet that is neither a
+/// reply nor a retweet) it also moves the author between the modes: above `policy.above`
+/// followers an author becomes a pull source (pending), its next compose starts the settle
+/// time, and tweets posted after it are pulled; below `policy.below` they are fanned out
+/// again. Returns the author's new counts (for the cache) and whether the tweet is pulled
+/// (never without `may_pull`).
+///
+/// One statement, not a count and then a decision (one round trip fewer; BENCHMARKS.md, round
+/// 30, resolved no latency change from it). The `SET` clause reads the row as it was, the
+/// `RETURNING` clause as it is now.
 ///
 /// # Errors
-/// Postgres failed.
-pub async fn mode(tx: &mut PgConnection, policy: &PullPolicy, author: i64) -> sqlx::Result<bool> {
+/// Postgres failed; `RowNotFound` if `author` does not exist.
+pub async fn count_tweet(
+    tx: &mut PgConnection,
+    policy: &PullPolicy,
+    author: i64,
+    may_pull: bool,
+) -> sqlx::Result<(UserCounts, bool)> {
+    #[derive(sqlx::FromRow)]
+    struct Counted {
+        #[sqlx(flatten)]
+        counts: UserCounts,
+        pulled: bool,
+    }
     let settle_us = i64::try_from(policy.settle.as_micros()).unwrap_or(i64::MAX);
-    // The row is written only when the author moves (a compose has just updated it once for
-    // `tweets_count`; a second version of it per compose would be waste).
-    sqlx::query_scalar(
-        "with u as (select pull_from, followers_count from users where id = $1),
-         moved as (
-             update users set
-                 pull_from = case
-                     when u.pull_from is null and u.followers_count > $2 then 'infinity'
-                     when u.pull_from is not null and u.followers_count < $3 then null
-                     else clock_timestamp() + $4 * interval '1 microsecond' end,
-                 has_pulled = users.has_pulled or u.pull_from is null
-             from u
-             where users.id = $1
-               and ((u.pull_from is null and u.followers_count > $2)
-                    or (u.pull_from is not null and u.followers_count < $3)
-                    or u.pull_from = 'infinity')
-             returning users.pull_from)
-         select coalesce(
-             case when exists (select 1 from moved) then (select pull_from from moved)
-                  else (select pull_from from u) end <= clock_timestamp(),
-             false)",
+    let counted: Counted = sqlx::query_as(
+        "update users set
+             tweets_count = tweets_count + 1,
+             counts_version = counts_version + 1,
+             pull_from = case
+                 when not $5 then pull_from
+                 when pull_from is null and followers_count > $2 then 'infinity'
+                 when pull_from is not null and followers_count < $3 then null
+                 when pull_from = 'infinity' then clock_timestamp() + $4 * interval '1 microsecond'
+                 else pull_from end,
+             has_pulled = has_pulled or ($5 and pull_from is null and followers_count > $2)
+         where id = $1
+         returning followers_count, followings_count, tweets_count, counts_version,
+                   $5 and coalesce(pull_from <= clock_timestamp(), false) as pulled",
     )
     .bind(author)
     .bind(policy.above)
     .bind(policy.below)
     .bind(settle_us)
+    .bind(may_pull)
     .fetch_one(tx)
-    .await
+    .await?;
+    Ok((counted.counts, counted.pulled))
 }
 
 /// Takes the `pull-clock` lock shared, for the rest of the transaction, before the caller
@@ -160,22 +174,31 @@ pub async fn check(
     Ok(true)
 }
 
-/// The time of a pulled tweet whose author's newest tweet is older than `floor`: above it,
+/// The time of a pulled tweet of `author` whose newest tweet is older than `floor`: above it,
 /// above the newest pulled tweet and above the database clock (so above every newsfeed entry
 /// committed before: their writers wait for the clock to pass them in [`check`]). Takes the
-/// `pull-clock` lock exclusively until the commit (a pulled compose waits for the entry writers
-/// in their last statement, and they wait for it) and moves the clock to the new time.
+/// author's newsfeed head first (its own row comes next: every writer takes heads before the
+/// clock, [`crate::newsfeeds::lock_heads`]), then the `pull-clock` lock exclusively until the
+/// commit (a pulled compose waits for the entry writers in their last statement, and they wait
+/// for it), and moves the clock to the new time: one statement, whose outer query reads the
+/// locked heads before it calls `pull_clock_stamp`, so the two locks come in that order.
 ///
 /// # Errors
 /// Postgres failed.
 pub async fn stamp_pulled(
     tx: &mut PgConnection,
+    author: i64,
     floor: crate::time::Timestamp,
 ) -> sqlx::Result<crate::time::Timestamp> {
-    sqlx::query_scalar("select pull_clock_stamp($1)")
-        .bind(floor)
-        .fetch_one(tx)
-        .await
+    sqlx::query_scalar(concat!(
+        "with heads as (",
+        crate::lock_heads!(),
+        ") select pull_clock_stamp($2) from (select count(*) from heads) as locked"
+    ))
+    .bind([author])
+    .bind(floor)
+    .fetch_one(tx)
+    .await
 }
 
 /// The authors with pulled tweets, as this process last read them: every newsfeed read asks

@@ -15,7 +15,7 @@
 mod fanout_jobs;
 
 pub use fanout_jobs::{
-    Fresh, Leftover, PART_BATCHES, fanout, fanout_batch, lock_followers, part_size,
+    Fresh, Leftover, MOVE_HEADS, PART_BATCHES, fanout, fanout_batch, lock_followers, part_size,
 };
 
 use std::sync::atomic::Ordering;
@@ -81,6 +81,20 @@ mod pair;
 
 pub use pair::{backfill, fill_from_friendships, unmerge};
 
+/// The statement of [`stamp`] (`$1` the readers, `$2` the tweet's time; returns `user_id, head,
+/// prev`), also the first part of [`insert_own`]'s one statement.
+macro_rules! stamp_heads {
+    () => {
+        "insert into feed_heads as h (user_id, head)
+         select r, greatest($2, (select at from pull_clock) + interval '1 microsecond')
+         from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update
+             set prev = nullif(h.head, '-infinity'),
+                 head = greatest(excluded.head, h.head + interval '1 microsecond')
+         returning user_id, head, prev"
+    };
+}
+
 /// Stamps new entries of a tweet posted at `at` in the newsfeeds of `readers` (ascending ids,
 /// no repeats): each entry's time is `at` if that is above everything the reader's newsfeed
 /// ever held (its head), else the head plus 1 µs; the heads move to the new times. A caller
@@ -109,19 +123,11 @@ pub async fn stamp(
     at: Timestamp,
 ) -> sqlx::Result<Vec<(i64, Timestamp, Option<Timestamp>)>> {
     // `prev` is scratch: only this statement's RETURNING reads it (the row stays locked).
-    sqlx::query_as(
-        "insert into feed_heads as h (user_id, head)
-         select r, greatest($2, (select at from pull_clock) + interval '1 microsecond')
-         from unnest($1::bigint[]) with ordinality as x(r, i) order by i
-         on conflict (user_id) do update
-             set prev = nullif(h.head, '-infinity'),
-                 head = greatest(excluded.head, h.head + interval '1 microsecond')
-         returning user_id, head, prev",
-    )
-    .bind(readers)
-    .bind(at)
-    .fetch_all(tx)
-    .await
+    sqlx::query_as(stamp_heads!())
+        .bind(readers)
+        .bind(at)
+        .fetch_all(tx)
+        .await
 }
 
 /// Puts the heads of `readers` back where [`stamp`] found them (their newsfeeds got no row), in
@@ -171,6 +177,18 @@ pub async fn mark_removals(
     .await
 }
 
+/// The statement of [`lock_heads`] (`$1` the readers; returns `user_id`), also the first part of
+/// [`crate::hybrid::stamp_pulled`]'s one statement.
+#[macro_export]
+macro_rules! lock_heads {
+    () => {
+        "insert into feed_heads as h (user_id, head)
+         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
+         on conflict (user_id) do update set head = h.head
+         returning user_id"
+    };
+}
+
 /// Locks the head rows of `readers` (ascending ids; creating missing ones) until the
 /// transaction ends, stamping nothing: taken before the pull clock by a writer that must hold
 /// both (a pulled compose, a writer's retry that holds the clock from the start), so every
@@ -179,15 +197,11 @@ pub async fn mark_removals(
 /// # Errors
 /// Postgres failed.
 pub async fn lock_heads(tx: &mut PgConnection, readers: &[i64]) -> sqlx::Result<()> {
-    sqlx::query(
-        "insert into feed_heads as h (user_id, head)
-         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
-         on conflict (user_id) do update set head = h.head",
-    )
-    .bind(readers)
-    .execute(tx)
-    .await
-    .map(|_| ())
+    sqlx::query(lock_heads!())
+        .bind(readers)
+        .execute(tx)
+        .await
+        .map(|_| ())
 }
 
 /// The newest `limit` entries of user `user_id`'s newsfeed older than `lt` (if given), for
@@ -534,38 +548,76 @@ pub async fn rows_at(db: &PgPool, user_id: i64, at: &[Timestamp]) -> sqlx::Resul
     .await
 }
 
+/// The author's own newsfeed row of a new tweet ([`insert_own`]).
+#[derive(Debug, Clone, Copy, sqlx::FromRow)]
+pub struct OwnRow {
+    /// The row's id.
+    pub id: i64,
+    /// Its time (its place in the newsfeed: the tweet's time, or 1 µs past the head).
+    pub at: Timestamp,
+    /// The head before it: the entry's predecessor, which guards its cache merge.
+    pub prev: Option<Timestamp>,
+    /// The database clock when the row was written (after its stamp): what
+    /// [`crate::hybrid::wait_past`] needs to know whether the clock has passed the row.
+    pub clock: Timestamp,
+}
+
 /// Inserts the author's own newsfeed row for a new tweet (in the tweet's transaction), stamped
-/// by [`stamp`]; returns its id, its time and its predecessor's. A retweet (`retweeted` its
-/// tweet) gets no row if the author's newsfeed shows that tweet already ([`shows`]; a status
-/// appears once, [`crate::retweets`]): `None`, and the head is put back.
+/// as [`stamp`] does; returns it. A tweet's row takes one statement (the stamp, then the row
+/// that reads it). A retweet (`retweeted` its tweet) gets no row if the author's newsfeed
+/// shows that tweet already ([`shows`]; a status appears once, [`crate::retweets`]): `None`,
+/// and the head is put back.
+///
+/// # Errors
+/// Postgres failed.
 pub async fn insert_own(
     tx: &mut PgConnection,
     author: i64,
     tweet_id: i64,
     created_at: Timestamp,
     retweeted: Option<i64>,
-) -> sqlx::Result<Option<(i64, Timestamp, Option<Timestamp>)>> {
+) -> sqlx::Result<Option<OwnRow>> {
+    let Some(status) = retweeted else {
+        let row = sqlx::query_as(concat!(
+            "with stamped as (",
+            stamp_heads!(),
+            ")
+             insert into newsfeeds (user_id, tweet_id, created_at, arrived_at)
+             select user_id, $3, head, clock_timestamp() from stamped
+             returning id, created_at as at, (select prev from stamped) as prev,
+                       arrived_at as clock"
+        ))
+        .bind([author])
+        .bind(created_at)
+        .bind(tweet_id)
+        .fetch_one(tx)
+        .await?;
+        return Ok(Some(row));
+    };
     let (at, prev) = stamp(&mut *tx, &[author], created_at)
         .await?
         .first()
         .map_or((created_at, None), |(_, at, prev)| (*at, *prev));
-    if let Some(status) = retweeted
-        && !shows(&mut *tx, status, &[author]).await?.is_empty()
-    {
+    if !shows(&mut *tx, status, &[author]).await?.is_empty() {
         unstamp(&mut *tx, &[author]).await?;
         return Ok(None);
     }
-    let id = sqlx::query_scalar(
+    let (id, clock) = sqlx::query_as(
         "insert into newsfeeds (user_id, tweet_id, status_id, created_at, arrived_at)
-         values ($1, $2, $3, $4, clock_timestamp()) returning id",
+         values ($1, $2, $3, $4, clock_timestamp()) returning id, arrived_at",
     )
     .bind(author)
     .bind(tweet_id)
-    .bind(retweeted)
+    .bind(status)
     .bind(at)
     .fetch_one(tx)
     .await?;
-    Ok(Some((id, at, prev)))
+    Ok(Some(OwnRow {
+        id,
+        at,
+        prev,
+        clock,
+    }))
 }
 
 /// Which of `readers` have status `status` (a tweet, by itself or by a retweet of it) in

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use sqlx::PgPool;
 
-use super::{NewTweet, Tweet, complete, shift_tweets_count};
+use super::{NewTweet, Tweet, complete};
 use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::ApiResult;
@@ -69,14 +69,13 @@ pub async fn create(
             // The author's row lock first, the time after it: one author's tweets commit in
             // the order of their times (also across processes whose clocks differ), so a
             // refresh of the author's tweets from the newest one a client holds misses none.
-            let author_counts = shift_tweets_count(&mut tx, author, 1).await?;
-            // Fanned out, or pulled by its readers (crate::hybrid); a reply is always fanned
-            // out, to the readers who follow both (crate::replies), and so is a retweet (a
-            // status appears once in a newsfeed: crate::retweets).
-            let pulled = match (new.in_reply_to_tweet_id, new.retweeted_tweet_id) {
-                (None, None) => hybrid::mode(&mut tx, pull, author).await?,
-                _ => false,
-            };
+            // The same statement counts the tweet and decides whether it is fanned out or
+            // pulled by its readers (crate::hybrid); a reply is always fanned out, to the
+            // readers who follow both (crate::replies), and so is a retweet (a status appears
+            // once in a newsfeed: crate::retweets).
+            let may_pull = new.in_reply_to_tweet_id.is_none() && new.retweeted_tweet_id.is_none();
+            let (author_counts, pulled) =
+                hybrid::count_tweet(&mut tx, pull, author, may_pull).await?;
             // The thread's row and the replied-to tweet's next (crate::replies: the order of
             // tweet deletes), before the circle's.
             let parent = match new.in_reply_to_tweet_id {
@@ -125,8 +124,7 @@ pub async fn create(
             // A pulled tweet is stamped under the pull clock held exclusively (crate::hybrid);
             // the author's newsfeed head first: every writer takes heads before the clock.
             let created_at = if pulled {
-                newsfeeds::lock_heads(&mut tx, &[author]).await?;
-                hybrid::stamp_pulled(&mut tx, created_at).await?
+                hybrid::stamp_pulled(&mut tx, author, created_at).await?
             } else {
                 if conflicts >= hybrid::OPTIMISTIC_TRIES {
                     newsfeeds::lock_heads(&mut tx, &[author]).await?;
@@ -206,9 +204,9 @@ pub async fn create(
             };
             jobs::enqueue(&mut tx, &fanout).await?;
             let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
-            let feed = own_row.map(|(newsfeed_id, feed_at, feed_prev)| {
-                let entry = ListEntry::stamped(newsfeed_id, tweet.id, author, created_at, feed_at);
-                (Timeline::Newsfeed(author), entry, feed_prev)
+            let feed = own_row.map(|row| {
+                let entry = ListEntry::stamped(row.id, tweet.id, author, created_at, row.at);
+                (Timeline::Newsfeed(author), entry, row.prev)
             });
             // Each merge names its predecessor: a list that lacks it (an earlier write's cache
             // step has not landed yet) is dropped instead.
@@ -240,15 +238,18 @@ pub async fn create(
                 .chain(linked_updates)
                 .collect::<Vec<_>>();
             let staged = cache.stage(&mut tx, &updates).await?;
-            // The author's own row is a newsfeed entry, ordered with pulled tweets.
-            let own_row = own_row.map(|(id, at, _)| (id, at));
+            // The author's own row is a newsfeed entry, ordered with pulled tweets: the
+            // database clock must have passed it (its insert read the clock: nearly always
+            // past it already, and no statement is needed).
             if pulled {
-                let feed_at = own_row.map_or(created_at, |(_, at)| at);
-                hybrid::wait_past(&mut tx, feed_at, None).await?;
-            } else if !hybrid::check(&mut tx, own_row.map(|(_, at)| at)).await? {
+                let (feed_at, clock) =
+                    own_row.map_or((created_at, None), |r| (r.at, Some(r.clock)));
+                hybrid::wait_past(&mut tx, feed_at, clock).await?;
+            } else if !hybrid::check(&mut tx, own_row.map(|r| r.at)).await? {
                 conflicts += 1;
                 continue; // rolled back: post it again
             }
+            let own_row = own_row.map(|r| (r.id, r.at));
             tx.commit().await?;
             return Ok(Ok((tweet, (staged, own_row, pulled))));
         }

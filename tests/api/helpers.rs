@@ -545,6 +545,22 @@ pub fn member_tweet(member: &str) -> i64 {
         .unwrap_or(-1)
 }
 
+/// Rows an `EXPLAIN (ANALYZE, FORMAT JSON)` plan node and its children read from tables and
+/// indexes (each scan's actual rows times its loops, functions' scans included).
+pub fn rows_scanned(node: &Value) -> i64 {
+    let own = if node["Node Type"]
+        .as_str()
+        .is_some_and(|t| t.contains("Scan"))
+    {
+        node["Actual Rows"].as_i64().unwrap_or(0) * node["Actual Loops"].as_i64().unwrap_or(1)
+    } else {
+        0
+    };
+    own + node["Plans"]
+        .as_array()
+        .map_or(0, |children| children.iter().map(rows_scanned).sum())
+}
+
 /// Ids of the tweets in a page of tweets or newsfeeds.
 pub fn tweet_ids(page: &Value) -> Vec<i64> {
     page["results"]

@@ -4,7 +4,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tower::ServiceExt;
 
-use crate::helpers::{TestApp, tweet_ids};
+use crate::helpers::{TestApp, rows_scanned, tweet_ids};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn posting_a_tweet_returns_it_and_lists_it_at_once(db: PgPool) {
@@ -326,20 +326,7 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     .fetch_one(app.db())
     .await
     .unwrap();
-    fn scanned(node: &serde_json::Value) -> i64 {
-        let own = if node["Node Type"]
-            .as_str()
-            .is_some_and(|t| t.contains("Scan"))
-        {
-            node["Actual Rows"].as_i64().unwrap_or(0) * node["Actual Loops"].as_i64().unwrap_or(1)
-        } else {
-            0
-        };
-        own + node["Plans"]
-            .as_array()
-            .map_or(0, |children| children.iter().map(scanned).sum())
-    }
-    let rows = scanned(&plan[0]["Plan"]);
+    let rows = rows_scanned(&plan[0]["Plan"]);
     assert!(rows <= 3, "{rows} rows read for three predecessors: {plan}");
 
     // And the compose itself still names the newest as the predecessor: the new tweet tops the
