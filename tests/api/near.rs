@@ -869,8 +869,19 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
     ));
     let (_, token) = b.signup("alice").await;
     token_held_in_memory(&b, &token).await;
-    // Give b's monitor time to listen for hand-offs, then cut a off.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Once b's monitor listens for hand-offs (its connection's last statement is the LISTEN;
+    // a fixed 300 ms was too short on a loaded machine), cut a off.
+    eventually("b's monitor listens for hand-offs", async || {
+        sqlx::query_scalar::<_, bool>(
+            "select exists (select 1 from pg_stat_activity
+                            where datname = current_database() and state = 'idle'
+                              and query ilike 'listen %chirp_outbox%')",
+        )
+        .fetch_one(b.db())
+        .await
+        .unwrap_or(false)
+    })
+    .await;
     proxy.set_up(false);
     let res = a
         .post("/api/accounts/logout/", Some(&token), json!({}))
