@@ -674,17 +674,14 @@ async fn a_batch_moves_its_readers_heads_through_the_index(db: PgPool) {
     }
     tx.rollback().await.unwrap();
     // And the batch still moved bob's head to his newest entry.
-    let head: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("select head from feed_heads where user_id = $1")
-            .bind(bob)
-            .fetch_one(app.db())
-            .await
-            .unwrap();
-    let newest: chrono::DateTime<chrono::Utc> =
-        sqlx::query_scalar("select max(created_at) from newsfeeds where user_id = $1")
-            .bind(bob)
-            .fetch_one(app.db())
-            .await
-            .unwrap();
+    let (head, newest): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as(
+            "select (select head from feed_heads where user_id = $1),
+                    (select max(created_at) from newsfeeds where user_id = $1)",
+        )
+        .bind(bob)
+        .fetch_one(app.db())
+        .await
+        .unwrap();
     assert_eq!(head, newest);
 }
