@@ -242,9 +242,19 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
     )?;
     let redis_up = Gauges::new(
         "chirp_redis_up",
-        "1 while Redis is in use, 0 while it is marked down or off.",
+        "1 while Redis is in use (marked up and, in a process that listens for hand-offs, its \
+         hand-off lease held), 0 while it is marked down, the lease has lapsed, or it is off.",
         &[],
     )?;
+    let hand_off_lease = Gauges::new(
+        "chirp_hand_off_lease_held",
+        "1 while this process holds its hand-off lease (it hears, through Postgres, the \
+         outbox rows of writers that lost Redis), 0 while not; absent where nothing listens.",
+        &[],
+    )?;
+    if let Some(h) = state.cache.hand_offs().filter(|h| h.listening()) {
+        hand_off_lease.set(&[], f64::from(u8::from(h.lease().held())));
+    }
     if let Some(stats) = state.cache.stats() {
         for (kind, hit, miss) in [
             ("timeline", &stats.hits, &stats.misses),
@@ -401,6 +411,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
     for g in [
         trusted,
         redis_up,
+        hand_off_lease,
         clients,
         polls,
         fanout_waiting,

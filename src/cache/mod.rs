@@ -18,6 +18,7 @@ pub mod conn;
 pub mod counts;
 pub mod entries;
 pub mod epoch;
+pub mod handoff;
 pub mod held;
 pub mod hidden;
 pub mod hydration;
@@ -168,7 +169,12 @@ struct Inner {
     ttl_secs: u64,
     list_limit: usize,
     timeout: Duration,
-    healthy: AtomicBool,
+    /// Whether Redis is in use (bit 0: marked up) and how many times it was marked down (the
+    /// other bits): a recovery marks it up only if nothing marked it down since the recovery
+    /// began ([`Cache::mark_up`]).
+    state: AtomicU64,
+    /// Hand-offs through Postgres and their lease ([`handoff`]).
+    hand_offs: Arc<handoff::HandOffs>,
     /// This process's pub/sub subscription: 0 never started, 1 standing, 2 broken (see
     /// [`Cache::subscription_broken`]).
     subscription: std::sync::atomic::AtomicU8,
@@ -184,6 +190,37 @@ struct Inner {
     objects: Arc<near::Near<held::NearId, held::NearObject>>,
     /// The tweets of the timeline pages this process served last ([`pages`]).
     pages: pages::PageMemory,
+}
+
+impl Inner {
+    /// Whether Redis and memory may be used now ([`Cache::available`]). The lease is read
+    /// before the mark: a listener that renews its lease after marking Redis down (see
+    /// [`handoff`]) is never seen renewed and still marked up.
+    fn in_use(&self) -> bool {
+        self.hand_offs.heard() && self.state.load(Ordering::Acquire) & 1 == 1
+    }
+
+    /// Counts a mark down and clears the mark; returns whether Redis was marked up.
+    fn mark_down(&self) -> bool {
+        let before = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(((v >> 1) + 1) << 1)
+            })
+            .unwrap_or(0);
+        before & 1 == 1
+    }
+}
+
+/// What [`Cache::mark_up`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkUp {
+    /// Redis was marked down and is in use again.
+    CameBack,
+    /// It was marked up already.
+    AlreadyUp,
+    /// It was marked down since the recovery began: not marked up.
+    Stale,
 }
 
 /// Handle to the Redis cache; cheap to clone. With `CHIRP_CACHE=off` it is disabled and every
@@ -267,7 +304,10 @@ impl Cache {
                 // Assume down until the first successful check (see `outbox::recover`), so that
                 // the epoch is verified and an outbox left by an earlier outage is relayed before
                 // the first cached read.
-                healthy: AtomicBool::new(false),
+                state: AtomicU64::new(0),
+                hand_offs: Arc::new(handoff::HandOffs::new(Duration::from_millis(
+                    config.near_lease_ms,
+                ))),
                 subscription: std::sync::atomic::AtomicU8::new(0),
                 flights: Mutex::new(HashMap::new()),
                 extensions: Arc::new(tokio::sync::Semaphore::new(
@@ -291,11 +331,30 @@ impl Cache {
         self.inner.is_some()
     }
 
-    /// Whether reads may use Redis now (enabled and not marked down).
+    /// Whether reads may use Redis now: enabled, not marked down, and (in a process that
+    /// listens for hand-offs) holding the hand-off lease ([`handoff`]).
     pub fn available(&self) -> bool {
+        self.inner.as_ref().is_some_and(|i| i.in_use())
+    }
+
+    /// Whether Redis is marked up (whatever the hand-off lease): the monitor recovers while not.
+    pub fn marked_up(&self) -> bool {
         self.inner
             .as_ref()
-            .is_some_and(|i| i.healthy.load(Ordering::Acquire))
+            .is_some_and(|i| i.state.load(Ordering::Acquire) & 1 == 1)
+    }
+
+    /// How many times Redis was marked down so far: what a recovery reads before it relays
+    /// the outbox, and gives back to [`Cache::mark_up`].
+    pub(crate) fn downs(&self) -> u64 {
+        self.inner
+            .as_ref()
+            .map_or(0, |i| i.state.load(Ordering::Acquire) >> 1)
+    }
+
+    /// This process's hand-offs ([`handoff`]); `None` with the cache off.
+    pub fn hand_offs(&self) -> Option<Arc<handoff::HandOffs>> {
+        self.inner.as_ref().map(|i| i.hand_offs.clone())
     }
 
     /// The key builder (`None` when disabled).
@@ -400,21 +459,29 @@ impl Cache {
             .is_some_and(|i| i.subscription.load(Ordering::Acquire) == 2)
     }
 
-    /// Marks Redis usable; returns whether it was marked down before.
-    pub(crate) fn mark_up(&self) -> bool {
-        let came_back = self
-            .inner
-            .as_ref()
-            .is_some_and(|i| !i.healthy.swap(true, Ordering::AcqRel));
-        if let (true, Some(stats)) = (came_back, self.stats()) {
-            stats.recoveries.fetch_add(1, Ordering::AcqRel);
+    /// Marks Redis usable, unless it was marked down after the recovery that calls this read
+    /// [`Cache::downs`] (`since`): that recovery may have missed what the new mark is about.
+    pub(crate) fn mark_up(&self, since: u64) -> MarkUp {
+        let Some(inner) = &self.inner else {
+            return MarkUp::Stale;
+        };
+        let down = since << 1;
+        match inner
+            .state
+            .compare_exchange(down, down | 1, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                inner.stats.recoveries.fetch_add(1, Ordering::AcqRel);
+                MarkUp::CameBack
+            }
+            Err(now) if now == down | 1 => MarkUp::AlreadyUp,
+            Err(_) => MarkUp::Stale,
         }
-        came_back
     }
 
     fn live(&self) -> Result<&Arc<Inner>, CacheUnavailable> {
         match &self.inner {
-            Some(i) if i.healthy.load(Ordering::Acquire) => Ok(i),
+            Some(i) if i.in_use() => Ok(i),
             _ => Err(CacheUnavailable),
         }
     }
@@ -423,8 +490,18 @@ impl Cache {
     pub(crate) fn mark_down(&self, err: &dyn std::fmt::Display) {
         let Some(inner) = &self.inner else { return };
         inner.stats.errors.fetch_add(1, Ordering::Relaxed);
-        if inner.healthy.swap(false, Ordering::AcqRel) {
+        if inner.mark_down() {
             tracing::warn!(error = %err, "redis unavailable; serving from postgres until it answers");
+        }
+    }
+
+    /// Marks Redis unusable until a recovery that starts from now has relayed every outbox
+    /// row (hand-offs this process may have missed; [`handoff`]). Not an error of Redis's.
+    pub(crate) fn require_recovery(&self, why: &str) {
+        if let Some(inner) = &self.inner
+            && inner.mark_down()
+        {
+            tracing::info!(why, "redis not used until the outbox is relayed");
         }
     }
 

@@ -10,9 +10,10 @@
 //! The monitor, in every `chirp serve` and `chirp worker` process: while Redis is marked down, every
 //! 500 ms it tries [`recover`] (ping, verify the [`super::epoch`], relay every row, then use Redis
 //! again); while Redis is in use, every second it verifies the epoch and relays rows older than
-//! [`RELAY_AFTER`] (younger ones are still being handled by their writer).
+//! [`RELAY_AFTER`] (younger ones are still being handled by their writer). It also starts the
+//! process's hand-off listener ([`super::handoff`]), which applies at once the rows of writers
+//! that lost Redis.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -20,14 +21,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 use tokio::sync::watch;
 
-use crate::cache::{Cache, CacheUnavailable, Repair, epoch, tokens};
-
-/// The Postgres `NOTIFY` channel on which a writer whose own cache step failed hands its outbox
-/// row (payload: the row's id) to every process's monitor, which applies it at once.
-pub const CHANNEL: &str = "chirp_outbox";
-
-/// Handed-off rows one process applies at once ([`take_handed_off`]).
-const HAND_OFFS_AT_ONCE: usize = 2;
+use crate::cache::{Cache, CacheUnavailable, MarkUp, Repair, epoch, tokens};
 
 /// Age after which the relay takes over a row from the writer's own post-commit step.
 pub const RELAY_AFTER: Duration = Duration::from_secs(5);
@@ -315,7 +309,11 @@ async fn flush(
 /// with other data), relays every outbox row and marks Redis usable; returns whether it is
 /// usable.
 pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
-    if !cache.enabled() || cache.subscription_broken() || !cache.ping().await {
+    if !cache.enabled() || cache.subscription_broken() {
+        return false;
+    }
+    let downs = cache.downs();
+    if !cache.ping().await {
         return false;
     }
     if let Err(e) = epoch::verify(cache, db).await {
@@ -326,26 +324,36 @@ pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
         tracing::warn!(error = %e, "outbox relay failed");
         return false;
     }
-    if cache.mark_up() {
-        // Writers that saw Redis down may have left rows during the first pass.
-        if let Err(e) = relay(cache, db, Duration::ZERO).await {
-            cache.mark_down(&e);
-            return false;
+    match cache.mark_up(downs) {
+        MarkUp::CameBack => {
+            // Writers that saw Redis down may have left rows during the first pass.
+            if let Err(e) = relay(cache, db, Duration::ZERO).await {
+                cache.mark_down(&e);
+                return false;
+            }
+            tracing::info!("redis available; cache in use");
+            cache.check_listpack_setting().await;
+            true
         }
-        tracing::info!("redis available; cache in use");
-        cache.check_listpack_setting().await;
+        MarkUp::AlreadyUp => true,
+        // Marked down meanwhile (a hand-off this pass may not have seen): the next tick.
+        MarkUp::Stale => false,
     }
-    true
 }
 
-/// Runs until `shutdown`: every 500 ms while Redis is down, tries to [`recover`]; every second
-/// while it is up, verifies the epoch (marking Redis down if it changed, so the next tick fences
-/// it) and relays rows older than [`RELAY_AFTER`].
+/// Runs until `shutdown`: every 500 ms while Redis is marked down, tries to [`recover`]; every
+/// second while it is up, verifies the epoch (marking Redis down if it changed, so the next tick
+/// fences it) and relays rows older than [`RELAY_AFTER`]. Starts [`super::handoff::listen`]:
+/// from then on this process uses Redis only while it holds its hand-off lease.
 pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<bool>) {
     if !cache.enabled() {
         return;
     }
-    tokio::spawn(take_handed_off(cache.clone(), db.clone(), shutdown.clone()));
+    tokio::spawn(super::handoff::listen(
+        cache.clone(),
+        db.clone(),
+        shutdown.clone(),
+    ));
     let mut tick = tokio::time::interval(Duration::from_millis(500));
     let mut n: u64 = 0;
     loop {
@@ -354,7 +362,7 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
             _ = shutdown.changed() => return,
         }
         n += 1;
-        if !cache.available() {
+        if !cache.marked_up() {
             recover(&cache, &db).await;
             continue;
         }
@@ -376,58 +384,5 @@ pub async fn monitor(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<boo
         if let Err(e) = relay(&cache, &db, RELAY_AFTER).await {
             tracing::warn!(error = %e, "outbox relay failed");
         }
-    }
-}
-
-/// Listens on [`CHANNEL`] until `shutdown` and applies each row handed off by a writer whose
-/// own cache step failed ([`relay_one`]: repairs, then evictions everywhere), so its write's
-/// wait ends as soon as one process with a working Redis link has done it. Reconnects after a
-/// second when Postgres drops the listening connection.
-async fn take_handed_off(cache: Cache, db: PgPool, mut shutdown: watch::Receiver<bool>) {
-    loop {
-        let listener = listen_for_hand_offs(&cache, &db);
-        tokio::select! {
-            result = listener => {
-                if let Err(e) = result {
-                    tracing::debug!(error = %e, "outbox hand-off listener lost; listening again");
-                }
-            }
-            _ = shutdown.changed() => return,
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            _ = shutdown.changed() => return,
-        }
-    }
-}
-
-/// One connection's worth of [`take_handed_off`]: ends only with an error.
-async fn listen_for_hand_offs(cache: &Cache, db: &PgPool) -> sqlx::Result<()> {
-    // A connection of its own, not one of the pool's (a listener holds it for good).
-    let own = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_lazy_with((*db.connect_options()).clone());
-    let mut listener = sqlx::postgres::PgListener::connect_with(&own).await?;
-    listener.listen(CHANNEL).await?;
-    // Two rows at a time at most: each holds a Postgres connection while it waits for Redis,
-    // and when Redis is down for everyone every write hands its row off. A row that finds both
-    // busy, or this process without Redis, is left to its writer's wait and the relay's pass.
-    let busy = Arc::new(tokio::sync::Semaphore::new(HAND_OFFS_AT_ONCE));
-    loop {
-        let note = listener.recv().await?;
-        let Ok(id) = note.payload().parse::<i64>() else {
-            continue;
-        };
-        if !cache.available() {
-            continue;
-        }
-        let Ok(permit) = busy.clone().try_acquire_owned() else {
-            continue;
-        };
-        let (cache, db) = (cache.clone(), db.clone());
-        tokio::spawn(async move {
-            relay_one(&cache, &db, id).await;
-            drop(permit);
-        });
     }
 }

@@ -672,20 +672,31 @@ impl Cache {
     /// A write whose repairs or evictions this process could not apply must not answer while
     /// another process could still answer from what it replaced (review of 2026-11-26,
     /// finding 2). It notifies every process through Postgres (`NOTIFY` on
-    /// [`super::outbox::CHANNEL`]; each one's monitor listens and applies the row at once, as
-    /// its relay would, evictions included) and waits until the row is gone, at most one lease
-    /// bound ([`super::lease`]): after that, no lease that could hold the old value is left,
-    /// and a process that renews its lease after a lapse forgets all its memory first. The row
-    /// stays for the relay otherwise, and this process stops using Redis until its recovery
-    /// has applied every row (read-your-writes on the writer's process; found by the history
-    /// checker, seed 8614345048595040233: a tweet missing from its author's tweets on the
-    /// process that posted it, right after Redis restarted from an older snapshot).
+    /// [`super::handoff::CHANNEL`]; each one's listener applies the row at once, as its relay
+    /// would, evictions included) and waits until the row is gone, at most one lease bound
+    /// after the notification committed: by then every process that still uses Redis or its
+    /// memory holds its hand-off lease by an echo sent after the notification, so it has seen
+    /// the row applied, or marked Redis down until its recovery relays it (the proof is in
+    /// [`super::handoff`]'s docs). The row stays for the relay otherwise, and this process
+    /// stops using Redis until its recovery has applied every row (read-your-writes on the
+    /// writer's process; found by the history checker, seed 8614345048595040233: a tweet
+    /// missing from its author's tweets on the process that posted it, right after Redis
+    /// restarted from an older snapshot).
     async fn hand_off(&self, db: &PgPool, id: i64) {
-        let _ = sqlx::query("select pg_notify($1, $2)")
-            .bind(super::outbox::CHANNEL)
-            .bind(id.to_string())
-            .execute(db)
-            .await;
+        for attempt in 1..=3 {
+            let notified = sqlx::query("select pg_notify($1, $2)")
+                .bind(super::handoff::CHANNEL)
+                .bind(id.to_string())
+                .execute(db)
+                .await;
+            match notified {
+                Ok(_) => break,
+                Err(e) if attempt == 3 => {
+                    tracing::warn!(error = %e, outbox_id = id, "could not hand an outbox row off");
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
         let deadline = std::time::Instant::now() + self.lease_bound();
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -132,6 +132,14 @@ async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Value>) {
             "length_ms": state.subscriber.lease().length().as_millis() as u64,
             "terms": state.subscriber.lease().term(),
         },
+        "hand_off_lease": match state.cache.hand_offs().filter(|h| h.listening()) {
+            Some(h) => json!({
+                "held": h.lease().held(),
+                "remaining_ms": h.lease().remaining().as_millis() as u64,
+                "terms": h.lease().term(),
+            }),
+            None => json!("off"),
+        },
         "tokens": {
             "held": state.tokens.len(),
             "answered": state.tokens.stats.hits.load(Ordering::Relaxed),

@@ -648,8 +648,9 @@ mod proxy {
 
     use super::redis_url;
 
-    /// What a [`Proxy`] does to the connections that subscribed (`SUBSCRIBE` went through
-    /// them); data connections always pass (the faults of the review of 2026-11-26, finding 1).
+    /// What a [`Proxy`] does to the connections that subscribed (`SUBSCRIBE` to Redis or
+    /// `LISTEN "…"` to Postgres went through them); data connections always pass (the faults
+    /// of the review of 2026-11-26, finding 1).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum PubSub {
         /// Forward both ways.
@@ -681,14 +682,30 @@ mod proxy {
 
         /// A proxy to the Redis at `url` (`redis://host:port/…`).
         pub async fn to(url: &str) -> Self {
-            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let port = listener.local_addr().unwrap().port();
             let target = url
                 .trim_start_matches("redis://")
                 .split('/')
                 .next()
                 .unwrap()
                 .to_owned();
+            Self::to_addr(target).await
+        }
+
+        /// A proxy to the Postgres `db` connects to, and a pool of `db`'s database through it.
+        pub async fn to_postgres(db: &sqlx::PgPool) -> (Self, sqlx::PgPool) {
+            let options = (*db.connect_options()).clone();
+            let proxy =
+                Self::to_addr(format!("{}:{}", options.get_host(), options.get_port())).await;
+            let through = options.host("127.0.0.1").port(proxy.port);
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .connect_lazy_with(through);
+            (proxy, pool)
+        }
+
+        async fn to_addr(target: String) -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = listener.local_addr().unwrap().port();
             let up = Arc::new(AtomicBool::new(true));
             let (cut, _) = watch::channel(0u64);
             let (pubsub, _) = watch::channel(PubSub::Pass);
@@ -805,9 +822,10 @@ mod proxy {
                 Ok(n) => n,
             };
             if sniff
-                && buf[..n]
+                && (buf[..n]
                     .windows(9)
                     .any(|w| w.eq_ignore_ascii_case(b"SUBSCRIBE"))
+                    || buf[..n].windows(8).any(|w| w == b"LISTEN \""))
             {
                 subscriber.store(true, Ordering::SeqCst);
             }

@@ -903,6 +903,72 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
     monitor.await.expect("monitor");
 }
 
+/// Finding 2 through a second fault: `b`'s hand-off listener is cut off silently (its Postgres
+/// connection half-open: `b` is told nothing), so `b` never hears the row `a` hands off. `a`'s
+/// logout answered after one lease bound and `b` went on accepting the revoked token from its
+/// memory until a relay took the row seconds later. Now `b` uses Redis and its memory only
+/// while its echoes come back on the connection that hears hand-offs ([`chirp::cache::handoff`]):
+/// when `a` answers, `b` asks Postgres. Once the connection passes again, `b` relays the row
+/// before it uses Redis again.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_when_logout_answers(
+    db: PgPool,
+) {
+    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
+    let url = direct.url();
+    let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
+    let (prefix, url) = (b.prefix.clone(), proxy.url());
+    let a = TestApp::with(db, |c| {
+        c.redis_prefix = prefix;
+        c.redis_url = url;
+    })
+    .await;
+    // b's monitor reaches Postgres through a proxy that can leave its LISTEN half-open.
+    let (pg, through) = Proxy::to_postgres(b.db()).await;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let monitor = tokio::spawn(chirp::cache::outbox::monitor(
+        b.state.cache.clone(),
+        through,
+        stopped,
+    ));
+    let (_, token) = b.signup("alice").await;
+    token_held_in_memory(&b, &token).await;
+    let listens = async || {
+        sqlx::query_scalar::<_, bool>(
+            "select exists (select 1 from pg_stat_activity
+                            where datname = current_database()
+                              and query ilike 'listen %chirp_outbox%')",
+        )
+        .fetch_one(b.db())
+        .await
+        .unwrap_or(true)
+    };
+    eventually("b's monitor listens for hand-offs", listens).await;
+    pg.set_pubsub(PubSub::HalfOpen);
+    eventually("Postgres dropped b's listener", async || !listens().await).await;
+    proxy.set_up(false);
+    let res = a
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
+    assert_ne!(
+        res.status,
+        StatusCode::OK,
+        "b accepted a revoked token: {}",
+        res.body
+    );
+    assert!(!b.state.cache.available(), "b no longer uses Redis");
+    // The connection passes again: b listens, relays the row, then uses Redis again.
+    pg.set_pubsub(PubSub::Pass);
+    eventually("b uses Redis again", async || b.state.cache.available()).await;
+    assert_eq!(a.outbox_rows().await, 0, "b's recovery relayed the row");
+    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
+    assert_ne!(res.status, StatusCode::OK, "{}", res.body);
+    stop.send_replace(true);
+    monitor.await.expect("monitor");
+}
+
 /// Review of 2026-11-26, finding 12: a fence run by another process (Redis came back with other
 /// data, and that process cleared it and started a new epoch) left this process trusting what
 /// it had read from the Redis before the fence. Now its epoch check sees the new epoch and its

@@ -11,11 +11,14 @@
 //! tweets: a first page, pull-to-refresh with
 //! `created_at__gt=<newest held>`, endless paging with `created_at__lt=<oldest held>`, no
 //! de-duplication); a fault task flushes, stalls, evicts and restarts Redis, kills the
-//! subscriptions, and leaves the last process's subscription alone half-open or stalled (it
-//! reaches Redis through a [`Proxy`]), on a schedule. Under `scripts/test --cluster` the
-//! processes share the Redis Cluster instead, and the faults are the cluster's
-//! ([`cluster_fault`]): flushes, killed subscriptions, a stalled master, evictions, a replica
-//! stopped, and failovers (graceful or forced) whose old master stays up as a replica.
+//! subscriptions, leaves the last process's subscription alone half-open or stalled (it
+//! reaches Redis through a [`Proxy`]) or cuts that process off from Redis (its writes hand
+//! their rows off through Postgres), and leaves the first process's hand-off listener
+//! half-open (its monitor reaches Postgres through another proxy), alone or while the last
+//! process is cut off, on a schedule. Under `scripts/test --cluster` the processes share the
+//! Redis Cluster instead, and the faults are the cluster's ([`cluster_fault`]): flushes,
+//! killed subscriptions, a stalled master, evictions, a replica stopped, and failovers
+//! (graceful or forced) whose old master stays up as a replica; and the half-open listener.
 //! Every request and answer is recorded with its time; the invariants are checked as the
 //! answers come and once more when the history is quiet:
 //!
@@ -81,7 +84,15 @@ struct Node {
 }
 
 impl Node {
-    async fn start(db: PgPool, redis_url: String, prefix: String, hybrid: bool) -> Self {
+    /// A process on `db` and the Redis at `redis_url`; its monitor (outbox relay, hand-off
+    /// listener) reaches Postgres through `monitor_db` where given (a proxy the faults break).
+    async fn start(
+        db: PgPool,
+        monitor_db: Option<PgPool>,
+        redis_url: String,
+        prefix: String,
+        hybrid: bool,
+    ) -> Self {
         let app = TestApp::with(db, |c| {
             c.redis_url = redis_url;
             c.redis_prefix = prefix;
@@ -101,7 +112,7 @@ impl Node {
         let tasks = vec![
             tokio::spawn(outbox::monitor(
                 state.cache.clone(),
-                state.db.clone(),
+                monitor_db.unwrap_or_else(|| state.db.clone()),
                 stopped.clone(),
             )),
             tokio::spawn(state.worker.clone().run(2, stopped)),
@@ -333,6 +344,8 @@ struct World {
     crash: Vec<std::sync::atomic::AtomicU64>,
     /// The last process's way to Redis.
     proxy: Proxy,
+    /// The first process's monitor's way to Postgres (its hand-off listener's).
+    pg_proxy: Proxy,
     /// Follows and unfollows asked for: a stream may deliver a tweet again after its reader
     /// unfollowed and followed its author again ([`World::refollowed`]).
     follow_changes: Mutex<Vec<FollowChange>>,
@@ -567,6 +580,9 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
     let prefix = unique_prefix();
     // The last process talks to Redis through a proxy that can break its subscription alone.
     let proxy = Proxy::to(&redis.url()).await;
+    // The first process's monitor reaches Postgres through a proxy that can leave its hand-off
+    // listener half-open.
+    let (pg_proxy, through) = Proxy::to_postgres(&db).await;
     let mut nodes = Vec::new();
     for n in 0..NODES {
         let url = if n == NODES - 1 {
@@ -574,7 +590,8 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
         } else {
             redis.url()
         };
-        nodes.push(Node::start(db.clone(), url, prefix.clone(), hybrid).await);
+        let monitor_db = (n == 0).then(|| through.clone());
+        nodes.push(Node::start(db.clone(), monitor_db, url, prefix.clone(), hybrid).await);
     }
     let mut actors = Vec::new();
     for index in 0..ACTORS {
@@ -626,6 +643,7 @@ async fn run_history(db: PgPool, seed: u64, seconds: u64) -> Option<String> {
             .map(|_| std::sync::atomic::AtomicU64::new(0))
             .collect(),
         proxy,
+        pg_proxy,
         follow_changes: Mutex::new(Vec::new()),
         posted: Mutex::new(HashMap::new()),
         circles,
@@ -986,10 +1004,11 @@ async fn fault_loop(
     let mut snapshot_taken = false;
     while Instant::now() < world.deadline && !world.record.failed() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..2500))).await;
-        let fault = rng.random_range(0..9);
+        let fault = rng.random_range(0..10);
         if !cluster.is_empty() {
             let what = match fault {
                 5 => crash_fault(&world, &mut rng).await,
+                9 => Some(listener_fault(&world, false, &mut rng).await),
                 _ => cluster_fault(fault, &cluster, &mut rng).await,
             };
             if let Some(what) = what {
@@ -1073,11 +1092,43 @@ async fn fault_loop(
                 world.proxy.set_pubsub(PubSub::Pass);
                 format!("node {} subscription {name} for {ms} ms", NODES - 1)
             }
+            8 => {
+                // The last process loses Redis: its writes hand their rows off through Postgres
+                // (review of 2026-11-26, finding 2).
+                let ms = rng.random_range(300..1500);
+                world.proxy.set_up(false);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                world.proxy.set_up(true);
+                format!("node {} cut off from Redis for {ms} ms", NODES - 1)
+            }
+            9 => listener_fault(&world, true, &mut rng).await,
             _ => continue,
         };
         world
             .record
             .log(usize::MAX, usize::MAX, format!("FAULT {what}"), vec![]);
+    }
+}
+
+/// The first process's hand-off listener goes half-open (Postgres drops it, the process is
+/// told nothing) for a while; with `cut_off`, the last process loses Redis meanwhile, so its
+/// writes hand off rows the first process does not hear.
+async fn listener_fault(world: &World, cut_off: bool, rng: &mut StdRng) -> String {
+    let ms = rng.random_range(300..1500);
+    world.pg_proxy.set_pubsub(PubSub::HalfOpen);
+    if cut_off {
+        world.proxy.set_up(false);
+    }
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    world.proxy.set_up(true);
+    world.pg_proxy.set_pubsub(PubSub::Pass);
+    if cut_off {
+        format!(
+            "node 0's hand-off listener half-open and node {} cut off from Redis for {ms} ms",
+            NODES - 1
+        )
+    } else {
+        format!("node 0's hand-off listener half-open for {ms} ms")
     }
 }
 
