@@ -70,5 +70,7 @@ log "after read: jobs=$(sql 'select count(*) from jobs')"
 measure livez GET /livez
 log "end: jobs=$(sql 'select count(*) from jobs') outbox=$(sql 'select count(*) from cache_outbox') redis_keys=$(redis-cli --scan --pattern "$PREFIX*" | wc -l) server_log_lines=$(wc -l < "$L/server.log")"
 
+# Leases: a lapse under load would send reads to Postgres (terms counts the grants after one).
+log "leases: $(curl -fs "$BASE/healthz" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("memory", d.get("lease"), "hand-offs", d.get("hand_off_lease"), "recoveries", d.get("cache", {}).get("recoveries"))')"
 kill "$SPID"; wait "$SPID" || true
 log "server stopped"

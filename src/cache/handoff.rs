@@ -372,6 +372,8 @@ async fn connect_for_echoes(options: &PgConnectOptions, timeout: Duration) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cache::MarkUp;
+    use crate::config::{CacheMode, Config};
 
     #[test]
     fn an_echo_renews_only_once_every_hand_off_received_before_it_is_settled() {
@@ -399,5 +401,31 @@ mod tests {
         // A ticket settled twice (given up, then applied) changes nothing.
         assert_eq!(s.settle(one), None);
         assert_eq!(s.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_recovery_does_not_mark_redis_up_once_it_was_marked_down_since_it_began() {
+        let mut config = Config::defaults();
+        config.cache = CacheMode::On;
+        config.redis_cluster.clear();
+        let cache = Cache::new(&config).expect("a lazy cache");
+        assert!(!cache.marked_up(), "down until a first recovery");
+        let began = cache.downs();
+        assert_eq!(cache.mark_up(began), MarkUp::CameBack);
+        assert_eq!(cache.mark_up(began), MarkUp::AlreadyUp);
+        assert!(cache.available(), "no listener: no hand-off lease needed");
+        // A recovery begins; a hand-off it may have missed arrives; it must not mark Redis up.
+        let began = cache.downs();
+        cache.require_recovery("a hand-off was not taken");
+        assert!(!cache.available());
+        assert_eq!(cache.mark_up(began), MarkUp::Stale);
+        assert!(!cache.marked_up());
+        assert_eq!(cache.mark_up(cache.downs()), MarkUp::CameBack);
+        // A listening process also needs its hand-off lease, which nobody has granted yet.
+        let hand_offs = cache.hand_offs().expect("cache on");
+        hand_offs
+            .watched
+            .store(true, std::sync::atomic::Ordering::Release);
+        assert!(cache.marked_up() && !cache.available());
     }
 }
