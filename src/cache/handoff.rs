@@ -8,7 +8,7 @@
 //!
 //! **Why the writer may answer after one lease bound even if nobody applied its row.** A
 //! process that listens uses Redis and its memory only while it holds its *hand-off lease*
-//! ([`HandOffs::heard`]), a [`Lease`] like the one of [`super::lease`] whose heartbeats travel
+//! ([`HandOffs::hearing`]), a [`Lease`] like the one of [`super::lease`] whose heartbeats travel
 //! the hand-off path: every [`Lease::period`] the process `NOTIFY`s an *echo* on a channel of
 //! its own (`chirp_echo_{id}`), and its listener hears it on the connection that hears
 //! hand-offs. Postgres delivers one listener's notifications in the order their transactions
@@ -84,7 +84,7 @@ impl HandOffs {
 
     /// Whether this process may use Redis and its memory as far as hand-offs go: it does not
     /// listen, or it holds its hand-off lease (see the module docs).
-    pub fn heard(&self) -> bool {
+    pub fn hearing(&self) -> bool {
         !self.watched.load(Ordering::Acquire) || self.lease.held()
     }
 
@@ -222,20 +222,25 @@ async fn listen_once(
     let own = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy_with(options.clone());
-    let mut listener = match PgListener::connect_with(&own).await {
-        Ok(l) => l,
-        Err(e) => return e.into(),
-    };
-    listener.eager_reconnect(false);
     let echoes = echo_channel(&hand_offs.lease);
-    if let Err(e) = listener.listen_all([CHANNEL, echoes.as_str()]).await {
-        return e.into();
-    }
+    let silence = hand_offs.lease.length() * lease::SILENCE;
+    // Bounded: a connection that goes half-open before its LISTEN is answered would hold this
+    // task for good (the history checker's half-open listener found it).
+    let started = tokio::time::timeout(silence, async {
+        let mut listener = PgListener::connect_with(&own).await?;
+        listener.eager_reconnect(false);
+        listener.listen_all([CHANNEL, echoes.as_str()]).await?;
+        Ok::<_, sqlx::Error>(listener)
+    });
+    let mut listener = match started.await {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => return e.into(),
+        Err(_) => return anyhow::anyhow!("no answer to LISTEN within {silence:?}"),
+    };
     // Hand-offs sent before the LISTEN were not heard: Redis is used again only after a
     // recovery that starts now has relayed every row.
     cache.require_recovery("the hand-off listener (re)started");
     hand_offs.lease.alive_now();
-    let silence = hand_offs.lease.length() * lease::SILENCE;
     let permits = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
     loop {
         // Dropping `try_recv` midway loses the connection's state: only done when it goes.

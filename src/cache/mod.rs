@@ -197,7 +197,7 @@ impl Inner {
     /// before the mark: a listener that renews its lease after marking Redis down (see
     /// [`handoff`]) is never seen renewed and still marked up.
     fn in_use(&self) -> bool {
-        self.hand_offs.heard() && self.state.load(Ordering::Acquire) & 1 == 1
+        self.hand_offs.hearing() && self.state.load(Ordering::Acquire) & 1 == 1
     }
 
     /// Counts a mark down and clears the mark; returns whether Redis was marked up.

@@ -639,7 +639,7 @@ pub fn urlencode(s: &str) -> String {
 }
 
 mod proxy {
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -670,6 +670,8 @@ mod proxy {
         up: Arc<AtomicBool>,
         cut: watch::Sender<u64>,
         pubsub: watch::Sender<PubSub>,
+        /// Connections this proxy left half-open.
+        half_opened: Arc<AtomicUsize>,
     }
 
     /// Client sockets of half-open connections, kept open (no FIN) for the test's life.
@@ -710,6 +712,8 @@ mod proxy {
             let (cut, _) = watch::channel(0u64);
             let (pubsub, _) = watch::channel(PubSub::Pass);
             let (up_, cut_, pubsub_) = (up.clone(), cut.clone(), pubsub.clone());
+            let half_opened = Arc::new(AtomicUsize::new(0));
+            let half_opened_ = half_opened.clone();
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     if !up_.load(Ordering::SeqCst) {
@@ -723,6 +727,7 @@ mod proxy {
                         server,
                         cut_.subscribe(),
                         pubsub_.subscribe(),
+                        half_opened_.clone(),
                     ));
                 }
             });
@@ -731,7 +736,13 @@ mod proxy {
                 up,
                 cut,
                 pubsub,
+                half_opened,
             }
+        }
+
+        /// How many connections this proxy has left half-open so far.
+        pub fn half_opened(&self) -> usize {
+            self.half_opened.load(Ordering::SeqCst)
         }
 
         pub fn url(&self) -> String {
@@ -756,6 +767,7 @@ mod proxy {
         server: TcpStream,
         mut cut: watch::Receiver<u64>,
         mut mode: watch::Receiver<PubSub>,
+        half_opened: Arc<AtomicUsize>,
     ) {
         // A second handle on the client's socket: dropping the streams below then closes only
         // Redis's side, if the connection is to be left half-open.
@@ -801,6 +813,7 @@ mod proxy {
             _ = cut.changed() => {}
             _ = half_open => {
                 HALF_OPEN.lock().unwrap_or_else(|p| p.into_inner()).push(keep);
+                half_opened.fetch_add(1, Ordering::SeqCst);
                 return;
             }
         }

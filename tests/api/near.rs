@@ -909,7 +909,7 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
 /// memory until a relay took the row seconds later. Now `b` uses Redis and its memory only
 /// while its echoes come back on the connection that hears hand-offs ([`chirp::cache::handoff`]):
 /// when `a` answers, `b` asks Postgres. Once the connection passes again, `b` relays the row
-/// before it uses Redis again.
+/// before it uses Redis again, even if a listener it opened meanwhile went half-open unanswered.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_when_logout_answers(
     db: PgPool,
@@ -959,7 +959,14 @@ async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_wh
         res.body
     );
     assert!(!b.state.cache.available(), "b no longer uses Redis");
-    // The connection passes again: b listens, relays the row, then uses Redis again.
+    // b hears none of its echoes and listens again; that connection's LISTEN is swallowed and
+    // the connection left half-open too (it held b's listener for good, unanswered: found by
+    // the history checker). Then the proxy passes again: b listens, relays the row, and uses
+    // Redis again.
+    eventually("b's second listener went half-open", async || {
+        pg.half_opened() >= 2
+    })
+    .await;
     pg.set_pubsub(PubSub::Pass);
     eventually("b uses Redis again", async || b.state.cache.available()).await;
     assert_eq!(a.outbox_rows().await, 0, "b's recovery relayed the row");

@@ -2378,6 +2378,13 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    if !cache.available() {
+        checked = Err(anyhow::anyhow!(
+            "redis not back in use within 10 s (marked up: {}, hand-off lease held: {:?})",
+            cache.marked_up(),
+            cache.hand_offs().map(|h| h.lease().held())
+        ));
+    }
     match checked {
         Ok(report) if report.differences.is_empty() => {}
         Ok(report) => world
