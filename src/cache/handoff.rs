@@ -22,8 +22,9 @@
 //! notification order in place of Redis's message order.)
 //!
 //! **What sqlx would hide.** `PgListener` reconnects by itself when its connection drops, and
-//! what was sent meanwhile is lost. Here a lost connection, or one on which none of this
-//! process's echoes arrived for [`lease::SILENCE`] lengths (half-open), is replaced: the lease
+//! what was sent meanwhile is lost. Here a lost connection, one on which none of this process's
+//! echoes arrived for [`lease::SILENCE`] lengths (half-open), or one whose `LISTEN` was not
+//! answered within them, is replaced: the lease
 //! is dropped, the new connection listens, then Redis is marked down so that a recovery that
 //! starts after the `LISTEN` relays what the missed notifications named.
 
