@@ -106,7 +106,6 @@ impl HandOffs {
     /// One of this process's echoes was heard: renews the lease now, or once the hand-offs
     /// received before it are settled.
     fn echo(&self, payload: String) {
-        self.lease.alive_now();
         let grant = self.settlement().heard(payload);
         if let Some(payload) = grant {
             self.lease.heard(&payload);
@@ -241,7 +240,6 @@ async fn listen_once(
     // Hand-offs sent before the LISTEN were not heard: Redis is used again only after a
     // recovery that starts now has relayed every row.
     cache.require_recovery("the hand-off listener (re)started");
-    hand_offs.lease.alive_now();
     let permits = Arc::new(tokio::sync::Semaphore::new(AT_ONCE));
     loop {
         // Dropping `try_recv` midway loses the connection's state: only done when it goes.
@@ -251,11 +249,9 @@ async fn listen_once(
                 Ok(None) => return anyhow::anyhow!("connection lost"),
                 Err(e) => return e.into(),
             },
+            // No message at all, not even an echo (one every period): half-open.
             _ = tokio::time::sleep(silence) => {
-                if hand_offs.lease.silent() {
-                    return anyhow::anyhow!("none of this process's echoes arrived");
-                }
-                continue;
+                return anyhow::anyhow!("none of this process's echoes arrived within {silence:?}");
             }
         };
         if note.channel() == echoes {

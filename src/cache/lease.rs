@@ -201,9 +201,8 @@ impl Lease {
         self.term.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Restarts the silence clock: a new subscription, or a heartbeat of this process's own
-    /// heard that renews nothing yet (a hand-off echo held back, see [`super::handoff`]).
-    pub fn alive_now(&self) {
+    /// Starts the silence clock of a new subscription.
+    pub fn subscribed_now(&self) {
         self.heard_at
             .store(self.ns(Instant::now()), Ordering::Release);
     }

@@ -187,7 +187,7 @@ impl Cache {
                     if pubsub.subscribe(&names).await.is_ok() {
                         shared.subscribed.store(true, Ordering::Release);
                         cache.set_subscribed(true);
-                        shared.lease.alive_now();
+                        shared.lease.subscribed_now();
                         let mut messages = pubsub.on_message();
                         let mut tick = tokio::time::interval(shared.lease.period());
                         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
