@@ -197,7 +197,11 @@ impl Inner {
     /// before the mark: a listener that renews its lease after marking Redis down (see
     /// [`handoff`]) is never seen renewed and still marked up.
     fn in_use(&self) -> bool {
-        self.hand_offs.hearing() && self.state.load(Ordering::Acquire) & 1 == 1
+        self.hand_offs.hearing() && self.marked_up()
+    }
+
+    fn marked_up(&self) -> bool {
+        self.state.load(Ordering::Acquire) & 1 == 1
     }
 
     /// Counts a mark down and clears the mark; returns whether Redis was marked up.
@@ -339,9 +343,7 @@ impl Cache {
 
     /// Whether Redis is marked up (whatever the hand-off lease): the monitor recovers while not.
     pub fn marked_up(&self) -> bool {
-        self.inner
-            .as_ref()
-            .is_some_and(|i| i.state.load(Ordering::Acquire) & 1 == 1)
+        self.inner.as_ref().is_some_and(|i| i.marked_up())
     }
 
     /// How many times Redis was marked down so far: what a recovery reads before it relays

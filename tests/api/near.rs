@@ -846,61 +846,112 @@ async fn on_the_cluster_a_stalled_subscription_stops_its_process_answering_from_
     stalled_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
+/// Two processes for hand-offs: `b` reaches Redis through a proxy that stays up, `a` the same
+/// Redis (one prefix) through `cut`, which the test cuts; `b`'s monitor runs on `monitor_db`
+/// (its outbox relay and hand-off listener), and alice, signed up on `b`, has her token held in
+/// `b`'s memory.
+struct HandOff {
+    a: TestApp,
+    b: TestApp,
+    cut: Proxy,
+    _direct: Proxy,
+    stop: tokio::sync::watch::Sender<bool>,
+    monitor: tokio::task::JoinHandle<()>,
+    token: String,
+}
+
+impl HandOff {
+    async fn start(db: PgPool, monitor_db: impl FnOnce(&TestApp) -> PgPool) -> Self {
+        let (direct, cut) = (Proxy::start().await, Proxy::start().await);
+        let url = direct.url();
+        let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
+        let (prefix, url) = (b.prefix.clone(), cut.url());
+        let a = TestApp::with(db, |c| {
+            c.redis_prefix = prefix;
+            c.redis_url = url;
+        })
+        .await;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let monitor = tokio::spawn(chirp::cache::outbox::monitor(
+            b.state.cache.clone(),
+            monitor_db(&b),
+            stopped,
+        ));
+        let (_, token) = b.signup("alice").await;
+        token_held_in_memory(&b, &token).await;
+        HandOff {
+            a,
+            b,
+            cut,
+            _direct: direct,
+            stop,
+            monitor,
+            token,
+        }
+    }
+
+    /// Whether `b`'s monitor listens for hand-offs: an idle connection whose last statement
+    /// was the LISTEN.
+    async fn b_listens(&self) -> bool {
+        sqlx::query_scalar(
+            "select exists (select 1 from pg_stat_activity
+                            where datname = current_database() and state = 'idle'
+                              and query ilike 'listen %chirp_outbox%')",
+        )
+        .fetch_one(self.b.db())
+        .await
+        .expect("pg_stat_activity")
+    }
+
+    /// Cuts `a` off from Redis, logs alice out on `a`, and asserts that `b` refuses her token
+    /// once the logout answered.
+    async fn logout_on_a_cut_off(&self) {
+        self.cut.set_up(false);
+        let res = (self.a)
+            .post("/api/accounts/logout/", Some(&self.token), json!({}))
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        self.assert_b_refuses_the_token().await;
+    }
+
+    async fn assert_b_refuses_the_token(&self) {
+        let res = (self.b)
+            .get("/api/accounts/login_status/", Some(&self.token))
+            .await;
+        assert_ne!(
+            res.status,
+            StatusCode::OK,
+            "b accepted a revoked token: {}",
+            res.body
+        );
+    }
+
+    async fn stop(self) {
+        self.stop.send_replace(true);
+        self.monitor.await.expect("monitor");
+    }
+}
+
 /// Review of 2026-11-26, finding 2: a write whose own Redis step fails (here `a` is cut off
 /// from Redis) answered at once, and `b` served the old values from memory until a relay took
 /// the row 5 s later. Now `a` hands the row to every process through Postgres; `b`'s monitor
 /// applies it (the tombstone, then the revocation everywhere) before `a` answers.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgPool) {
-    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
-    let url = direct.url();
-    let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
-    let (prefix, url) = (b.prefix.clone(), proxy.url());
-    let a = TestApp::with(db, |c| {
-        c.redis_prefix = prefix;
-        c.redis_url = url;
-    })
-    .await;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let monitor = tokio::spawn(chirp::cache::outbox::monitor(
-        b.state.cache.clone(),
-        b.state.db.clone(),
-        stopped,
-    ));
-    let (_, token) = b.signup("alice").await;
-    token_held_in_memory(&b, &token).await;
-    // Once b's monitor listens for hand-offs (its connection's last statement is the LISTEN;
-    // a fixed 300 ms was too short on a loaded machine), cut a off.
+    let t = HandOff::start(db, |b| b.state.db.clone()).await;
+    // Once b's monitor listens for hand-offs (a fixed 300 ms was too short on a loaded
+    // machine), cut a off.
     eventually("b's monitor listens for hand-offs", async || {
-        sqlx::query_scalar::<_, bool>(
-            "select exists (select 1 from pg_stat_activity
-                            where datname = current_database() and state = 'idle'
-                              and query ilike 'listen %chirp_outbox%')",
-        )
-        .fetch_one(b.db())
-        .await
-        .unwrap_or(false)
+        t.b_listens().await
     })
     .await;
-    proxy.set_up(false);
-    let res = a
-        .post("/api/accounts/logout/", Some(&token), json!({}))
-        .await;
-    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
-    assert_ne!(
-        res.status,
-        StatusCode::OK,
-        "b accepted a revoked token: {}",
-        res.body
-    );
+    t.logout_on_a_cut_off().await;
     assert_eq!(
-        a.outbox_rows().await,
+        t.a.outbox_rows().await,
         0,
         "b's monitor applied the handed-off row"
     );
-    stop.send_replace(true);
-    monitor.await.expect("monitor");
+    t.stop().await;
 }
 
 /// Finding 2 through a second fault: `b`'s hand-off listener is cut off silently (its Postgres
@@ -914,51 +965,20 @@ async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgP
 async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_when_logout_answers(
     db: PgPool,
 ) {
-    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
-    let url = direct.url();
-    let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
-    let (prefix, url) = (b.prefix.clone(), proxy.url());
-    let a = TestApp::with(db, |c| {
-        c.redis_prefix = prefix;
-        c.redis_url = url;
+    // b's monitor reaches Postgres through a proxy that can leave its LISTEN half-open.
+    let (pg, through) = Proxy::to_postgres(&db).await;
+    let t = HandOff::start(db, |_| through).await;
+    eventually("b's monitor listens for hand-offs", async || {
+        t.b_listens().await
     })
     .await;
-    // b's monitor reaches Postgres through a proxy that can leave its LISTEN half-open.
-    let (pg, through) = Proxy::to_postgres(b.db()).await;
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let monitor = tokio::spawn(chirp::cache::outbox::monitor(
-        b.state.cache.clone(),
-        through,
-        stopped,
-    ));
-    let (_, token) = b.signup("alice").await;
-    token_held_in_memory(&b, &token).await;
-    let listens = async || {
-        sqlx::query_scalar::<_, bool>(
-            "select exists (select 1 from pg_stat_activity
-                            where datname = current_database()
-                              and query ilike 'listen %chirp_outbox%')",
-        )
-        .fetch_one(b.db())
-        .await
-        .unwrap_or(true)
-    };
-    eventually("b's monitor listens for hand-offs", listens).await;
     pg.set_pubsub(PubSub::HalfOpen);
-    eventually("Postgres dropped b's listener", async || !listens().await).await;
-    proxy.set_up(false);
-    let res = a
-        .post("/api/accounts/logout/", Some(&token), json!({}))
-        .await;
-    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
-    assert_ne!(
-        res.status,
-        StatusCode::OK,
-        "b accepted a revoked token: {}",
-        res.body
-    );
-    assert!(!b.state.cache.available(), "b no longer uses Redis");
+    eventually("Postgres dropped b's listener", async || {
+        !t.b_listens().await
+    })
+    .await;
+    t.logout_on_a_cut_off().await;
+    assert!(!t.b.state.cache.available(), "b no longer uses Redis");
     // b hears none of its echoes and listens again; that connection's LISTEN is swallowed and
     // the connection left half-open too (it held b's listener for good, unanswered: found by
     // the history checker). Then the proxy passes again: b listens, relays the row, and uses
@@ -968,12 +988,10 @@ async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_wh
     })
     .await;
     pg.set_pubsub(PubSub::Pass);
-    eventually("b uses Redis again", async || b.state.cache.available()).await;
-    assert_eq!(a.outbox_rows().await, 0, "b's recovery relayed the row");
-    let res = b.get("/api/accounts/login_status/", Some(&token)).await;
-    assert_ne!(res.status, StatusCode::OK, "{}", res.body);
-    stop.send_replace(true);
-    monitor.await.expect("monitor");
+    eventually("b uses Redis again", async || t.b.state.cache.available()).await;
+    assert_eq!(t.a.outbox_rows().await, 0, "b's recovery relayed the row");
+    t.assert_b_refuses_the_token().await;
+    t.stop().await;
 }
 
 /// Review of 2026-11-26, finding 12: a fence run by another process (Redis came back with other
