@@ -320,7 +320,20 @@ pub async fn load_liked_set(
     let Ok(generation) = cache.begin_load_liked(user).await else {
         return liked_tweets_in_db(db, user, tweet_ids).await;
     };
-    // Its retweets too, as marks (crate::retweets::retweet_mark): `has_retweeted`.
+    let set = liked_set(db, user).await?;
+    cache.fill_liked(user, &generation, set.as_deref()).await;
+    liked_among_set(db, user, tweet_ids, set.as_deref()).await
+}
+
+/// `user`'s liked set as it is cached: the tweets it liked and its retweets, as marks
+/// ([`crate::retweets::retweet_mark`]: `has_retweeted`); `None` if it holds more than
+/// [`MAX_CACHED_LIKES`] (the set is then cached as "too many"). Load it after
+/// [`Cache::begin_load_liked`] (or [`Cache::begin_page_load`]) and store it with the
+/// generation that returned.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn liked_set(db: &PgPool, user: i64) -> sqlx::Result<Option<Vec<i64>>> {
     let all: Vec<i64> = sqlx::query_scalar(
         "(select tweet_id from tweet_likes where user_id = $1
           union all
@@ -332,13 +345,27 @@ pub async fn load_liked_set(
     .bind(MAX_CACHED_LIKES as i64 + 1)
     .fetch_all(db)
     .await?;
-    if all.len() > MAX_CACHED_LIKES {
-        cache.fill_liked(user, &generation, None).await;
-        return liked_tweets_in_db(db, user, tweet_ids).await;
+    Ok((all.len() <= MAX_CACHED_LIKES).then_some(all))
+}
+
+/// Which of `tweet_ids` `user` liked, given its whole liked set as [`liked_set`] loaded it
+/// (`None`, too many to load: one indexed query).
+///
+/// # Errors
+/// Postgres failed.
+pub async fn liked_among_set(
+    db: &PgPool,
+    user: i64,
+    tweet_ids: &[i64],
+    set: Option<&[i64]>,
+) -> sqlx::Result<HashSet<i64>> {
+    match set {
+        Some(all) => {
+            let page: HashSet<i64> = tweet_ids.iter().copied().collect();
+            Ok(all.iter().copied().filter(|id| page.contains(id)).collect())
+        }
+        None => liked_tweets_in_db(db, user, tweet_ids).await,
     }
-    cache.fill_liked(user, &generation, Some(&all)).await;
-    let page: HashSet<i64> = tweet_ids.iter().copied().collect();
-    Ok(all.into_iter().filter(|id| page.contains(id)).collect())
 }
 
 /// Which of `comment_ids` `viewer` liked: one indexed query (none if anonymous).

@@ -211,10 +211,38 @@ impl Cache {
         let (Some(keys), Some(ttl)) = (self.keys(), self.ttl()) else {
             return;
         };
-        let key = keys.liked(user);
+        let mut pipe = redis::pipe();
+        let fill = LikedFill {
+            user,
+            generation,
+            tweet_ids,
+        };
+        fill.push(&mut pipe, keys, ttl);
+        let _ = self
+            .run_bulk::<()>(&pipe, tweet_ids.map_or(1, <[i64]>::len))
+            .await;
+    }
+}
+
+/// A liked set loaded from Postgres, to store with [`scripts::SET_FILL`] ([`Cache::fill_liked`]
+/// alone, or in a cold page's fill pipeline: [`Cache::fill_hydrated`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LikedFill<'a> {
+    /// Whose set.
+    pub user: i64,
+    /// From [`Cache::begin_load_liked`] or [`Cache::begin_page_load`], before the snapshot.
+    pub generation: &'a Generation,
+    /// The set's tweet ids (and retweet marks); `None` stores the "too many" marker.
+    pub tweet_ids: Option<&'a [i64]>,
+}
+
+impl LikedFill<'_> {
+    /// Adds the `SET_FILL` (its reply ignored) to `pipe`.
+    pub(crate) fn push(&self, pipe: &mut redis::Pipeline, keys: &Keys, ttl: u64) {
+        let key = keys.liked(self.user);
         let mut inv = scripts::SET_FILL.key(&key);
-        inv.key(Keys::gen_of(&key)).arg(&generation.0).arg(ttl);
-        match tweet_ids {
+        inv.key(Keys::gen_of(&key)).arg(&self.generation.0).arg(ttl);
+        match self.tweet_ids {
             Some(ids) => {
                 for id in ids {
                     inv.arg(*id);
@@ -224,11 +252,7 @@ impl Cache {
                 inv.arg(TOO_MANY_MARKER);
             }
         }
-        let mut pipe = redis::pipe();
         pipe.invoke_script(&inv).ignore();
-        let _ = self
-            .run_bulk::<()>(&pipe, tweet_ids.map_or(1, <[i64]>::len))
-            .await;
     }
 }
 

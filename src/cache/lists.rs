@@ -77,6 +77,40 @@ pub struct Window {
     pub prefetched_liked: Option<LikedAmong>,
 }
 
+/// What [`Cache::range`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Range {
+    /// The list is cached: what it holds in range.
+    Hit(Window),
+    /// The list is not cached. `owner_likes`: the sample of the owner's liked set taken in the
+    /// same round trip, if the read asked for one ([`Window::owner_likes`]); an empty sample
+    /// says that set is not cached either (a cached one holds its marker,
+    /// [`super::liked::LIKED_MARKER`]), so a loader can begin loading both at once
+    /// ([`Cache::begin_page_load`]).
+    Miss { owner_likes: Option<Vec<i64>> },
+}
+
+impl Range {
+    /// The window of a hit; `None` on a miss.
+    pub fn hit(self) -> Option<Window> {
+        match self {
+            Range::Hit(window) => Some(window),
+            Range::Miss { .. } => None,
+        }
+    }
+}
+
+/// What [`Cache::begin_page_load`] found and began, in one round trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BegunLoad {
+    /// The list was cached by then (another loader stored it): read it rather than load.
+    pub cached: bool,
+    /// The list's generation, for [`Cache::fill_hydrated`].
+    pub list: Generation,
+    /// The liked set's generation, if its load was begun too.
+    pub liked: Option<Generation>,
+}
+
 /// The newest entries of a held list ([`ListKey::has_held_head`]) as a first page's range read
 /// found them in Redis, kept in each process's near cache ([`super::held::NearId::Head`]):
 /// a later first page of up to `count` entries is answered from it, without a round trip, if
@@ -116,6 +150,10 @@ enum Newest {
     /// Fewer than a page and no completeness marker: read again with the floor, sampling
     /// `sampled`'s liked set, keeping what was read `ahead`.
     Short { sampled: Option<i64>, ahead: Ahead },
+    /// No member at all although the read had no upper bound: the list is not cached (a
+    /// cached list holds at least its marker or one entry, and Redis deletes an emptied set).
+    /// `sample`: what the owner's liked-set sample found.
+    Missing { sample: Option<Vec<i64>> },
 }
 
 /// What a range read learnt of the guessed tweets ([`PageGuess::tweets`]) ahead of hydration:
@@ -256,17 +294,19 @@ fn parse_score(s: &[u8]) -> Option<i64> {
 
 impl Cache {
     /// Reads the members of the newest `count` entries strictly between `gt` and `lt` (µs; a
-    /// chat backlog: message ids) of a cached list in one round trip. `Ok(None)`: the list is
-    /// not cached. A timeline's bounds inside a second also read that second's members
-    /// (`Bounds`, below).
+    /// chat backlog: message ids) of a cached list in one round trip. [`Range::Miss`]: the
+    /// list is not cached (with the owner's liked-set sample, if asked). A timeline's bounds
+    /// inside a second also read that second's members (`Bounds`, below).
     ///
     /// A page without a lower bound (`gt` unset: a first page, or one below a cursor) first asks
     /// for its `count + 1` newest members alone: their lowest is the completeness marker when
     /// the list holds everything, and `count + 1` real members make a full page, whose floor
     /// nobody needs ([`Window::floor`] is `None`). Only a shorter reply without the marker (an
-    /// incomplete list ending inside the page, or no list) asks again for the floor, with the
-    /// atomic pair below. One command (with the sample below, two in one pipeline) instead of
-    /// `MULTI`, two `ZRANGE`s and `EXEC` (docs/decisions/0008-one-zrange-first-pages.md).
+    /// incomplete list ending inside the page) asks again for the floor, with the atomic pair
+    /// below; an empty reply to a read without an upper bound is a miss at once (a cold first
+    /// page learns it in one round trip, not two: issue 42). One command (with the sample
+    /// below, two in one pipeline) instead of `MULTI`, two `ZRANGE`s and `EXEC`
+    /// (docs/decisions/0008-one-zrange-first-pages.md).
     ///
     /// `with_owner_likes` (for a list owned by a user: a newsfeed, read by its owner) also asks
     /// for up to [`LIKED_SAMPLE`] members of the owner's liked set in the same round trip
@@ -299,7 +339,7 @@ impl Cache {
         count: usize,
         with_owner_likes: bool,
         guess: PageGuess<'_>,
-    ) -> Result<Option<Window>, CacheUnavailable> {
+    ) -> Result<Range, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
         let owner = match list.owner {
@@ -316,11 +356,14 @@ impl Cache {
             .newest(list, &key, &bounds, count, owner, guess)
             .await?
         {
-            Newest::Page(window) => Ok(Some(window)),
+            Newest::Page(window) => Ok(Range::Hit(window)),
             Newest::Short { sampled, ahead } => {
                 self.range_with_floor(&key, &bounds, count, sampled, ahead)
                     .await
             }
+            Newest::Missing { sample } => Ok(Range::Miss {
+                owner_likes: sample,
+            }),
         }
     }
 
@@ -382,8 +425,14 @@ impl Cache {
             Some(head) => head.complete && head.items.len() <= count,
             None => items.last().is_some_and(|m| m == MARKER.as_bytes()),
         };
+        if items.is_empty() && head.is_none() && bounds.lt.is_none() {
+            // Not even the marker between +inf and -inf: no list.
+            return Ok(Newest::Missing {
+                sample: taken.sample,
+            });
+        }
         if !complete && items.len() <= count {
-            // An incomplete list ending inside the page, or no list: ask for the floor.
+            // An incomplete list ending inside the page: ask for the floor.
             return Ok(Newest::Short {
                 sampled: plan.sample,
                 ahead,
@@ -456,7 +505,7 @@ impl Cache {
         count: usize,
         sampled: Option<i64>,
         ahead: Ahead,
-    ) -> Result<Option<Window>, CacheUnavailable> {
+    ) -> Result<Range, CacheUnavailable> {
         let inner = self.live()?;
         let plan = Piggyback {
             sample: sampled,
@@ -480,7 +529,10 @@ impl Cache {
         let taken = plan.take(&mut replies)?;
         let mut lowest = lowest.into_iter();
         let Some(first) = lowest.next() else {
-            return Ok(None); // an empty reply: the list is not cached
+            // An empty reply: the list is not cached.
+            return Ok(Range::Miss {
+                owner_likes: taken.sample,
+            });
         };
         let complete = first == MARKER.as_bytes();
         let floor = match (complete, lowest.next()) {
@@ -489,7 +541,7 @@ impl Cache {
         };
         items.retain(|member| member != MARKER.as_bytes());
         items.truncate(count);
-        Ok(Some(Window {
+        Ok(Range::Hit(Window {
             complete,
             floor,
             items,
@@ -532,6 +584,48 @@ impl Cache {
         pipe.invoke_script(scripts::BEGIN_LOAD.key(gen_key).arg(inner.ttl_secs));
         let (g,): (String,) = self.run(&pipe).await?;
         Ok(Generation(g))
+    }
+
+    /// The miss path's start, in one round trip: whether `list` is cached by now (a loader in
+    /// another process, or this one before the single-flight lock was taken, stored it), and
+    /// [`Cache::begin_load`] of the list and, with `liked_of`, of that user's liked set (which
+    /// shares a newsfeed's hash tag; a miss's sample said it is not cached: [`Range::Miss`]).
+    /// Call before the Postgres snapshots. A list found cached is read with [`Cache::range`];
+    /// loading it anyway would only be refused by [`scripts::FILL`]. (It replaces a second
+    /// range read and a `BEGIN_LOAD` of the list and of the liked set, each a round trip, on
+    /// every cold first page: issue 42.)
+    pub async fn begin_page_load(
+        &self,
+        list: ListKey,
+        liked_of: Option<i64>,
+    ) -> Result<BegunLoad, CacheUnavailable> {
+        let inner = self.live()?;
+        let key = inner.keys.list(list);
+        let mut pipe = redis::pipe();
+        pipe.cmd("EXISTS").arg(&key).invoke_script(
+            scripts::BEGIN_LOAD
+                .key(Keys::gen_of(&key))
+                .arg(inner.ttl_secs),
+        );
+        if let Some(user) = liked_of {
+            let liked = Keys::gen_of(&inner.keys.liked(user));
+            pipe.invoke_script(scripts::BEGIN_LOAD.key(liked).arg(inner.ttl_secs));
+        }
+        let (cached, g, liked) = match liked_of {
+            Some(_) => {
+                let (cached, g, liked): (bool, String, String) = self.run(&pipe).await?;
+                (cached, g, Some(Generation(liked)))
+            }
+            None => {
+                let (cached, g): (bool, String) = self.run(&pipe).await?;
+                (cached, g, None)
+            }
+        };
+        Ok(BegunLoad {
+            cached,
+            list: Generation(g),
+            liked,
+        })
     }
 
     /// Starts growing an incomplete cached list downwards ([`scripts::EXTEND`]): its generation
@@ -634,18 +728,19 @@ impl Cache {
         complete: bool,
         entries: &[Scored],
     ) -> Result<bool, CacheUnavailable> {
-        self.fill_with(list, generation, complete, entries, redis::pipe())
+        self.fill_with(list, generation, complete, entries, (redis::pipe(), 0))
             .await
     }
 
-    /// The fill of [`Cache::fill`] after the (ignored) commands already in `pipe`.
+    /// The fill of [`Cache::fill`] after the (ignored) commands already in `pipe`, which write
+    /// `items` items (they size the round trip's timeout: [`Cache::run_bulk`]).
     pub(super) async fn fill_with(
         &self,
         list: ListKey,
         generation: &Generation,
         complete: bool,
         entries: &[Scored],
-        mut pipe: redis::Pipeline,
+        (mut pipe, items): (redis::Pipeline, usize),
     ) -> Result<bool, CacheUnavailable> {
         let inner = self.live()?;
         let key = inner.keys.list(list);
@@ -658,7 +753,7 @@ impl Cache {
             inv.arg(*score).arg(member);
         }
         pipe.invoke_script(&inv);
-        let (stored,): (i64,) = self.run_bulk(&pipe, entries.len()).await?;
+        let (stored,): (i64,) = self.run_bulk(&pipe, entries.len() + items).await?;
         inner.stats.loads.fetch_add(1, Ordering::Relaxed);
         Ok(stored == 1)
     }

@@ -56,7 +56,7 @@ use redis::{FromRedisValue, Pipeline};
 use crate::config::{CacheMode, Config};
 pub use conn::{Conn, Session, Wait};
 pub use keys::{Keys, ListKey, Owner};
-pub use lists::{Generation, PageGuess, Scored, Window};
+pub use lists::{BegunLoad, Generation, PageGuess, Range, Scored, Window};
 pub(crate) use transport::Scan;
 use transport::{RESPONSE_TIMEOUTS, per_item, query, query_noting_acks, session};
 pub use update::{Guard, Repair, Staged, Update};

@@ -7,6 +7,7 @@
 use std::collections::HashSet;
 
 use super::hydration::{Authors, Prefetched};
+use super::liked::LikedFill;
 use crate::cache::Scored;
 use crate::cache::counts::Versioned;
 use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey};
@@ -312,7 +313,9 @@ impl Cache {
 
     /// [`Cache::fill`], and the tweets (with their counts) and authors of the entries in the
     /// same round trip, so that readers who waited for this load hydrate from Redis. The
-    /// objects are in the cached form the page itself is written from, encoded once.
+    /// objects are in the cached form the page itself is written from, encoded once. `liked`:
+    /// the reader's liked set, loaded beside the page ([`Cache::begin_page_load`]), stored in
+    /// the same round trip too.
     pub async fn fill_hydrated(
         &self,
         list: ListKey,
@@ -320,9 +323,15 @@ impl Cache {
         complete: bool,
         entries: &[Scored],
         objects: &[Hydrated],
+        liked: Option<LikedFill<'_>>,
     ) -> Result<bool, CacheUnavailable> {
         let inner = self.live()?;
         let mut pipe = redis::pipe();
+        let mut items = 0;
+        if let Some(liked) = liked {
+            liked.push(&mut pipe, &inner.keys, inner.ttl_secs);
+            items += liked.tweet_ids.map_or(1, <[i64]>::len);
+        }
         let mut versioned = Vec::with_capacity(3 * objects.len());
         let mut authors = HashSet::new();
         for o in objects {
@@ -344,7 +353,7 @@ impl Cache {
             }
         }
         self.pipe_put_versioned_many(&mut pipe, versioned);
-        self.fill_with(list, generation, complete, entries, pipe)
+        self.fill_with(list, generation, complete, entries, (pipe, items))
             .await
     }
 

@@ -59,6 +59,7 @@ pub(super) async fn cached_after(
             Default::default(),
         )
         .await
+        .map(crate::cache::Range::hit)
     {
         Ok(Some(window)) => {
             let covers = window.complete || window.floor.is_some_and(|f| f <= after + 1);

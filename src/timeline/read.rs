@@ -7,13 +7,15 @@ use std::sync::atomic::Ordering;
 use sqlx::PgPool;
 
 use crate::cache::hydration::Prefetched;
+use crate::cache::liked::LikedFill;
 use crate::cache::objects::Hydrated;
 use crate::cache::pages::PageShape;
-use crate::cache::{Cache, CacheUnavailable, PageGuess, Scored, Update, Window};
+use crate::cache::{Cache, CacheUnavailable, PageGuess, Range, Scored, Update, Window};
+use crate::likes;
 use crate::pagination::PageRequest;
 use crate::time::{self, Timestamp};
 
-use super::hydration::{hydrate, mark_liked, with_likes};
+use super::hydration::{hydrate, with_likes};
 use super::{AuthorBody, Item, ListMember, Timeline, TweetBody};
 
 pub(super) enum ReadError {
@@ -116,13 +118,15 @@ async fn read_cached(
         .range(timeline.key(), lt, gt, want, owner_likes, guess)
         .await?
     {
-        Some(w) => {
+        Range::Hit(w) => {
             stats.hits.fetch_add(1, Ordering::Relaxed);
             w
         }
-        None => {
+        Range::Miss { owner_likes } => {
             stats.misses.fetch_add(1, Ordering::Relaxed);
-            match load_window(db, cache, timeline, req, viewer).await? {
+            // An empty sample of the owner's liked set: it is not cached either.
+            let load_liked = viewer.filter(|_| owner_likes.is_some_and(|s| s.is_empty()));
+            match load_window(db, cache, timeline, req, viewer, load_liked).await? {
                 Loaded::Window(window) => window,
                 Loaded::Page(items) => {
                     // As below: the next read of this page prefetches its counters.
@@ -207,25 +211,29 @@ enum Loaded {
 
 /// The miss path: one load per list at a time (single flight), a page-sized first window
 /// answered at once; the list grows to its full window when a read first goes below it
-/// ([`spawn_extension`]); see the module docs.
+/// ([`spawn_extension`]); see the module docs. `load_liked`: the viewer whose liked set the
+/// miss found not cached either (a newsfeed's owner): it is loaded beside the page and stored
+/// in the same fill.
+///
+/// A cold first page of a newsfeed whose reader's liked set is not cached either makes three
+/// Redis round trips (the range, the start of both loads, the fill) and two Postgres queries at
+/// once (the page, the liked set); it made nine and two, one after another, before round 32
+/// (BENCHMARKS.md; a second range read after the lock, `BEGIN_LOAD`, the `SMISMEMBER` that found
+/// the liked set missing, its own `BEGIN_LOAD` and `SET_FILL`, and the floor's read of each
+/// range).
 async fn load_window(
     db: &PgPool,
     cache: &Cache,
     timeline: Timeline,
     req: &PageRequest,
     viewer: Option<i64>,
+    load_liked: Option<i64>,
 ) -> Result<Loaded, ReadError> {
     let want = req.want();
     let (lt, gt) = (req.lt.map(time::to_micros), req.gt.map(time::to_micros));
     let list = timeline.key();
     let flight = cache.flight(list).ok_or(ReadError::Cache)?;
     let loading = flight.acquire().await;
-    if let Some(window) = cache
-        .range(list, lt, gt, want, false, PageGuess::default())
-        .await?
-    {
-        return Ok(Loaded::Window(window)); // another request loaded it while we waited
-    }
     if !timeline.owner_exists(db, cache).await? {
         // Nothing to cache: the caller answers the empty page with a 404.
         return Ok(Loaded::Window(Window {
@@ -235,9 +243,18 @@ async fn load_window(
             ..Window::default()
         }));
     }
-    // Start the load before the snapshot: a write committed after the snapshot bumps the
-    // generation, and FILL then refuses to store the stale load.
-    let generation = cache.begin_load(list).await?;
+    // Start the loads before the snapshots: a write committed after a snapshot bumps the
+    // generation, and the fill then refuses to store the stale load. The same round trip
+    // tells whether the list is cached by now (the loader we waited for stored it).
+    let begun = cache.begin_page_load(list, load_liked).await?;
+    if begun.cached
+        && let Range::Hit(window) = cache
+            .range(list, lt, gt, want, false, PageGuess::default())
+            .await?
+    {
+        return Ok(Loaded::Window(window));
+    }
+    let load_liked = load_liked.filter(|_| begun.liked.is_some());
     // The first window is the newest page, hydrated in the same query: a cold first page costs
     // what the page needs (issue 42: the whole window, 1,001 rows, took 25–46 ms). One entry
     // more than the page reads (`want`), so that a warm read of the first page finds more
@@ -249,8 +266,15 @@ async fn load_window(
         _ => want,
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
-    let fill = timeline.page(db, None, None, first + 1);
-    let mut rows = cache.time_postgres("first_fill", fill).await?;
+    let fill = cache.time_postgres("first_fill", timeline.page(db, None, None, first + 1));
+    let liked_set = async {
+        match load_liked {
+            Some(user) => likes::liked_set(db, user).await.map(Some),
+            None => Ok(None),
+        }
+    };
+    // Two pool connections at once: the liked set's query does not wait behind the page's.
+    let (mut rows, liked_set) = tokio::try_join!(fill, liked_set)?;
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();
@@ -261,32 +285,49 @@ async fn load_window(
         .into_iter()
         .map(|r| ((r.entry_id, r.created_at), r.hydrated()))
         .unzip();
+    let liked_fill = match (load_liked, &begun.liked, &liked_set) {
+        (Some(user), Some(generation), Some(set)) => Some(LikedFill {
+            user,
+            generation,
+            tweet_ids: set.as_deref(),
+        }),
+        _ => None,
+    };
     cache
-        .fill_hydrated(list, &generation, complete, &scored, &objects)
+        .fill_hydrated(list, &begun.list, complete, &scored, &objects, liked_fill)
         .await?;
     drop(loading);
     // The page lies inside the first window unless it starts below it.
     let inside = at.iter().filter(|(_, t)| req.contains(*t)).count();
     let covered = inside >= want || complete || matches!((gt, floor), (Some(g), Some(f)) if g >= f);
     let items = if covered {
-        let page = at
+        let page: Vec<(i64, Timestamp, Hydrated)> = at
             .into_iter()
             .zip(objects)
             .filter(|((_, t), _)| req.contains(*t))
             .take(want)
-            .map(|((id, created_at), o)| Item {
+            .map(|((id, created_at), o)| (id, created_at, o))
+            .collect();
+        let ids: Vec<i64> = page.iter().map(|(_, _, o)| o.tweet.id).collect();
+        let liked = match (load_liked, liked_set) {
+            (Some(user), Some(set)) => {
+                likes::liked_among_set(db, user, &ids, set.as_deref()).await?
+            }
+            _ => likes::liked_tweets(db, cache, viewer, &ids).await?,
+        };
+        page.into_iter()
+            .map(|(id, created_at, o)| Item {
                 id,
                 created_at,
+                has_liked: liked.contains(&o.tweet.id),
                 tweet: TweetBody::Cached(o.tweet),
                 author: AuthorBody::Cached(o.author),
                 counts: o.counts,
-                has_liked: false,
                 has_retweeted: false,
                 retweeted: None,
                 mentions: Vec::new(),
             })
-            .collect();
-        mark_liked(db, cache, page, viewer).await?
+            .collect()
     } else {
         // A page below the first window: Postgres answers it, and the list grows for the
         // pages after it.

@@ -132,6 +132,51 @@ async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
     assert!(report.differences.is_empty(), "{:?}", report.differences);
 }
 
+/// A returning reader's first newsfeed page with nothing of theirs in Redis or in the process's
+/// memory (a fresh process after a flush) makes seven Redis round trips: two for the token and
+/// two for the reader's hidden set (each a miss, then storing what Postgres said), and three for
+/// the page: the range read that finds the list missing (its sample of the liked set says that
+/// is missing too), one that begins both loads (and tells whether another loader stored the
+/// list meanwhile), one that stores the page, its objects and the liked set. Before round 32
+/// (issue 42) the page made nine: the range and the re-check under the lock each read twice,
+/// then `BEGIN_LOAD`, the fill, an `SMISMEMBER` that found the liked set missing, its
+/// `BEGIN_LOAD` and its `SET_FILL`. The page is the Postgres page, `has_liked` included, both
+/// are cached after it, and the warm page is the same.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_first_touch_makes_seven_redis_round_trips(db: PgPool) {
+    let off = TestApp::with(db.clone(), |c| c.cache = CacheMode::Off).await;
+    let World { bob, tb, .. } = world(&off).await;
+    // (Up to the list limit: a larger page is answered from Postgres beyond the first window.)
+    for size in [1, 5, 20, 38] {
+        let uri = format!("/api/newsfeeds/?page_size={size}");
+        // A process of its own each time, nothing in its memory nor in Redis.
+        let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+        let before = app.redis_round_trips();
+        let cold = app.get(&uri, Some(&tb)).await;
+        let cold_trips = app.redis_round_trips() - before;
+        assert_eq!(cold.body, off.get(&uri, Some(&tb)).await.body, "{uri}");
+        // Dave's tweets came last (by the follow's backfill), four of the twelve liked.
+        let liked_shown = cold.body["results"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|e| e["tweet"]["has_liked"] == true));
+        assert!(liked_shown || size < 12, "{uri}: bob's likes shown");
+        assert_eq!(cold_trips, 7, "{uri}: Redis round trips of a first touch");
+        assert!(cached_len(&app, bob).await.is_some(), "{uri}: list stored");
+        let mut r = app.redis().await;
+        let liked: bool = redis::cmd("EXISTS")
+            .arg(app.keys().liked(bob))
+            .query_async(&mut r)
+            .await
+            .expect("exists");
+        assert!(liked, "{uri}: liked set stored");
+        assert_eq!(
+            app.get(&uri, Some(&tb)).await.body,
+            cold.body,
+            "{uri}: warm"
+        );
+    }
+}
+
 /// 50 readers of one cold newsfeed at once: one Postgres load (the others wait for it and read
 /// the list it stored) of one page, every reader gets the same page, and readers who scroll
 /// below it grow the list to its window once.

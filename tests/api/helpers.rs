@@ -450,6 +450,15 @@ impl TestApp {
         self.state.cache.keys().expect("cache on").clone()
     }
 
+    /// How many Redis round trips (pipelines) this process's cache has made so far
+    /// (`chirp_redis_round_trip_seconds_count`). A test app runs no background task of its own,
+    /// so between two reads of this, only the requests in between count.
+    pub fn redis_round_trips(&self) -> u64 {
+        let stats = self.state.cache.stats().expect("cache on");
+        let round_trips = stats.round_trips.get().expect("metrics registered");
+        round_trips.redis.get_sample_count()
+    }
+
     pub fn stat(&self, name: &str) -> u64 {
         let s = self.state.cache.stats().expect("cache on");
         let counter = match name {
