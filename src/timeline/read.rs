@@ -254,7 +254,6 @@ async fn load_window(
     {
         return Ok(Loaded::Window(window));
     }
-    let load_liked = load_liked.filter(|_| begun.liked.is_some());
     // The first window is the newest page, hydrated in the same query: a cold first page costs
     // what the page needs (issue 42: the whole window, 1,001 rows, took 25–46 ms). One entry
     // more than the page reads (`want`), so that a warm read of the first page finds more
