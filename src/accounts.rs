@@ -7,7 +7,7 @@
 use argon2::password_hash::{
     PasswordHash, PasswordHasher, PasswordVerifier, SaltString, rand_core::OsRng,
 };
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 
 use argon2::Argon2;
 use base64::Engine;
@@ -16,6 +16,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::blocks::Hidden;
 use crate::cache::near::Lookup;
 use crate::cache::objects::CachedToken;
 use crate::cache::tokens::TokenCache;
@@ -311,7 +312,7 @@ pub async fn authenticate(
     match cached_token(cache, tokens, hash).await {
         Known::User(id) => Ok(id),
         Known::Invalid => Err(ApiError::InvalidToken),
-        Known::Neither(lookup) => load_token(db, cache, tokens, hash, lookup).await,
+        Known::Neither(lookup) => Ok(load_token(db, cache, tokens, hash, lookup).await?.0),
     }
 }
 
@@ -351,10 +352,15 @@ pub async fn cached_token(cache: &Cache, tokens: &TokenCache, hash: &[u8]) -> Kn
 }
 
 /// The user of the token with SHA-256 `hash` from Postgres, cached in Redis and (unless a
-/// revocation was heard since `lookup` began) in memory. A token Postgres does not know is
+/// revocation was heard since `lookup` began) in memory. The same statement reads the user's
+/// hidden set ([`crate::blocks`]), cached in the same round trip: a returning user's token
+/// and hidden set are gone from the caches together, and the request that brings the token
+/// back filters its timeline with the set (decision 0030). A token Postgres does not know is
 /// remembered as unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory,
 /// so asking again costs no Postgres query (a token can not become valid later: it is random
 /// and issued, stored, before any client has it).
+///
+/// Returns the user's id and hidden set.
 ///
 /// # Errors
 /// `InvalidToken` for an unknown token; Postgres errors.
@@ -364,20 +370,28 @@ pub async fn load_token(
     tokens: &TokenCache,
     hash: &[u8],
     lookup: Lookup,
-) -> ApiResult<i64> {
-    let user: Option<i64> =
-        sqlx::query_scalar("select user_id from auth_tokens where token_hash = $1")
-            .bind(hash)
-            .fetch_optional(db)
-            .await?;
-    let Some(id) = user else {
+) -> ApiResult<(i64, Arc<Hidden>)> {
+    let hidden_lookup = cache.begin_hidden_lookup();
+    let row: Option<(i64, i64, Vec<i64>, Vec<i64>)> = sqlx::query_as(concat!(
+        "select auth_tokens.user_id, ",
+        crate::hidden_set_columns!("auth_tokens.user_id"),
+        " from auth_tokens join users on users.id = auth_tokens.user_id",
+        " where auth_tokens.token_hash = $1",
+    ))
+    .bind(hash)
+    .fetch_optional(db)
+    .await?;
+    let Some((id, version, hidden, blocked_by)) = row else {
         tokens.remember_unknown(hash);
         cache.put_unknown_token(hash, UNKNOWN_TOKEN_SECS).await;
         return Err(ApiError::InvalidToken);
     };
-    cache.put_token(hash, id).await;
+    let hidden = Arc::new(Hidden::new(version, hidden, blocked_by));
+    cache
+        .put_token_and_hidden(hash, hidden_lookup, id, &hidden)
+        .await;
     tokens.insert(lookup, hash, id);
-    Ok(id)
+    Ok((id, hidden))
 }
 
 /// Seconds Redis remembers a token that Postgres did not know.

@@ -184,12 +184,29 @@ macro_rules! hidden_accounts_of {
     };
 }
 
+/// A user's hidden set as three columns of a query over `users` (`hidden_version`, the
+/// hidden ids, the ids that block the user), `$user` naming the user's id (a parameter or a
+/// column): read into a [`Hidden`] by [`Hidden::new`]. Shared by [`load`] and a token's load
+/// ([`crate::accounts::load_token`]), so both read the same set.
+#[macro_export]
+macro_rules! hidden_set_columns {
+    ($user:literal) => {
+        concat!(
+            "users.hidden_version, array(",
+            $crate::hidden_accounts_of!($user),
+            "), array(select user_id from blocks where target_id = ",
+            $user,
+            ")"
+        )
+    };
+}
+
 /// `user`'s hidden set as Postgres has it (one query).
 async fn load(conn: &mut PgConnection, user: i64) -> sqlx::Result<Hidden> {
     let (version, hidden, blocked_by): (i64, Vec<i64>, Vec<i64>) = sqlx::query_as(concat!(
-        "select hidden_version, array(",
-        hidden_accounts_of!("$1"),
-        "), array(select user_id from blocks where target_id = $1) from users where id = $1",
+        "select ",
+        hidden_set_columns!("$1"),
+        " from users where id = $1",
     ))
     .bind(user)
     .fetch_optional(conn)

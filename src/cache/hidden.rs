@@ -143,8 +143,46 @@ impl Cache {
     /// began at `lookup`, unless a newer one is cached (Redis) or it was evicted since (this
     /// process's memory). Best effort.
     pub async fn put_hidden(&self, lookup: Option<Lookup>, user: i64, hidden: &Arc<Hidden>) {
-        let Some(keys) = self.keys() else { return };
+        self.put_hidden_with(redis::pipe(), lookup, user, hidden)
+            .await;
+    }
+
+    /// A lookup of this process's near cache, to begin before a hidden set is read from
+    /// Postgres other than after [`Cache::get_hidden`] (with a token:
+    /// [`Cache::put_token_and_hidden`]); `None` with the cache off.
+    pub fn begin_hidden_lookup(&self) -> Option<Lookup> {
+        self.near_objects().map(|n| n.begin(self))
+    }
+
+    /// Caches a token's user (`SET NX`: a revocation written meanwhile wins) and that user's
+    /// hidden set, both read from Postgres by one statement when the token was in neither
+    /// cache ([`crate::accounts::load_token`]), in one round trip; the set as
+    /// [`Cache::put_hidden`] does, `lookup` begun ([`Cache::begin_hidden_lookup`]) before the
+    /// statement. A returning user's first request then needs no round trips of its own for
+    /// the set its timelines are filtered with (issue 42). Best effort.
+    pub async fn put_token_and_hidden(
+        &self,
+        hash: &[u8],
+        lookup: Option<Lookup>,
+        user: i64,
+        hidden: &Arc<Hidden>,
+    ) {
+        let Some(ttl) = self.ttl() else { return };
         let mut pipe = redis::pipe();
+        self.pipe_set_token_nx(&mut pipe, hash, itoa::Buffer::new().format(user), ttl);
+        self.put_hidden_with(pipe, lookup, user, hidden).await;
+    }
+
+    /// Runs `pipe` with the hidden set's versioned write added; then holds the set in this
+    /// process's memory unless it was evicted since `lookup`.
+    async fn put_hidden_with(
+        &self,
+        mut pipe: redis::Pipeline,
+        lookup: Option<Lookup>,
+        user: i64,
+        hidden: &Arc<Hidden>,
+    ) {
+        let Some(keys) = self.keys() else { return };
         self.pipe_put_versioned(
             &mut pipe,
             keys.hidden(user),

@@ -429,10 +429,22 @@ impl Cache {
 
     /// `SET {token key} value NX EX secs`, best effort.
     async fn set_token_nx(&self, hash: &[u8], value: &str, secs: u64) {
+        let mut pipe = redis::pipe();
+        self.pipe_set_token_nx(&mut pipe, hash, value, secs);
+        let _ = self.run::<()>(&pipe).await;
+    }
+
+    /// Adds `SET {token key} value NX EX secs` to a pipeline (nothing with the cache off).
+    pub(crate) fn pipe_set_token_nx(
+        &self,
+        pipe: &mut redis::Pipeline,
+        hash: &[u8],
+        value: &str,
+        secs: u64,
+    ) {
         let Some(keys) = self.keys() else {
             return;
         };
-        let mut pipe = redis::pipe();
         pipe.cmd("SET")
             .arg(keys.token(hash))
             .arg(value)
@@ -440,7 +452,6 @@ impl Cache {
             .arg("EX")
             .arg(secs)
             .ignore();
-        let _ = self.run::<()>(&pipe).await;
     }
 }
 

@@ -163,6 +163,7 @@ async fn login_status(
     let user = Auth {
         user_id: id,
         token: String::new(),
+        loaded_hidden: None,
     }
     .user(&state)
     .await?;

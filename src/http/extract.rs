@@ -1,6 +1,7 @@
 //! Extractors that turn every malformed input into the JSON errors of docs/API.md.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Multipart, Path, RawQuery, Request, State};
@@ -12,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value};
 
 use crate::accounts;
+use crate::blocks::{self, Hidden};
 use crate::error::{ApiError, FieldErrors};
 use crate::http::client_ip::ClientIp;
 use crate::http::limits;
@@ -405,14 +407,18 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         Ok(hash) => hash,
         Err(e) => return limits::failed(&state, client, false, e).await,
     };
-    let user_id = match state.tokens.get(&hash) {
-        Some(id) => id,
+    let (user_id, loaded_hidden) = match state.tokens.get(&hash) {
+        Some(id) => (id, None),
         None => match look_up(&state, client, &hash).await {
-            Ok(id) => id,
+            Ok(found) => found,
             Err(res) => return res,
         },
     };
-    req.extensions_mut().insert(Auth { user_id, token });
+    req.extensions_mut().insert(Auth {
+        user_id,
+        token,
+        loaded_hidden,
+    });
     if !req.method().is_safe() {
         // A write: this user's never-cached reads stay on the primary for a while (see
         // `crate::replica`): here from its start, on every process from its answer (this
@@ -430,11 +436,16 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
 /// (401, or 429 over the client's `failed` limit; see [`authenticate`]). Redis is asked
 /// first whatever the client's standing, so a client over its limit still gets the tokens
 /// Redis knows (users who share an address with a token guesser keep working); only
-/// Postgres is gated.
-async fn look_up(state: &AppState, client: Option<ClientIp>, hash: &[u8]) -> Result<i64, Response> {
+/// Postgres is gated. With the user, the user's hidden set if Postgres was asked (it is read
+/// with the token).
+async fn look_up(
+    state: &AppState,
+    client: Option<ClientIp>,
+    hash: &[u8],
+) -> Result<(i64, Option<Arc<Hidden>>), Response> {
     let standing = limits::standing(state, client);
     let lookup = match accounts::cached_token(&state.cache, &state.tokens, hash).await {
-        accounts::Known::User(id) => return Ok(id),
+        accounts::Known::User(id) => return Ok((id, None)),
         accounts::Known::Invalid => {
             return Err(match standing {
                 limits::Standing::Refused(res) => res,
@@ -452,7 +463,7 @@ async fn look_up(state: &AppState, client: Option<ClientIp>, hash: &[u8]) -> Res
         }
     };
     match accounts::load_token(&state.db, &state.cache, &state.tokens, hash, lookup).await {
-        Ok(id) => Ok(id),
+        Ok((id, hidden)) => Ok((id, Some(hidden))),
         Err(e @ ApiError::InvalidToken) => Err(limits::failed(state, client, charged, e).await),
         Err(e) => Err(e.into_response()),
     }
@@ -463,6 +474,9 @@ async fn look_up(state: &AppState, client: Option<ClientIp>, hash: &[u8]) -> Res
 pub struct Auth {
     pub user_id: i64,
     pub token: String,
+    /// The caller's hidden set when this request read it from Postgres together with the token
+    /// (neither cache held the token: [`accounts::load_token`]); read it with [`Auth::hidden`].
+    pub loaded_hidden: Option<Arc<Hidden>>,
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for Auth {
@@ -478,6 +492,19 @@ impl<S: Send + Sync> FromRequestParts<S> for Auth {
 }
 
 impl Auth {
+    /// The caller's hidden set ([`blocks::hidden`]): the one read with the token if this
+    /// request brought the token back from Postgres (a returning user's first request asks no
+    /// cache for it: decision 0030), else from the caches or Postgres.
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn hidden(&self, state: &AppState) -> sqlx::Result<Arc<Hidden>> {
+        match &self.loaded_hidden {
+            Some(hidden) => Ok(hidden.clone()),
+            None => blocks::hidden(&state.db, &state.cache, Some(self.user_id)).await,
+        }
+    }
+
     /// The caller's `User` object (from the user cache).
     pub async fn user(&self, state: &AppState) -> Result<User, ApiError> {
         let mut found = users::load_many(&state.db, &state.cache, &[self.user_id]).await?;

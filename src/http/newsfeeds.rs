@@ -30,7 +30,7 @@ pub fn router() -> OpenApiRouter<AppState> {
 async fn list(State(state): State<AppState>, auth: Auth, query: QueryMap) -> ApiResult<JsonBody> {
     let req = query.page()?;
     let (db, cache, pulled) = (&state.db, &state.cache, &state.pull_authors);
-    let hidden = blocks::hidden(db, cache, Some(auth.user_id)).await?;
+    let hidden = auth.hidden(&state).await?;
     let viewer = Some(auth.user_id);
     let items = blocks::visible_page(&hidden, &req, |page| async move {
         let items = newsfeeds::read(db, cache, pulled, auth.user_id, &page).await?;
