@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 use sqlx::{PgConnection, PgPool};
 
 use crate::config::Config;
-use crate::model::UserCounts;
+use crate::model::{UserCounts, UserRecord};
 
 /// When a compose pulls its tweet instead of fanning it out (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,8 +75,9 @@ impl PullPolicy {
 /// reply nor a retweet) it also moves the author between the modes: above `policy.above`
 /// followers an author becomes a pull source (pending), its next compose starts the settle
 /// time, and tweets posted after it are pulled; below `policy.below` they are fanned out
-/// again. Returns the author's new counts (for the cache) and whether the tweet is pulled
-/// (never without `may_pull`).
+/// again. Returns the author's new counts (for the cache), whether the tweet is pulled (never
+/// without `may_pull`) and the author's row (the new tweet object's author, so the compose
+/// needs no load of it after its commit).
 ///
 /// One statement, not a count and then a decision (one round trip fewer; BENCHMARKS.md, round
 /// 30, resolved no latency change from it). The `SET` clause reads the row as it was, the
@@ -89,12 +90,14 @@ pub async fn count_tweet(
     policy: &PullPolicy,
     author: i64,
     may_pull: bool,
-) -> sqlx::Result<(UserCounts, bool)> {
+) -> sqlx::Result<(UserCounts, bool, UserRecord)> {
     #[derive(sqlx::FromRow)]
     struct Counted {
         #[sqlx(flatten)]
         counts: UserCounts,
         pulled: bool,
+        #[sqlx(flatten)]
+        author: UserRecord,
     }
     let settle_us = i64::try_from(policy.settle.as_micros()).unwrap_or(i64::MAX);
     let counted: Counted = sqlx::query_as(
@@ -110,7 +113,8 @@ pub async fn count_tweet(
              has_pulled = has_pulled or ($5 and pull_from is null and followers_count > $2)
          where id = $1
          returning followers_count, followings_count, tweets_count, counts_version,
-                   $5 and coalesce(pull_from <= clock_timestamp(), false) as pulled",
+                   $5 and coalesce(pull_from <= clock_timestamp(), false) as pulled,
+                   id, username, nickname, avatar_url, version, created_at",
     )
     .bind(author)
     .bind(policy.above)
@@ -119,7 +123,7 @@ pub async fn count_tweet(
     .bind(may_pull)
     .fetch_one(tx)
     .await?;
-    Ok((counted.counts, counted.pulled))
+    Ok((counted.counts, counted.pulled, counted.author))
 }
 
 /// Takes the `pull-clock` lock shared, for the rest of the transaction, before the caller

@@ -13,7 +13,7 @@ use crate::jobs::{self, Job};
 use crate::model::{TweetCounts, TweetRecord};
 use crate::time::Timestamp;
 use crate::timeline::{ListEntry, Timeline};
-use crate::{circles, hashtags, newsfeeds, notifications, replies, streams, users};
+use crate::{circles, hashtags, newsfeeds, notifications, replies, streams};
 
 /// The predecessors of a new tweet's cached-list merges (`$1` author, `$2` whether the tweet is
 /// pulled, `$3` its circle): the author's newest tweet, its newest pulled one, the circle's
@@ -74,7 +74,7 @@ pub async fn create(
             // readers who follow both (crate::replies), and so is a retweet (a status appears
             // once in a newsfeed: crate::retweets).
             let may_pull = new.in_reply_to_tweet_id.is_none() && new.retweeted_tweet_id.is_none();
-            let (author_counts, pulled) =
+            let (author_counts, pulled, author_row) =
                 hybrid::count_tweet(&mut tx, pull, author, may_pull).await?;
             // The thread's row and the replied-to tweet's next (crate::replies: the order of
             // tweet deletes), before the circle's.
@@ -251,7 +251,7 @@ pub async fn create(
             }
             let own_row = own_row.map(|r| (r.id, r.at));
             tx.commit().await?;
-            return Ok(Ok((tweet, (staged, own_row, pulled))));
+            return Ok(Ok((tweet, (staged, own_row, pulled, author_row))));
         }
     })
     .await
@@ -259,23 +259,18 @@ pub async fn create(
     let (tweet, staged) = created?;
     // The fan-out job is queued: its runners need the commit, not the cache step below.
     committed();
-    let (staged, own_row, pulled) = staged;
+    let (staged, own_row, pulled, author_row) = staged;
     cache.finish(db, staged).await;
-    // The tweet object (for the streams and the caller): the author from the user object cache.
-    let object = match users::load_many(db, cache, &[author]).await {
-        Ok(mut authors) => authors
-            .remove(&author)
-            .map(|user| Tweet::new(tweet.clone(), user.into(), &TweetCounts::default(), false)),
-        Err(e) => {
-            tracing::warn!(error = %e, "loading the author of a new tweet");
-            None
-        }
-    };
-    // A retweet carries its retweeted tweet (crate::retweets), a tweet its mentioned users.
-    let object = match object {
-        Some(object) => complete(db, cache, None, object).await.ok(),
-        None => None,
-    };
+    // The tweet object (for the streams and the caller), with its author as the transaction
+    // left the row (no cache nor Postgres read after the commit). A retweet carries its
+    // retweeted tweet (crate::retweets), a tweet its mentioned users.
+    let object = Tweet::new(
+        tweet.clone(),
+        author_row.into(),
+        &TweetCounts::default(),
+        false,
+    );
+    let object = complete(db, cache, None, object).await.ok();
     if let Some(object) = &object {
         streams::publish_created(cache, object, &tweet, own_row, pulled).await;
     }

@@ -41,6 +41,37 @@ async fn posting_a_tweet_returns_it_and_lists_it_at_once(db: PgPool) {
     assert_eq!(detail.body["likes"], json!([]));
 }
 
+/// A compose's cache step after its commit makes three Redis round trips: the pipeline of its
+/// list merges and objects, the near-cache eviction of its author's counts, the streams'
+/// publish. The new tweet's author comes from the row its transaction counted the tweet on
+/// (before, a fourth read it back from the cache it had just evicted it from): the profile as
+/// it is now, a nickname changed on another process just before included.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_compose_makes_three_redis_round_trips_and_carries_its_authors_profile(db: PgPool) {
+    let (a, b) = crate::helpers::two_processes(db).await;
+    // (No followers: their fan-out job would make round trips of its own meanwhile.)
+    let (alice, ta) = a.signup("alice").await;
+    for (i, nickname) in ["Al", "Alice", "A."].into_iter().enumerate() {
+        // Warm what a reader holds: the author's tweets and newsfeed, her profile.
+        a.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        a.get("/api/newsfeeds/", Some(&ta)).await;
+        let uri = format!("/api/users/{alice}/");
+        let edit = json!({"nickname": nickname});
+        let res = b.request(Method::PATCH, &uri, Some(&ta), Some(edit)).await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        let before = a.redis_round_trips();
+        let tweet = a.tweet(&ta, &format!("hello {i}")).await;
+        assert_eq!(a.redis_round_trips() - before, 3, "compose {i}");
+        assert_eq!(tweet["user"]["id"], alice);
+        assert_eq!(tweet["user"]["nickname"], nickname, "compose {i}");
+        let listed = a.get(&format!("/api/tweets/?user_id={alice}"), None).await;
+        assert_eq!(
+            listed.body["results"][0], tweet,
+            "compose {i}: listed as returned"
+        );
+    }
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn bad_tweets_are_rejected_and_change_nothing(db: PgPool) {
     let app = TestApp::new(db).await;
