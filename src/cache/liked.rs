@@ -218,9 +218,7 @@ impl Cache {
             tweet_ids,
         };
         fill.push(&mut pipe, keys, ttl);
-        let _ = self
-            .run_bulk::<()>(&pipe, tweet_ids.map_or(1, <[i64]>::len))
-            .await;
+        let _ = self.run_bulk::<()>(&pipe, fill.items()).await;
     }
 }
 
@@ -237,6 +235,12 @@ pub struct LikedFill<'a> {
 }
 
 impl LikedFill<'_> {
+    /// How many items the fill writes (its ids, or the marker): it sizes the round trip's
+    /// timeout ([`Cache::run_bulk`]).
+    pub(crate) fn items(&self) -> usize {
+        self.tweet_ids.map_or(1, <[i64]>::len)
+    }
+
     /// Adds the `SET_FILL` (its reply ignored) to `pipe`.
     pub(crate) fn push(&self, pipe: &mut redis::Pipeline, keys: &Keys, ttl: u64) {
         let key = keys.liked(self.user);

@@ -330,7 +330,7 @@ impl Cache {
         let mut items = 0;
         if let Some(liked) = liked {
             liked.push(&mut pipe, &inner.keys, inner.ttl_secs);
-            items += liked.tweet_ids.map_or(1, <[i64]>::len);
+            items += liked.items();
         }
         let mut versioned = Vec::with_capacity(3 * objects.len());
         let mut authors = HashSet::new();

@@ -266,9 +266,14 @@ async fn load_window(
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
     let fill = cache.time_postgres("first_fill", timeline.page(db, None, None, first + 1));
+    // The reader's liked set when its load began with the list's: its user, its generation and
+    // (below) what Postgres holds, stored in the page's fill.
+    let liked_load = load_liked.zip(begun.liked.as_ref());
     let liked_set = async {
-        match load_liked {
-            Some(user) => likes::liked_set(db, user).await.map(Some),
+        match liked_load {
+            Some((user, generation)) => likes::liked_set(db, user)
+                .await
+                .map(|set| Some((user, generation, set))),
             None => Ok(None),
         }
     };
@@ -284,14 +289,11 @@ async fn load_window(
         .into_iter()
         .map(|r| ((r.entry_id, r.created_at), r.hydrated()))
         .unzip();
-    let liked_fill = match (load_liked, &begun.liked, &liked_set) {
-        (Some(user), Some(generation), Some(set)) => Some(LikedFill {
-            user,
-            generation,
-            tweet_ids: set.as_deref(),
-        }),
-        _ => None,
-    };
+    let liked_fill = liked_set.as_ref().map(|(user, generation, set)| LikedFill {
+        user: *user,
+        generation,
+        tweet_ids: set.as_deref(),
+    });
     cache
         .fill_hydrated(list, &begun.list, complete, &scored, &objects, liked_fill)
         .await?;
@@ -308,11 +310,9 @@ async fn load_window(
             .map(|((id, created_at), o)| (id, created_at, o))
             .collect();
         let ids: Vec<i64> = page.iter().map(|(_, _, o)| o.tweet.id).collect();
-        let liked = match (load_liked, liked_set) {
-            (Some(user), Some(set)) => {
-                likes::liked_among_set(db, user, &ids, set.as_deref()).await?
-            }
-            _ => likes::liked_tweets(db, cache, viewer, &ids).await?,
+        let liked = match &liked_set {
+            Some((user, _, set)) => likes::liked_among_set(db, *user, &ids, set.as_deref()).await?,
+            None => likes::liked_tweets(db, cache, viewer, &ids).await?,
         };
         page.into_iter()
             .map(|(id, created_at, o)| Item {
