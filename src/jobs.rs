@@ -342,6 +342,9 @@ pub struct Worker {
     pub backfill_limit: usize,
     /// Woken by in-process writers, by the `jobs` pub/sub topic and by `LISTEN chirp_jobs`.
     pub wake: Arc<Notify>,
+    /// This process's name on the `jobs` topic (random): its own announcements come back to it
+    /// through its subscription, and [`wakes`] ignores them.
+    pub origin: u64,
 }
 
 impl Worker {
@@ -351,16 +354,25 @@ impl Worker {
     /// costs at most the runners' one-second poll.
     pub fn announce(&self) {
         self.wake.notify_one();
-        let (cache, db) = (self.cache.clone(), self.db.clone());
-        tokio::spawn(async move { wake_others(&cache, &db).await });
+        let (cache, db, origin) = (self.cache.clone(), self.db.clone(), self.origin);
+        tokio::spawn(async move { wake_others(&cache, &db, &origin.to_string()).await });
     }
 }
 
+/// Whether a message of the `jobs` topic wakes the runners of the process whose
+/// [`Worker::origin`] is `origin`: not when it is that process's own announcement, whose
+/// runners [`Worker::announce`] woke already (before, every post made a second runner claim
+/// in vain: a Postgres statement beside the post's answer, on the same cores).
+pub fn wakes(origin: u64, message: &str) -> bool {
+    message.parse::<u64>() != Ok(origin)
+}
+
 /// Wakes the job runners of every process after a commit that queued jobs: the `jobs` pub/sub
-/// topic, or, with Redis unavailable, a `pg_notify` in a transaction of its own. Best effort
-/// (runners poll every second); for processes without runners of their own (`chirp replay`).
-pub async fn wake_others(cache: &Cache, db: &PgPool) {
-    if cache.publish(TOPIC, "").await.is_err() {
+/// topic (`origin`: the announcing [`Worker::origin`], or `""` from a process without runners
+/// of its own such as `chirp replay`), or, with Redis unavailable, a `pg_notify` in a
+/// transaction of its own. Best effort (runners poll every second).
+pub async fn wake_others(cache: &Cache, db: &PgPool, origin: &str) {
+    if cache.publish(TOPIC, origin).await.is_err() {
         let _ = sqlx::query("select pg_notify($1, '')")
             .bind(CHANNEL)
             .execute(db)

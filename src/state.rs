@@ -91,13 +91,22 @@ impl AppState {
             batch_jobs: config.fanout_batch_jobs as usize,
             backfill_limit: config.cache_list_limit as usize,
             wake: Arc::new(Notify::new()),
+            origin: rand::random(),
         };
         let (shutdown, stopped) = watch::channel(false);
         let subscriber = Arc::new(Subscriber::new(std::time::Duration::from_millis(
             config.near_lease_ms,
         )));
-        let wake = worker.wake.clone();
-        subscriber.route(crate::jobs::TOPIC, move |_| wake.notify_one(), || {});
+        let (wake, origin) = (worker.wake.clone(), worker.origin);
+        subscriber.route(
+            crate::jobs::TOPIC,
+            move |message| {
+                if crate::jobs::wakes(origin, message) {
+                    wake.notify_one();
+                }
+            },
+            || {},
+        );
         let streams = streams::Hub::new(&subscriber, db.clone());
         cache.attach_near_objects(&subscriber, stopped.clone());
         let tokens = TokenCache::new(

@@ -17,8 +17,8 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use sqlx::PgPool;
 use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::watch;
 
 use crate::cache::{Cache, CacheUnavailable, MarkUp, Repair, epoch, tokens};
@@ -83,6 +83,26 @@ pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
             tracing::debug!(error = %e, outbox_id = id, "outbox row left to the relay");
             false
         }
+    }
+}
+
+/// Deletes outbox row `id`, whose writer applied it: the last step of a write's cache step
+/// ([`Cache::finish`]), on its answer's path. Never fails: a row left behind is re-applied by
+/// the relay after [`RELAY_AFTER`], harmlessly (its repairs are late-safe).
+///
+/// The delete commits asynchronously (`SET LOCAL synchronous_commit = off`, in the same
+/// message, so still one round trip): it is visible to every session at once, but its commit
+/// does not wait for the WAL to reach the disk. Its durability buys nothing (a delete lost in
+/// a Postgres crash only brings the row back for the relay), and a synchronous commit waits
+/// for a WAL flush on the answer's path of every write that uses the cache (a like's p50 0.3
+/// ms lower without it on a 2-core VM: BENCHMARKS.md round 37, decision 0031).
+pub async fn forget_applied(db: &PgPool, id: i64) {
+    // `id` is an integer from our own row: nothing a client wrote reaches this text.
+    let sql =
+        format!("set local synchronous_commit = off; delete from cache_outbox where id = {id}");
+    if let Err(e) = sqlx::raw_sql(AssertSqlSafe(sql)).execute(db).await {
+        // Harmless: the relay re-applies the repairs later.
+        tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
     }
 }
 

@@ -629,14 +629,7 @@ impl Cache {
             self.hand_off(db, id).await;
             return;
         }
-        if let Err(e) = sqlx::query("delete from cache_outbox where id = $1")
-            .bind(id)
-            .execute(db)
-            .await
-        {
-            // Harmless: the relay re-applies the repairs later.
-            tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
-        }
+        super::outbox::forget_applied(db, id).await;
     }
 
     /// Evicts what a write changed from every process's near caches (objects, then tokens),

@@ -122,7 +122,7 @@ pub async fn run(
             // Its fan-out job is queued: wake the workers of `chirp serve` / `chirp worker`.
             let wake = || {
                 let (cache, db) = (cache.clone(), db.clone());
-                tokio::spawn(async move { crate::jobs::wake_others(&cache, &db).await });
+                tokio::spawn(async move { crate::jobs::wake_others(&cache, &db, "").await });
             };
             if let Err(e) = tweets::create(&db, &cache, &pull, author, &new, wake).await {
                 tracing::warn!(error = %e, "posting a replayed tweet failed");

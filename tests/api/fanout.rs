@@ -4,7 +4,9 @@ use chirp::jobs::Job;
 use chirp::timeline::Timeline;
 use sqlx::PgPool;
 
-use crate::helpers::{TestApp, cached_feed_tweets, member_tweet, rows_scanned, tweet_ids};
+use crate::helpers::{
+    TestApp, cached_feed_tweets, eventually, member_tweet, rows_scanned, tweet_ids, two_processes,
+};
 
 async fn followers(app: &TestApp, star: i64, n: usize) -> Vec<(i64, String)> {
     let mut out = Vec::new();
@@ -210,6 +212,47 @@ async fn a_write_wakes_other_workers_through_redis_and_never_notifies_inside_its
     let notified =
         tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
     assert!(notified.is_err(), "a pg_notify was sent: {notified:?}");
+}
+
+/// A write wakes its own process's runners once, in-process; its announcement on the `jobs`
+/// topic wakes the other processes' runners and not its own again (before, every post made a
+/// second runner of its own process claim in vain, beside the post's answer).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn an_announcement_wakes_the_other_processes_and_not_its_own_twice(db: PgPool) {
+    use std::time::Duration;
+    let (a, b) = two_processes(db).await;
+    for app in [&a, &b] {
+        let stop = app.state.shutdown.subscribe();
+        app.state.subscriber.start(&app.state.cache, &stop);
+    }
+    let (wa, wb) = (a.state.worker.wake.clone(), b.state.worker.wake.clone());
+    let heard = async |wake: &std::sync::Arc<tokio::sync::Notify>, ms: u64| {
+        tokio::time::timeout(Duration::from_millis(ms), wake.notified())
+            .await
+            .is_ok()
+    };
+    // Both subscribed: an announcement of a process without runners (`chirp replay`) wakes both.
+    eventually("both processes subscribed", async || {
+        chirp::jobs::wake_others(&a.state.cache, a.db(), "").await;
+        heard(&wa, 200).await && heard(&wb, 200).await
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    while heard(&wa, 50).await || heard(&wb, 50).await {} // stale wake-ups of earlier tries
+
+    a.state.worker.announce();
+    assert!(
+        heard(&wa, 1000).await,
+        "the announcing process's runners were not woken"
+    );
+    assert!(
+        heard(&wb, 5000).await,
+        "the other process's runners were not woken"
+    );
+    assert!(
+        !heard(&wa, 300).await,
+        "its own announcement came back and woke its runners a second time"
+    );
 }
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
