@@ -182,10 +182,10 @@ pub async fn signup(
     password: String,
 ) -> ApiResult<(User, String)> {
     let hash = hash_password(hashing, password).await?;
-    let inserted = sqlx::query_as::<_, UserRecord>(
-        "insert into users (username, email, password_hash) values ($1, $2, $3)
-         returning id, username, nickname, avatar_url, version, created_at",
-    )
+    let inserted = sqlx::query_as::<_, UserRecord>(concat!(
+        "insert into users (username, email, password_hash) values ($1, $2, $3) returning ",
+        crate::user_record_columns!()
+    ))
     .bind(username)
     .bind(email)
     .bind(hash)

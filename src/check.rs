@@ -402,11 +402,12 @@ async fn users_by_ids(
         #[sqlx(flatten)]
         counts: UserCounts,
     }
-    let rows: Vec<Row> = sqlx::query_as(
-        "select id, username, nickname, avatar_url, version, created_at,
-                followers_count, followings_count, tweets_count, counts_version
-         from users where id = any($1)",
-    )
+    let rows: Vec<Row> = sqlx::query_as(concat!(
+        "select ",
+        crate::user_record_columns!(),
+        ", followers_count, followings_count, tweets_count, counts_version
+             from users where id = any($1)"
+    ))
     .bind(ids)
     .fetch_all(db)
     .await?;

@@ -100,7 +100,7 @@ pub async fn count_tweet(
         author: UserRecord,
     }
     let settle_us = i64::try_from(policy.settle.as_micros()).unwrap_or(i64::MAX);
-    let counted: Counted = sqlx::query_as(
+    let counted: Counted = sqlx::query_as(concat!(
         "update users set
              tweets_count = tweets_count + 1,
              counts_version = counts_version + 1,
@@ -113,9 +113,9 @@ pub async fn count_tweet(
              has_pulled = has_pulled or ($5 and pull_from is null and followers_count > $2)
          where id = $1
          returning followers_count, followings_count, tweets_count, counts_version,
-                   $5 and coalesce(pull_from <= clock_timestamp(), false) as pulled,
-                   id, username, nickname, avatar_url, version, created_at",
-    )
+                   $5 and coalesce(pull_from <= clock_timestamp(), false) as pulled, ",
+        crate::user_record_columns!()
+    ))
     .bind(author)
     .bind(policy.above)
     .bind(policy.below)

@@ -64,6 +64,15 @@ pub struct Place {
     pub bbox: [f64; 4],
 }
 
+/// The columns of a [`UserRecord`] in `users`, as a string literal for `concat!`: the one list
+/// every statement that reads a record names, so a new field is added once.
+#[macro_export]
+macro_rules! user_record_columns {
+    () => {
+        "id, username, nickname, avatar_url, version, created_at"
+    };
+}
+
 /// A user as stored and cached: the public fields plus `version`, bumped by every profile edit,
 /// so a cached copy is only ever replaced by a newer one.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]

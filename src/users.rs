@@ -234,9 +234,11 @@ pub async fn load_uncached(
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows: Vec<UserRecord> = sqlx::query_as(
-        "select id, username, nickname, avatar_url, version, created_at from users where id = any($1)",
-    )
+    let rows: Vec<UserRecord> = sqlx::query_as(concat!(
+        "select ",
+        crate::user_record_columns!(),
+        " from users where id = any($1)"
+    ))
     .bind(ids)
     .fetch_all(db)
     .await?;
