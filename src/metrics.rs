@@ -226,7 +226,9 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
          waits_skipped (durable writes that did not WAIT on a master just found short), \
          prefetched (pages hydrated without a second round trip), merged and \
          merge_fallbacks (newsfeed pages of readers of pulled authors), near_evictions, \
-         near_unconfirmed (evictions that waited out a lease).",
+         near_unconfirmed (evictions that waited out a lease), outbox_forgotten (applied \
+         outbox rows deleted by their writers' process) and outbox_deletes (the statements \
+         that deleted them, one per burst of writes).",
         &["event"],
     )?;
     let fences = Counters::new(
@@ -276,6 +278,8 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
             ("prefetched", &stats.prefetched),
             ("merged", &stats.merged),
             ("merge_fallbacks", &stats.merge_fallbacks),
+            ("outbox_forgotten", &stats.outbox_forgotten),
+            ("outbox_deletes", &stats.outbox_deletes),
         ] {
             cache.set(&[event], get(n));
         }

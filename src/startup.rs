@@ -81,6 +81,7 @@ impl Application {
         }
         tracing::info!(addr = %self.listener.local_addr()?, cache = ?state.config.cache, "chirp serving");
         let shutdown_chat = state.shutdown.clone();
+        let cache = state.cache.clone();
         let limits = http::serve::Limits {
             header_read_timeout: std::time::Duration::from_millis(
                 state.config.header_read_timeout_ms,
@@ -115,6 +116,7 @@ impl Application {
         let _ = cleanup.await;
         let _ = replica.await;
         let _ = backlog.await;
+        forget_applied_rows(&cache).await;
         Ok(())
     }
 }
@@ -152,7 +154,17 @@ pub async fn run_worker(config: Config, shutdown: impl Future<Output = ()>) -> a
     let _ = worker.await;
     let _ = monitor.await;
     let _ = cleanup.await;
+    forget_applied_rows(&state.cache).await;
     Ok(())
+}
+
+/// At shutdown, after the last write: the deletes of its applied outbox rows, for at most a
+/// second (a row left behind is relayed by another process, harmlessly, only later).
+async fn forget_applied_rows(cache: &crate::cache::Cache) {
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(1), cache.forgotten());
+    if waited.await.is_err() {
+        tracing::warn!("applied outbox rows left for the relay at shutdown");
+    }
 }
 
 /// With `CHIRP_CACHE=off` this process writes around Redis: make the next process that uses

@@ -7,8 +7,10 @@
 //!   timeout is [`CacheUnavailable`] and the caller falls back to Postgres.
 //! - **Writes** describe their cache effects as [`Update`]s. [`Cache::stage`] records their
 //!   repairs in the `cache_outbox` table *inside the write's transaction*; after the commit
-//!   [`Cache::finish`] applies them and deletes the row. Whatever is left (a crash, a timeout, Redis down) the [`outbox`] relay
-//!   repairs: lists invalidated, tombstones written, versioned values set.
+//!   [`Cache::finish`] applies them and hands the row to the process's deleter
+//!   ([`outbox::Forgets`]: one delete per burst of writes, off the answer's path). Whatever
+//!   is left (a crash, a timeout, Redis down) the [`outbox`] relay repairs: lists
+//!   invalidated, tombstones written, versioned values set.
 //! - **Races** between a load and a write are settled by per-list generations (see [`scripts`]).
 //! - **Stale Redis** (restarted from a snapshot, failed over to a lagging replica, flushed) is
 //!   fenced by the [`epoch`]: a mismatch clears every key under the prefix before Redis is used.
@@ -115,6 +117,10 @@ pub struct Stats {
     pub token_hits: AtomicU64,
     /// Such lookups Redis could not answer (Postgres is asked).
     pub token_misses: AtomicU64,
+    /// Applied outbox rows this process's writers deleted ([`outbox::Forgets`]).
+    pub outbox_forgotten: AtomicU64,
+    /// The statements that deleted them (one per burst of writes).
+    pub outbox_deletes: AtomicU64,
     /// Round-trip histograms, once `GET /metrics` is set up ([`crate::metrics::Metrics::new`]).
     pub round_trips: std::sync::OnceLock<crate::metrics::RoundTrips>,
 }
@@ -190,6 +196,8 @@ struct Inner {
     objects: Arc<near::Near<held::NearId, held::NearObject>>,
     /// The tweets of the timeline pages this process served last ([`pages`]).
     pages: pages::PageMemory,
+    /// Applied outbox rows waiting for their delete ([`outbox::Forgets`]).
+    forgets: outbox::Forgets,
 }
 
 impl Inner {
@@ -326,6 +334,7 @@ impl Cache {
                     usize::try_from(config.near_capacity).unwrap_or(usize::MAX),
                 ),
                 pages: pages::PageMemory::default(),
+                forgets: outbox::Forgets::default(),
             })),
         })
     }
@@ -389,6 +398,11 @@ impl Cache {
     /// The near cache of tweet and user objects (`None` with the cache off).
     pub fn near_objects(&self) -> Option<&near::Near<held::NearId, held::NearObject>> {
         self.inner.as_ref().map(|i| &*i.objects)
+    }
+
+    /// Applied outbox rows waiting for their delete (`None` when disabled).
+    fn forgets(&self) -> Option<&outbox::Forgets> {
+        self.inner.as_ref().map(|i| &i.forgets)
     }
 
     /// The page memory of timeline reads (`None` with the cache off).

@@ -86,23 +86,168 @@ pub async fn relay_one(cache: &Cache, db: &PgPool, id: i64) -> bool {
     }
 }
 
-/// Deletes outbox row `id`, whose writer applied it: the last step of a write's cache step
-/// ([`Cache::finish`]), on its answer's path. Never fails: a row left behind is re-applied by
-/// the relay after [`RELAY_AFTER`], harmlessly (its repairs are late-safe).
-///
-/// The delete commits asynchronously (`SET LOCAL synchronous_commit = off`, in the same
-/// message, so still one round trip): it is visible to every session at once, but its commit
-/// does not wait for the WAL to reach the disk. Its durability buys nothing (a delete lost in
-/// a Postgres crash only brings the row back for the relay), and a synchronous commit waits
-/// for a WAL flush on the answer's path of every write that uses the cache (a like's p50 0.3
-/// ms lower without it on a 2-core VM: BENCHMARKS.md round 37, decision 0031).
-pub async fn forget_applied(db: &PgPool, id: i64) {
-    // `id` is an integer from our own row: nothing a client wrote reaches this text.
-    let sql =
-        format!("set local synchronous_commit = off; delete from cache_outbox where id = {id}");
-    if let Err(e) = sqlx::raw_sql(AssertSqlSafe(sql)).execute(db).await {
+/// Most applied rows one delete takes; a writer that finds this many waiting deletes its own
+/// row itself (back-pressure while Postgres is slow, and the pending list stays bounded).
+pub const FORGET_BATCH: usize = 4096;
+
+/// The applied outbox rows of this process's writers, waiting for their delete, and whether a
+/// delete is running: a write's cache step hands its row here ([`Cache::forget_applied`])
+/// instead of deleting it on its answer's path, and one delete at a time takes every row handed
+/// in meanwhile, as a group commit takes every transaction that waits for the log: one
+/// statement per burst of writes instead of one per write (decision 0032).
+#[derive(Default)]
+pub struct Forgets {
+    state: std::sync::Mutex<ForgetState>,
+    /// Woken after each delete ([`Cache::forgotten`]).
+    deleted: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct ForgetState {
+    /// Rows handed in and not taken yet, in the order they came.
+    pending: Vec<i64>,
+    /// A deleter is running (it takes every row pushed while this is set).
+    running: bool,
+    /// Rows handed in since the process started.
+    handed: u64,
+    /// Of those, the first `done` were deleted (or their delete failed).
+    done: u64,
+}
+
+impl Forgets {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ForgetState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Marks the deleter stopped if its task ends before its work (its runtime shut down): the
+/// rows it held or left pending are left to the relay, and waiters are released.
+struct Running<'a> {
+    forgets: &'a Forgets,
+    stopped: bool,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if !self.stopped {
+            let mut s = self.forgets.lock();
+            s.pending.clear();
+            (s.running, s.done) = (false, s.handed);
+            drop(s);
+            self.forgets.deleted.notify_waiters();
+        }
+    }
+}
+
+impl Cache {
+    /// Hands outbox row `id`, whose writer applied it, to this process's deleter
+    /// ([`Forgets`]): the last step of a write's cache step ([`Cache::finish`]), which does not
+    /// wait for the delete. Never fails: a row left behind (the delete failed, the process
+    /// stopped first) is re-applied by the relay after [`RELAY_AFTER`], harmlessly (its repairs
+    /// are late-safe), and a repeated write's [`settle`] waits for this process's deletes
+    /// first.
+    pub(crate) fn forget_applied(&self, db: &PgPool, id: i64) {
+        let Some(forgets) = self.forgets() else {
+            return;
+        };
+        let start = {
+            let mut s = forgets.lock();
+            if s.pending.len() >= FORGET_BATCH {
+                None
+            } else {
+                s.pending.push(id);
+                s.handed += 1;
+                Some(!std::mem::replace(&mut s.running, true))
+            }
+        };
+        match start {
+            // Too many waiting: this writer's own delete, on its own task.
+            None => drop(tokio::spawn(delete_applied(
+                self.clone(),
+                db.clone(),
+                vec![id],
+            ))),
+            Some(true) => drop(tokio::spawn(forget_pending(self.clone(), db.clone()))),
+            Some(false) => {} // the running deleter takes it with its next batch
+        }
+    }
+
+    /// Waits until every row handed to [`Cache::forget_applied`] before the call was deleted
+    /// (or its delete failed): at most two deletes' time, however many writes follow. What
+    /// [`settle`], a graceful shutdown and tests wait for. Returns at once with the cache off.
+    pub async fn forgotten(&self) {
+        let Some(forgets) = self.forgets() else {
+            return;
+        };
+        let target = forgets.lock().handed;
+        loop {
+            let deleted = forgets.deleted.notified();
+            tokio::pin!(deleted);
+            deleted.as_mut().enable();
+            if forgets.lock().done >= target {
+                return;
+            }
+            deleted.await;
+        }
+    }
+}
+
+/// The deleter: takes every pending row, deletes them in one statement, and again until none
+/// is left. It stops under the lock that writers push under: a writer either pushed before
+/// the last look (and its row is taken) or finds the deleter stopped and starts another.
+async fn forget_pending(cache: Cache, db: PgPool) {
+    let Some(forgets) = cache.forgets() else {
+        return;
+    };
+    let mut running = Running {
+        forgets,
+        stopped: false,
+    };
+    loop {
+        let (ids, upto) = {
+            let mut s = forgets.lock();
+            if s.pending.is_empty() {
+                s.running = false;
+                running.stopped = true;
+                return;
+            }
+            let take = s.pending.len().min(FORGET_BATCH);
+            let ids = s.pending.drain(..take).collect::<Vec<_>>();
+            (ids, s.handed - s.pending.len() as u64)
+        };
+        delete_applied(cache.clone(), db.clone(), ids).await;
+        let mut s = forgets.lock();
+        s.done = s.done.max(upto);
+        drop(s);
+        forgets.deleted.notify_waiters();
+    }
+}
+
+/// Deletes the applied outbox rows `ids`. The delete commits asynchronously (`SET LOCAL
+/// synchronous_commit = off`, in the same message, so one round trip): it is visible to every
+/// session at once, but its commit does not wait for the WAL to reach the disk. Its durability
+/// buys nothing (a delete lost in a Postgres crash only brings the rows back for the relay;
+/// decision 0031).
+async fn delete_applied(cache: Cache, db: PgPool, ids: Vec<i64>) {
+    // Integers from our own rows: nothing a client wrote reaches this text.
+    let list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+    let sql = format!(
+        "set local synchronous_commit = off; delete from cache_outbox where id in ({list})"
+    );
+    match sqlx::raw_sql(AssertSqlSafe(sql)).execute(&db).await {
+        Ok(_) => {
+            if let Some(stats) = cache.stats() {
+                let ordering = std::sync::atomic::Ordering::Relaxed;
+                stats.outbox_deletes.fetch_add(1, ordering);
+                stats.outbox_forgotten.fetch_add(ids.len() as u64, ordering);
+            }
+        }
         // Harmless: the relay re-applies the repairs later.
-        tracing::warn!(error = %e, outbox_id = id, "could not delete an applied outbox row");
+        Err(e) => {
+            tracing::warn!(error = %e, rows = ids.len(), "could not delete applied outbox rows")
+        }
     }
 }
 
@@ -118,10 +263,11 @@ pub const SETTLE_WAIT: Duration = Duration::from_millis(50);
 /// must show it from then on, not only once the relay takes the row (read-your-writes through
 /// a crash: found by the history checker's 10-minute run, seed 13287291949698396313).
 ///
-/// Most rows found belong to writes in flight, whose writers delete them within milliseconds:
-/// `settle` waits up to [`SETTLE_WAIT`] for those (one indexed read every 5 ms), then applies
-/// what is left as the relay does (late-safe repairs: a row whose writer is only slow is applied
-/// twice, harmlessly) and waits for rows another relay holds. With no row, one read. Returns
+/// It first waits for this process's own applied rows to be deleted ([`Cache::forgotten`]).
+/// Most rows found then belong to writes in flight, whose writers delete them within
+/// milliseconds: `settle` waits up to [`SETTLE_WAIT`] for those (one indexed read every 5 ms),
+/// then applies what is left as the relay does (late-safe repairs: a row whose writer is only
+/// slow is applied twice, harmlessly) and waits for rows another relay holds. With no row, one read. Returns
 /// whether every such row was applied (false: Redis or Postgres failed; the relay applies them
 /// later).
 pub async fn settle(cache: &Cache, db: &PgPool) -> bool {
@@ -138,6 +284,9 @@ pub async fn settle(cache: &Cache, db: &PgPool) -> bool {
 }
 
 async fn settle_rows(cache: &Cache, db: &PgPool) -> anyhow::Result<()> {
+    // This process's applied rows still waiting for their delete: gone first, so they are
+    // not waited for below, nor applied again.
+    cache.forgotten().await;
     // At most a relay pass's worth: more rows than that mean the relay is behind (Redis was
     // down), and the passes below take them all anyway.
     let mut pending: Vec<i64> =

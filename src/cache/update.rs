@@ -629,7 +629,7 @@ impl Cache {
             self.hand_off(db, id).await;
             return;
         }
-        super::outbox::forget_applied(db, id).await;
+        self.forget_applied(db, id);
     }
 
     /// Evicts what a write changed from every process's near caches (objects, then tokens),

@@ -421,8 +421,10 @@ impl TestApp {
         })
     }
 
-    /// Rows left in the cache outbox.
+    /// Rows left in the cache outbox, once this process's deleter took the applied ones
+    /// (`Cache::forgotten`).
     pub async fn outbox_rows(&self) -> i64 {
+        self.state.cache.forgotten().await;
         sqlx::query_scalar("select count(*) from cache_outbox")
             .fetch_one(self.db())
             .await

@@ -90,6 +90,40 @@ async fn writes_whose_process_died_after_the_commit_are_repaired_by_the_relay(db
     );
 }
 
+/// A burst of cached writes answers before its applied outbox rows are deleted: the process's
+/// deleter (`cache::outbox::Forgets`) takes the rows handed in while a delete runs in its next
+/// statement, so the burst costs fewer deletes than writes, and no row is left.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_burst_of_writes_deletes_its_applied_rows_in_fewer_statements_than_writes(db: PgPool) {
+    let app = TestApp::new(db).await;
+    let (_, ta) = app.signup("alice").await;
+    let tweet = app.tweet(&ta, "liked by many").await["id"]
+        .as_i64()
+        .unwrap();
+    let mut fans = Vec::new();
+    for i in 0..40 {
+        fans.push(app.quick_user(&format!("fan{i}")).await.1);
+    }
+    assert_eq!(app.outbox_rows().await, 0);
+    let stats = app.state.cache.stats().expect("cache on");
+    let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let (rows, deletes) = (read(&stats.outbox_forgotten), read(&stats.outbox_deletes));
+    futures_util::future::join_all(fans.iter().map(|t| app.like(t, "tweet", tweet))).await;
+    assert_eq!(app.outbox_rows().await, 0, "every applied row deleted");
+    let (rows, deletes) = (
+        read(&stats.outbox_forgotten) - rows,
+        read(&stats.outbox_deletes) - deletes,
+    );
+    assert!(
+        rows >= 40,
+        "each like's row went through the deleter: {rows}"
+    );
+    assert!(
+        deletes < rows,
+        "{rows} rows deleted in {deletes} statements: one per write"
+    );
+}
+
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_fan_out_batch_and_an_unmerge_rerun_after_a_crash_are_repaired(db: PgPool) {
     let app = TestApp::new(db).await;
