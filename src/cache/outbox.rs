@@ -175,8 +175,10 @@ impl Cache {
     }
 
     /// Waits until every row handed to [`Cache::forget_applied`] before the call was deleted
-    /// (or its delete failed): at most two deletes' time, however many writes follow. What
-    /// [`settle`], a graceful shutdown and tests wait for. Returns at once with the cache off.
+    /// (or its delete failed): at most two deletes' time, however many writes follow. A row
+    /// its writer deleted on its own task (more than [`FORGET_BATCH`] were waiting) is not
+    /// waited for. What [`settle`], a graceful shutdown and tests wait for. Returns at once
+    /// with the cache off.
     pub async fn forgotten(&self) {
         let Some(forgets) = self.forgets() else {
             return;
