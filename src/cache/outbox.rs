@@ -269,9 +269,9 @@ pub const SETTLE_WAIT: Duration = Duration::from_millis(50);
 /// Most rows found then belong to writes in flight, whose writers delete them within
 /// milliseconds: `settle` waits up to [`SETTLE_WAIT`] for those (one indexed read every 5 ms),
 /// then applies what is left as the relay does (late-safe repairs: a row whose writer is only
-/// slow is applied twice, harmlessly) and waits for rows another relay holds. With no row, one read. Returns
-/// whether every such row was applied (false: Redis or Postgres failed; the relay applies them
-/// later).
+/// slow is applied twice, harmlessly) and waits for rows another relay holds. With no row, one
+/// read. Returns whether every such row was applied (false: Redis or Postgres failed; the relay
+/// applies them later).
 pub async fn settle(cache: &Cache, db: &PgPool) -> bool {
     if !cache.enabled() {
         return true;

@@ -473,6 +473,8 @@ impl TestApp {
             "prefetched" => &s.prefetched,
             "merged" => &s.merged,
             "merge_fallbacks" => &s.merge_fallbacks,
+            "outbox_forgotten" => &s.outbox_forgotten,
+            "outbox_deletes" => &s.outbox_deletes,
             _ => &s.errors,
         };
         counter.load(Ordering::Relaxed)

@@ -106,16 +106,14 @@ async fn a_burst_of_writes_deletes_its_applied_rows_in_fewer_statements_than_wri
         fans.push(app.quick_user(&format!("fan{i}")).await.1);
     }
     assert_eq!(app.outbox_rows().await, 0);
-    let stats = app.state.cache.stats().expect("cache on");
-    let read = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
-    let (rows, deletes) = (read(&stats.outbox_forgotten), read(&stats.outbox_deletes));
+    let (rows, deletes) = (app.stat("outbox_forgotten"), app.stat("outbox_deletes"));
     futures_util::future::join_all(fans.iter().map(|t| app.like(t, "tweet", tweet))).await;
     // Rows a cache step left to the relay instead (a cluster replica's `WAIT` that timed out
     // under 40 writes at once, by design) are not applied rows: counted, not deleted.
     let left = u64::try_from(app.outbox_rows().await).unwrap();
     let (rows, deletes) = (
-        read(&stats.outbox_forgotten) - rows,
-        read(&stats.outbox_deletes) - deletes,
+        app.stat("outbox_forgotten") - rows,
+        app.stat("outbox_deletes") - deletes,
     );
     assert_eq!(
         rows + left,
