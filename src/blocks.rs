@@ -244,23 +244,6 @@ pub async fn hidden(db: &PgPool, cache: &Cache, viewer: Option<i64>) -> sqlx::Re
     Ok(hidden)
 }
 
-/// Whether `author` blocks `viewer` (their tweets are then 404 to the viewer, and the viewer
-/// may not follow them or like or comment on their tweets).
-///
-/// # Errors
-/// Postgres failed.
-pub async fn blocks_viewer(
-    db: &PgPool,
-    cache: &Cache,
-    author: i64,
-    viewer: Option<i64>,
-) -> sqlx::Result<bool> {
-    if viewer.is_none_or(|v| v == author) {
-        return Ok(false);
-    }
-    Ok(hidden(db, cache, viewer).await?.blocked_by(author))
-}
-
 /// Whether either of `a` and `b` blocks the other, as Postgres has it now (for a write that
 /// must be refused: read in its transaction after it locked both users' rows).
 ///

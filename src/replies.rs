@@ -277,22 +277,23 @@ pub struct Context {
 
 /// The context of tweet `id` for `viewer`: its ancestors and a page of its descendants
 /// (`req.gt` / `req.lt` bound them, `req.limit` of them oldest first), without the tweets of
-/// accounts the viewer mutes or blocks or that block the viewer.
+/// the accounts in `hidden`, the viewer's hidden set ([`crate::blocks::hidden`]: whom it
+/// mutes or blocks and who blocks it).
 ///
 /// # Errors
 /// 404 if there is no such tweet or its author blocks the viewer.
-#[tracing::instrument(name = "replies::context", skip(db, cache, req))]
+#[tracing::instrument(name = "replies::context", skip(db, cache, hidden, req))]
 pub async fn context(
     db: &PgPool,
     cache: &Cache,
     id: i64,
     viewer: Option<i64>,
+    hidden: &crate::blocks::Hidden,
     req: &PageRequest,
 ) -> ApiResult<Context> {
     let (record, _, _) = crate::tweets::load(db, cache, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    let hidden = crate::blocks::hidden(db, cache, viewer).await?;
     if viewer != Some(record.user_id) && hidden.blocked_by(record.user_id) {
         return Err(ApiError::NotFound);
     }

@@ -195,7 +195,7 @@ async fn circle_tweets(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    owned_timeline_page(&state, Timeline::Circle(id), &req, caller.id()).await
+    owned_timeline_page(&state, Timeline::Circle(id), &req, &caller).await
 }
 
 /// A circle's best tweets of one UTC day.

@@ -69,14 +69,15 @@ async fn list(
     // The comments of a tweet whose author blocks the caller are 404, as the tweet is.
     if caller.id().is_some()
         && let Some((tweet, ..)) = crate::tweets::load(db, cache, tweet_id).await?
-        && crate::blocks::blocks_viewer(db, cache, tweet.user_id, caller.id()).await?
+        && caller.blocked_by(&state, tweet.user_id).await?
     {
         return Err(crate::error::ApiError::NotFound);
     }
+    let viewer = caller.id();
     let page = state
         .replica
-        .read_with(db, caller.id(), |read| async move {
-            comments::list(db, &read, cache, tweet_id, req, caller.id()).await
+        .read_with(db, viewer, |read| async move {
+            comments::list(db, &read, cache, tweet_id, req, viewer).await
         })
         .await?;
     Ok(Json(page))

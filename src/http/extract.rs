@@ -515,21 +515,58 @@ impl Auth {
     }
 }
 
-/// The caller's id if a token was sent (a bad token was a 401 already), else anonymous.
-#[derive(Debug, Clone, Copy)]
-pub struct MaybeAuth(pub Option<i64>);
+/// The caller's id if a token was sent (a bad token was a 401 already), else anonymous; with
+/// the caller's hidden set when this request read it with the token ([`Auth::loaded_hidden`]).
+#[derive(Debug, Clone, Default)]
+pub struct MaybeAuth {
+    id: Option<i64>,
+    loaded_hidden: Option<Arc<Hidden>>,
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for MaybeAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        Ok(MaybeAuth(parts.extensions.get::<Auth>().map(|a| a.user_id)))
+        Ok(parts
+            .extensions
+            .get::<Auth>()
+            .map_or_else(MaybeAuth::default, |a| MaybeAuth {
+                id: Some(a.user_id),
+                loaded_hidden: a.loaded_hidden.clone(),
+            }))
     }
 }
 
 impl MaybeAuth {
     /// The caller's id, if any.
     pub fn id(&self) -> Option<i64> {
-        self.0
+        self.id
+    }
+
+    /// Whom the caller must not see ([`blocks::hidden`]; nobody for an anonymous caller): the
+    /// set read with the token if this request brought the token back from Postgres, as
+    /// [`Auth::hidden`] (a returning reader's first page of a list, a circle, a hashtag or a
+    /// user's tweets asks no cache for it either: issue 42), else from the caches or Postgres.
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn hidden(&self, state: &AppState) -> sqlx::Result<Arc<Hidden>> {
+        match &self.loaded_hidden {
+            Some(hidden) => Ok(hidden.clone()),
+            None => blocks::hidden(&state.db, &state.cache, self.id).await,
+        }
+    }
+
+    /// Whether `author` blocks the caller (their tweets are then 404 to the caller, who may not
+    /// follow them or like or comment on their tweets), from [`MaybeAuth::hidden`]. Never for
+    /// an anonymous caller or the author itself.
+    ///
+    /// # Errors
+    /// Postgres failed.
+    pub async fn blocked_by(&self, state: &AppState, author: i64) -> sqlx::Result<bool> {
+        if self.id.is_none_or(|v| v == author) {
+            return Ok(false);
+        }
+        Ok(self.hidden(state).await?.blocked_by(author))
     }
 }

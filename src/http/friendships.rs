@@ -113,10 +113,11 @@ async fn list(
 ) -> ApiResult<Json<Page<Friendship>>> {
     let req = query.page()?;
     let (db, cache, req) = (&state.db, &state.cache, &req);
+    let viewer = caller.id();
     let page = state
         .replica
-        .read_with(db, caller.id(), |read| async move {
-            friendships::list(db, &read, cache, user, direction, req, caller.id()).await
+        .read_with(db, viewer, |read| async move {
+            friendships::list(db, &read, cache, user, direction, req, viewer).await
         })
         .await?;
     Ok(Json(page))

@@ -42,7 +42,7 @@ async fn hashtag_tweets(
     let tag = hashtags::parse_path_tag(&raw).ok_or(ApiError::NotFound)?;
     let req = query.page()?;
     match state.tag_ids.get(&state.db, &tag).await? {
-        Some(id) => owned_timeline_page(&state, Timeline::Hashtag(id), &req, caller.id()).await,
+        Some(id) => owned_timeline_page(&state, Timeline::Hashtag(id), &req, &caller).await,
         None => Ok(timeline_body(Vec::new(), &req, false)),
     }
 }

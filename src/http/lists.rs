@@ -223,5 +223,5 @@ async fn list_timeline(
     query: QueryMap,
 ) -> ApiResult<JsonBody> {
     let req = query.page()?;
-    owned_timeline_page(&state, Timeline::List(id), &req, caller.id()).await
+    owned_timeline_page(&state, Timeline::List(id), &req, &caller).await
 }

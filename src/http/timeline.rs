@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::blocks;
 use crate::error::{ApiError, ApiResult};
+use crate::http::extract::MaybeAuth;
 use crate::pagination::{Page, PageRequest};
 use crate::retweets;
 use crate::state::AppState;
@@ -43,7 +44,8 @@ impl IntoResponse for JsonBody {
 /// the page is empty and the owner does not exist. Only an empty page asks (see
 /// [`Timeline::owner_exists`]). A list's or circle's page leaves out the accounts the viewer
 /// must not see ([`blocks::visible_page`]); a user's own tweets are 404 to the accounts they
-/// block (and shown, muted or not, to everyone else, as a profile is).
+/// block (and shown, muted or not, to everyone else, as a profile is). Both read the
+/// caller's hidden set with [`MaybeAuth::hidden`] (the set read with the token, if it was).
 ///
 /// # Errors
 /// 404 for an unknown owner or one who blocks the viewer; Postgres failed.
@@ -51,12 +53,12 @@ pub(crate) async fn owned_timeline_page(
     state: &AppState,
     timeline: Timeline,
     req: &PageRequest,
-    viewer: Option<i64>,
+    caller: &MaybeAuth,
 ) -> ApiResult<JsonBody> {
-    let (db, cache) = (&state.db, &state.cache);
+    let (db, cache, viewer) = (&state.db, &state.cache, caller.id());
     let items = match timeline {
         Timeline::UserTweets(owner) => {
-            if blocks::blocks_viewer(db, cache, owner, viewer).await? {
+            if caller.blocked_by(state, owner).await? {
                 return Err(ApiError::NotFound);
             }
             let items = timeline::read(db, cache, timeline, req, viewer).await?;
@@ -65,7 +67,7 @@ pub(crate) async fn owned_timeline_page(
             items
         }
         _ => {
-            let hidden = blocks::hidden(db, cache, viewer).await?;
+            let hidden = caller.hidden(state).await?;
             blocks::visible_page(&hidden, req, |page| async move {
                 let items = timeline::read(db, cache, timeline, &page, viewer).await?;
                 tweets::complete_page(db, cache, viewer, items).await

@@ -48,7 +48,7 @@ async fn list(
 ) -> ApiResult<JsonBody> {
     let user_id = query.required_id("user_id")?;
     let req = query.page()?;
-    owned_timeline_page(&state, Timeline::UserTweets(user_id), &req, caller.id()).await
+    owned_timeline_page(&state, Timeline::UserTweets(user_id), &req, &caller).await
 }
 
 /// The body of a new tweet.
@@ -195,7 +195,7 @@ async fn detail(
         .await?
         .ok_or(ApiError::NotFound)?;
     let viewer = caller.id();
-    if crate::blocks::blocks_viewer(&state.db, &state.cache, record.user_id, viewer).await? {
+    if caller.blocked_by(&state, record.user_id).await? {
         return Err(ApiError::NotFound);
     }
     let has_liked = has_liked(&state, viewer, id, counts.likes).await?;
@@ -301,7 +301,7 @@ async fn history(
     let (author, versions) = tweets::history(&state.db, id)
         .await?
         .ok_or(ApiError::NotFound)?;
-    if crate::blocks::blocks_viewer(&state.db, &state.cache, author, caller.id()).await? {
+    if caller.blocked_by(&state, author).await? {
         return Err(ApiError::NotFound);
     }
     Ok(Json(TweetHistory {
@@ -332,7 +332,9 @@ async fn context(
     query: QueryMap,
 ) -> ApiResult<Json<replies::Context>> {
     let req = query.forward_page()?;
-    let context = replies::context(&state.db, &state.cache, id, caller.id(), &req).await?;
+    let hidden = caller.hidden(&state).await?;
+    let (db, cache) = (&state.db, &state.cache);
+    let context = replies::context(db, cache, id, caller.id(), &hidden, &req).await?;
     Ok(Json(context))
 }
 

@@ -202,6 +202,77 @@ async fn a_first_touch_makes_five_redis_round_trips(db: PgPool) {
     );
 }
 
+/// A returning reader's first page of a user's tweets, of a tweet's context and of a list, each
+/// in a fresh process with nothing in Redis, filters with the hidden set read with the token
+/// (`MaybeAuth::hidden`, decision 0030) and asks no cache for it. Beside an anonymous reader's
+/// first touch of the same page it makes the token's two Redis round trips (its miss, then
+/// storing it with the set) and, where the page shows `has_liked`, the liked set's three (the
+/// miss, the start of its load, its fill); the set's own `GET` made one more before. The list
+/// leaves out the muted carol's tweets, and a user who blocks the reader is 404 on a first
+/// touch too.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_first_touch_of_any_timeline_filters_with_the_set_read_with_the_token(db: PgPool) {
+    let off = TestApp::with(db.clone(), |c| c.cache = CacheMode::Off).await;
+    let World {
+        bob,
+        tb,
+        alice,
+        carol,
+        ..
+    } = world(&off).await;
+    let list = off.new_list(&tb, "friends").await;
+    off.add_to_list(&tb, list, alice).await;
+    off.add_to_list(&tb, list, carol).await;
+    let (erin, te) = off.signup("erin").await;
+    off.tweet(&te, "erin").await;
+    let uri = format!("/api/users/{bob}/block/");
+    off.post_expecting(StatusCode::OK, &uri, Some(&te), json!({}))
+        .await;
+    let uri = format!("/api/users/{carol}/mute/");
+    off.post_expecting(StatusCode::OK, &uri, Some(&tb), json!({}))
+        .await;
+    off.drain().await;
+    let alices = off
+        .get(&format!("/api/tweets/?user_id={alice}&page_size=1"), None)
+        .await;
+    let tweet = alices.body["results"][0]["id"].as_i64().expect("a tweet");
+    // (status, body, Redis round trips) of `uri` as `token` in a process of its own, nothing in
+    // its memory nor in Redis.
+    let first_touch = async |uri: &str, token: Option<&str>| {
+        let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+        let before = app.redis_round_trips();
+        let res = app.get(uri, token).await;
+        (res.status, res.body, app.redis_round_trips() - before)
+    };
+    let pages = [
+        (format!("/api/tweets/?user_id={alice}&page_size=30"), 2 + 3),
+        (format!("/api/tweets/{tweet}/context/"), 2),
+        (format!("/api/lists/{list}/timeline/?page_size=30"), 0),
+    ];
+    for (uri, more) in pages {
+        let (status, body, trips) = first_touch(&uri, Some(&tb)).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        let postgres = off.get(&uri, Some(&tb)).await.body;
+        assert_eq!(body, postgres, "{uri}: the Postgres page");
+        let shown = body.to_string();
+        assert!(
+            !shown.contains("\"carol "),
+            "{uri}: carol is muted: {shown}"
+        );
+        if more > 0 {
+            let (_, _, anonymous) = first_touch(&uri, None).await;
+            assert_eq!(
+                trips,
+                anonymous + more,
+                "{uri}: Redis round trips of a first touch, beside an anonymous one's"
+            );
+        }
+    }
+    let uri = format!("/api/tweets/?user_id={erin}");
+    let (status, ..) = first_touch(&uri, Some(&tb)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "erin blocks bob");
+}
+
 /// 50 readers of one cold newsfeed at once: one Postgres load (the others wait for it and read
 /// the list it stored) of one page, every reader gets the same page, and readers who scroll
 /// below it grow the list to its window once.
