@@ -20,13 +20,13 @@
 //! (`pull_clock`): every writer of newsfeed entries stamps them above the newest pulled tweet
 //! and, last before its commit, [`check`]s under the clock's lock (shared) that they still lie
 //! above it (else it rolls back and stamps again) and waits for the database clock to pass
-//! them; a pulled tweet is stamped under the lock held exclusively ([`stamp_pulled`]), above
-//! the newest pulled tweet and the database clock. So an entry committed before a pulled tweet
-//! is older than it, and one committed after is newer; and a pulled compose waits only for
-//! writers in their last statement and commit, never for a whole fan-out batch. A follow
-//! records `visible_from` (the same clock): the followee's pulled tweets up to it are copied by
-//! the follow's backfill (stamped above the newsfeed's head, as in pure fan-out), later ones
-//! are pulled. docs/decisions/0004-hybrid-timelines.md.
+//! them; a pulled tweet is stamped under the lock held exclusively (in `tweets::create`'s
+//! insert), above the newest pulled tweet and the database clock. So an entry committed before
+//! a pulled tweet is older than it, and one committed after is newer; and a pulled compose
+//! waits only for writers in their last statement and commit, never for a whole fan-out
+//! batch. A follow records `visible_from` (the same clock): the followee's pulled tweets up to
+//! it are copied by the follow's backfill (stamped above the newsfeed's head, as in pure
+//! fan-out), later ones are pulled. docs/decisions/0004-hybrid-timelines.md.
 //!
 //! **Cached reads.** Each pull source's pulled tweets are one cached list that all its readers
 //! merge with their own rows, checked against one small Postgres snapshot per page
@@ -176,33 +176,6 @@ pub async fn check(
     }
     wait_past(tx, newest, Some(clock)).await?;
     Ok(true)
-}
-
-/// The time of a pulled tweet of `author` whose newest tweet is older than `floor`: above it,
-/// above the newest pulled tweet and above the database clock (so above every newsfeed entry
-/// committed before: their writers wait for the clock to pass them in [`check`]). Takes the
-/// author's newsfeed head first (its own row comes next: every writer takes heads before the
-/// clock, [`crate::newsfeeds::lock_heads`]), then the `pull-clock` lock exclusively until the
-/// commit (a pulled compose waits for the entry writers in their last statement, and they wait
-/// for it), and moves the clock to the new time: one statement, whose outer query reads the
-/// locked heads before it calls `pull_clock_stamp`, so the two locks come in that order.
-///
-/// # Errors
-/// Postgres failed.
-pub async fn stamp_pulled(
-    tx: &mut PgConnection,
-    author: i64,
-    floor: crate::time::Timestamp,
-) -> sqlx::Result<crate::time::Timestamp> {
-    sqlx::query_scalar(concat!(
-        "with heads as (",
-        crate::lock_heads!(),
-        ") select pull_clock_stamp($2) from (select count(*) from heads) as locked"
-    ))
-    .bind([author])
-    .bind(floor)
-    .fetch_one(tx)
-    .await
 }
 
 /// The authors with pulled tweets, as this process last read them: every newsfeed read asks

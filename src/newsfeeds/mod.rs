@@ -177,15 +177,22 @@ pub async fn mark_removals(
     .await
 }
 
-/// The statement of [`lock_heads`] (`$1` the readers; returns `user_id`), also the first part of
-/// [`crate::hybrid::stamp_pulled`]'s one statement.
+/// The statement of [`lock_heads`] (`$1` the readers, or the parameter given; returns
+/// `user_id`), also the first part of a pulled compose's insert (`tweets::create`).
 #[macro_export]
 macro_rules! lock_heads {
     () => {
-        "insert into feed_heads as h (user_id, head)
-         select r, '-infinity' from unnest($1::bigint[]) with ordinality as x(r, i) order by i
-         on conflict (user_id) do update set head = h.head
-         returning user_id"
+        $crate::lock_heads!("$1")
+    };
+    ($readers:literal) => {
+        concat!(
+            "insert into feed_heads as h (user_id, head)
+             select r, '-infinity' from unnest(",
+            $readers,
+            "::bigint[]) with ordinality as x(r, i) order by i
+             on conflict (user_id) do update set head = h.head
+             returning user_id"
+        )
     };
 }
 

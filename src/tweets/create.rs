@@ -20,13 +20,96 @@ use crate::{circles, hashtags, newsfeeds, notifications, replies, streams};
 /// newest. Each is the top of its index (`order by … limit 1`), one row read however many
 /// tweets the author has: written as `max(created_at)`, the planner may aggregate over all of
 /// them (it did whenever its statistics predated an author's tweets: 4,380 of them cost 2.5 ms
-/// of a 10 ms compose, and the cost grew with every tweet). Public so a test can read its plan.
-pub const PREDECESSORS: &str = "select (select created_at from tweets where user_id = $1
-             order by created_at desc limit 1),
-            case when $2 then (select created_at from tweets where user_id = $1 and pulled
-                               order by created_at desc limit 1) end,
-            (select created_at from tweets where circle_id = $3
-             order by created_at desc limit 1)";
+/// of a 10 ms compose, and the cost grew with every tweet).
+macro_rules! predecessors {
+    () => {
+        "select (select created_at from tweets where user_id = $1
+                 order by created_at desc limit 1) as newest,
+                case when $2 then (select created_at from tweets where user_id = $1 and pulled
+                                   order by created_at desc limit 1) end as newest_pulled,
+                (select created_at from tweets where circle_id = $3
+                 order by created_at desc limit 1) as newest_in_circle"
+    };
+}
+
+/// The predecessors' query alone (`$1` author, `$2` pulled, `$3` circle), the first part of
+/// the compose's insert ([`INSERT`]); public so a test can read its plan.
+pub const PREDECESSORS: &str = predecessors!();
+
+/// The new tweet's time, from the predecessors `p` (`$5` the process's fresh timestamp, `$14`
+/// the newest tweet of its hashtags): above the author's, the circle's and each tag's newest
+/// (read under their row locks, so their tweets commit in the order of their times), else
+/// `$5`.
+macro_rules! tweet_time {
+    () => {
+        "case when greatest(p.newest, p.newest_in_circle, $14) >= $5
+              then greatest(p.newest, p.newest_in_circle, $14) + interval '1 microsecond'
+              else $5 end"
+    };
+}
+
+/// The insert of the tweet with what decides its time, in one statement (one round trip; the
+/// predecessors took one of their own before): reads the predecessors ([`predecessors!`]),
+/// stamps the time, inserts the row and returns it with the predecessors. `$1` author, `$2`
+/// pulled, `$3` circle, `$4` content, `$5` a fresh timestamp, `$6` photo URLs, `$7`
+/// coordinates, `$8` place, `$9` – `$11` the replied-to tweet, its author and the thread's
+/// root, `$12` the retweeted tweet, `$13` the mentioned users, `$14` the tags' newest.
+///
+/// Its snapshot is taken after the author's, the circle's and the tags' row locks (earlier
+/// statements of the transaction), so it sees every tweet that committed before them.
+macro_rules! insert_tweet {
+    ($ctes:expr, $time:expr, $from:expr) => {
+        concat!(
+            "with ",
+            $ctes,
+            "p as (",
+            predecessors!(),
+            "), t as (select p.*, ",
+            $time,
+            " as at from p",
+            $from,
+            "), ins as (
+                 insert into tweets (user_id, content, created_at, circle_id, photo_urls,
+                                     coordinates, place, pulled, in_reply_to_tweet_id,
+                                     in_reply_to_user_id, thread_id, retweeted_tweet_id,
+                                     mentioned_user_ids)
+                 select $1, $4, t.at, $3, $6, $7, $8, $2, $9, $10, $11, $12, $13 from t
+                 returning id, user_id, content, created_at, circle_id, photo_urls,
+                           coordinates, place, edited_at, edit_version, in_reply_to_tweet_id,
+                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids)
+             select ins.*, t.newest, t.newest_pulled, t.newest_in_circle from ins, t"
+        )
+    };
+}
+
+/// [`insert_tweet!`] for a tweet that is fanned out: its time is [`tweet_time!`]. Public so a
+/// test can read its plan.
+pub const INSERT: &str = insert_tweet!("", tweet_time!(), "");
+
+/// [`insert_tweet!`] for a pulled tweet ([`crate::hybrid`]): its time lies above
+/// [`tweet_time!`], above the newest pulled tweet and above the database clock (so above every
+/// newsfeed entry committed before: their writers wait for the clock to pass them,
+/// [`hybrid::check`]). The statement takes the author's newsfeed head first (`$15`, the author
+/// alone: every writer takes heads before the clock, [`crate::newsfeeds::lock_heads`]), then
+/// the `pull-clock` lock exclusively until the commit (`pull_clock_stamp`: a pulled compose
+/// waits for the entry writers in their last statement, and they wait for it) and moves the
+/// clock to the new time. The time is computed on a join with the locked heads' count, so the
+/// two locks come in that order.
+const INSERT_PULLED: &str = insert_tweet!(
+    concat!("heads as (", crate::lock_heads!("$15"), "), "),
+    concat!("pull_clock_stamp(", tweet_time!(), ")"),
+    ", (select count(*) from heads) as locked"
+);
+
+/// What [`INSERT`] and [`INSERT_PULLED`] return: the tweet and its predecessors.
+#[derive(sqlx::FromRow)]
+struct Inserted {
+    #[sqlx(flatten)]
+    tweet: TweetRecord,
+    newest: Option<Timestamp>,
+    newest_pulled: Option<Timestamp>,
+    newest_in_circle: Option<Timestamp>,
+}
 
 /// Creates a tweet, posted into circle `circle` if given (the caller checked membership with
 /// [`circles::check_can_post`]), with the photos the caller stored already (see
@@ -101,62 +184,45 @@ pub async fn create(
             // Its hashtags' rows next, in name order, with each tag's newest tweet.
             let tags = hashtags::lock(&mut tx, tag_names).await?;
             let newest_tagged = tags.iter().filter_map(|t| t.newest).max();
-            // The author's newest tweet, its newest pulled one if this one is pulled, and its
-            // circle's newest: the predecessors that guard the merges into the cached lists.
-            let (newest, newest_pulled, newest_in_circle): (
-                Option<Timestamp>,
-                Option<Timestamp>,
-                Option<Timestamp>,
-            ) = sqlx::query_as(PREDECESSORS)
+            // A fanned-out tweet's writer that lost the pull clock's check twice takes its
+            // head and the clock before it stamps (crate::hybrid::lock_clock).
+            if !pulled && conflicts >= hybrid::OPTIMISTIC_TRIES {
+                newsfeeds::lock_heads(&mut tx, &[author]).await?;
+                hybrid::lock_clock(&mut tx).await?;
+            }
+            // The tweet, timed above its predecessors (the author's newest tweet, its newest
+            // pulled one if this one is pulled, its circle's and each tag's newest, all under
+            // their row locks: the author's tweets, the circle's and each tag's commit in the
+            // order of their times, so a refresh of any misses none), and a pulled one under
+            // the pull clock held exclusively (crate::hybrid). The predecessors also guard the
+            // merges into the cached lists.
+            let insert = sqlx::query_as(if pulled { INSERT_PULLED } else { INSERT })
                 .bind(author)
                 .bind(pulled)
                 .bind(circle)
-                .fetch_one(&mut *tx)
-                .await?;
-            // Above all of them (under their row locks): the author's tweets, the circle's and
-            // each tag's commit in the order of their times, so a refresh of any misses none.
-            let created_at = match newest.max(newest_in_circle).max(newest_tagged) {
-                Some(newest) if newest >= now => {
-                    crate::time::from_micros(crate::time::to_micros(newest) + 1)
-                }
-                _ => now,
-            };
-            // A pulled tweet is stamped under the pull clock held exclusively (crate::hybrid);
-            // the author's newsfeed head first: every writer takes heads before the clock.
-            let created_at = if pulled {
-                hybrid::stamp_pulled(&mut tx, author, created_at).await?
+                .bind(&new.content)
+                .bind(now)
+                .bind(&new.photo_urls)
+                .bind(new.coordinates.map(Vec::from))
+                .bind(new.place.clone().map(sqlx::types::Json))
+                .bind(parent.as_ref().map(|p| p.row.record.id))
+                .bind(parent.as_ref().map(|p| p.row.record.user_id))
+                .bind(parent.as_ref().map(|p| p.root))
+                .bind(original.as_ref().map(|o| o.record.id))
+                .bind(mentioned)
+                .bind(newest_tagged);
+            let insert = if pulled {
+                insert.bind([author])
             } else {
-                if conflicts >= hybrid::OPTIMISTIC_TRIES {
-                    newsfeeds::lock_heads(&mut tx, &[author]).await?;
-                    hybrid::lock_clock(&mut tx).await?;
-                }
-                created_at
+                insert
             };
-            let tweet: TweetRecord = sqlx::query_as(
-                "insert into tweets (user_id, content, created_at, circle_id, photo_urls,
-                                     coordinates, place, pulled, in_reply_to_tweet_id,
-                                     in_reply_to_user_id, thread_id, retweeted_tweet_id,
-                                     mentioned_user_ids)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-                 returning id, user_id, content, created_at, circle_id, photo_urls, coordinates,
-                           place, edited_at, edit_version, in_reply_to_tweet_id,
-                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids",
-            )
-            .bind(author)
-            .bind(&new.content)
-            .bind(created_at)
-            .bind(circle)
-            .bind(&new.photo_urls)
-            .bind(new.coordinates.map(Vec::from))
-            .bind(new.place.clone().map(sqlx::types::Json))
-            .bind(pulled)
-            .bind(parent.as_ref().map(|p| p.row.record.id))
-            .bind(parent.as_ref().map(|p| p.row.record.user_id))
-            .bind(parent.as_ref().map(|p| p.root))
-            .bind(original.as_ref().map(|o| o.record.id))
-            .bind(mentioned)
-            .fetch_one(&mut *tx)
-            .await?;
+            let Inserted {
+                tweet,
+                newest,
+                newest_pulled,
+                newest_in_circle,
+            } = insert.fetch_one(&mut *tx).await?;
+            let created_at = tweet.created_at;
             crate::mentions::notify(&mut tx, author, tweet.id, mentioned).await?;
             // What the tweet links to: the replied-to tweet's count and the thread's shape with
             // this reply in it, or the retweeted tweet's count.

@@ -372,7 +372,7 @@ macro_rules! returning_tweet_row {
 mod create;
 mod delete;
 mod edit;
-pub use create::{PREDECESSORS, create};
+pub use create::{INSERT, PREDECESSORS, create};
 pub use delete::{delete, delete_retweet};
 pub use edit::{TweetVersion, edit, history};
 

@@ -359,6 +359,36 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     .unwrap();
     let rows = rows_scanned(&plan[0]["Plan"]);
     assert!(rows <= 3, "{rows} rows read for three predecessors: {plan}");
+    // The compose's insert reads them in the same statement (decision 0033): the same index
+    // tops, and a row or two of its own CTEs (rolled back).
+    let mut tx = app.db().begin().await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "explain (analyze, format json) {}",
+        chirp::tweets::INSERT
+    )))
+    .bind(alice)
+    .bind(false)
+    .bind(None::<i64>)
+    .bind("planned")
+    .bind(chrono::Utc::now())
+    .bind(Vec::<String>::new())
+    .bind(None::<Vec<f64>>)
+    .bind(None::<sqlx::types::Json<serde_json::Value>>)
+    .bind(None::<i64>)
+    .bind(None::<i64>)
+    .bind(None::<i64>)
+    .bind(None::<i64>)
+    .bind(Vec::<i64>::new())
+    .bind(None::<chrono::DateTime<chrono::Utc>>)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let rows = rows_scanned(&plan[0]["Plan"]);
+    assert!(
+        rows <= 8,
+        "{rows} rows read by the compose's insert: {plan}"
+    );
 
     // And the compose itself still names the newest as the predecessor: the new tweet tops the
     // author's list, cached and not.
