@@ -499,10 +499,7 @@ impl Auth {
     /// # Errors
     /// Postgres failed.
     pub async fn hidden(&self, state: &AppState) -> sqlx::Result<Arc<Hidden>> {
-        match &self.loaded_hidden {
-            Some(hidden) => Ok(hidden.clone()),
-            None => blocks::hidden(&state.db, &state.cache, Some(self.user_id)).await,
-        }
+        hidden_of(state, Some(self.user_id), self.loaded_hidden.as_ref()).await
     }
 
     /// The caller's `User` object (from the user cache).
@@ -512,6 +509,19 @@ impl Auth {
             .remove(&self.user_id)
             .map(User::from)
             .ok_or(ApiError::InvalidToken)
+    }
+}
+
+/// The hidden set of caller `id` ([`Auth::hidden`], [`MaybeAuth::hidden`]): `loaded`, the one
+/// read with the token, if the request has it, else [`blocks::hidden`].
+async fn hidden_of(
+    state: &AppState,
+    id: Option<i64>,
+    loaded: Option<&Arc<Hidden>>,
+) -> sqlx::Result<Arc<Hidden>> {
+    match loaded {
+        Some(hidden) => Ok(hidden.clone()),
+        None => blocks::hidden(&state.db, &state.cache, id).await,
     }
 }
 
@@ -551,10 +561,7 @@ impl MaybeAuth {
     /// # Errors
     /// Postgres failed.
     pub async fn hidden(&self, state: &AppState) -> sqlx::Result<Arc<Hidden>> {
-        match &self.loaded_hidden {
-            Some(hidden) => Ok(hidden.clone()),
-            None => blocks::hidden(&state.db, &state.cache, self.id).await,
-        }
+        hidden_of(state, self.id, self.loaded_hidden.as_ref()).await
     }
 
     /// Whether `author` blocks the caller (their tweets are then 404 to the caller, who may not

@@ -37,14 +37,13 @@ macro_rules! predecessors {
 pub const PREDECESSORS: &str = predecessors!();
 
 /// The new tweet's time, from the predecessors `p` (`$5` the process's fresh timestamp, `$14`
-/// the newest tweet of its hashtags): above the author's, the circle's and each tag's newest
-/// (read under their row locks, so their tweets commit in the order of their times), else
-/// `$5`.
+/// the newest tweet of its hashtags): 1 µs above the author's, the circle's and each tag's
+/// newest (read under their row locks, so their tweets commit in the order of their times),
+/// or `$5` if that is later (times are whole µs; `greatest` skips the predecessors that are
+/// null).
 macro_rules! tweet_time {
     () => {
-        "case when greatest(p.newest, p.newest_in_circle, $14) >= $5
-              then greatest(p.newest, p.newest_in_circle, $14) + interval '1 microsecond'
-              else $5 end"
+        "greatest(greatest(p.newest, p.newest_in_circle, $14) + interval '1 microsecond', $5)"
     };
 }
 
