@@ -29,10 +29,37 @@ pub async fn migrate(config: &Config) -> anyhow::Result<PgPool> {
     Ok(db)
 }
 
-/// A connection pool sized by `CHIRP_DB_MAX_CONNECTIONS`.
-pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+/// A connection idle for less than this is handed out without a liveness round trip
+/// ([`pool_options`]); HikariCP's `aliveBypassWindowMs` (500 ms by default) is the same rule.
+pub const ALIVE_BYPASS: Duration = Duration::from_millis(500);
+
+/// Pool settings shared by the primary's and the replica's pools: `max` connections, and a
+/// liveness check (sqlx's ping: a `Sync` and its `ReadyForQuery`, one round trip) before a
+/// connection is handed out only if it lay idle for [`ALIVE_BYPASS`] or longer (sqlx's
+/// documented `before_acquire` example; its issue 1743). By default sqlx pings every
+/// connection it hands out (`test_before_acquire`): one more round trip on the answer's path
+/// for every query outside a transaction, three on a returning reader's first page (its
+/// token, its page, its liked set; decision 0034). sqlx still pings each connection it takes
+/// back (after the answer) and drops one that fails, so a connection whose socket died is
+/// not handed out again; one that died while idle for less than [`ALIVE_BYPASS`] fails its
+/// next statement, as a statement on a connection that dies while in use does.
+pub fn pool_options(max: u32) -> PgPoolOptions {
     PgPoolOptions::new()
-        .max_connections(config.db_max_connections)
+        .max_connections(max)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for < ALIVE_BYPASS {
+                    return Ok(true);
+                }
+                Ok(sqlx::Connection::ping(conn).await.is_ok())
+            })
+        })
+}
+
+/// A connection pool sized by `CHIRP_DB_MAX_CONNECTIONS` ([`pool_options`]).
+pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
+    pool_options(config.db_max_connections)
         .acquire_timeout(Duration::from_secs(5))
         .connect(&config.database_url)
         .await

@@ -25,7 +25,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::watch;
 
 use crate::cache::Cache;
@@ -62,8 +61,7 @@ impl Replica {
     pub fn new(config: &Config, cache: &Cache) -> anyhow::Result<Self> {
         let pool = match &config.database_replica_url {
             Some(url) => Some(
-                PgPoolOptions::new()
-                    .max_connections(config.db_max_connections)
+                crate::db::pool_options(config.db_max_connections)
                     .acquire_timeout(Duration::from_secs(2))
                     .connect_lazy(url)
                     .map_err(|e| anyhow::anyhow!("invalid DATABASE_REPLICA_URL: {e}"))?,

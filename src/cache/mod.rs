@@ -198,6 +198,9 @@ struct Inner {
     pages: pages::PageMemory,
     /// Applied outbox rows waiting for their delete ([`outbox::Forgets`]).
     forgets: outbox::Forgets,
+    /// Why the monitor's last recovery left Redis out of use (`None`: it marked Redis up, or
+    /// none ran yet); [`Cache::recovery_failure`].
+    recovery_failure: Mutex<Option<String>>,
 }
 
 impl Inner {
@@ -335,6 +338,7 @@ impl Cache {
                 ),
                 pages: pages::PageMemory::default(),
                 forgets: outbox::Forgets::default(),
+                recovery_failure: Mutex::new(None),
             })),
         })
     }
@@ -353,6 +357,28 @@ impl Cache {
     /// Whether Redis is marked up (whatever the hand-off lease): the monitor recovers while not.
     pub fn marked_up(&self) -> bool {
         self.inner.as_ref().is_some_and(|i| i.marked_up())
+    }
+
+    /// Why the monitor's last recovery ([`outbox::recover`]) left Redis out of use, e.g.
+    /// `"outbox relay: …"`; `None` once a recovery marked it up (or before any ran). For
+    /// operators and the history checker's report: a process that stays off Redis says why.
+    pub fn recovery_failure(&self) -> Option<String> {
+        let inner = self.inner.as_ref()?;
+        inner
+            .recovery_failure
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records the outcome of a recovery: `None` when it marked Redis up (or found it up).
+    pub(crate) fn recovered(&self, failure: Option<String>) {
+        if let Some(inner) = &self.inner {
+            *inner
+                .recovery_failure
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = failure;
+        }
     }
 
     /// How many times Redis was marked down so far: what a recovery reads before it relays

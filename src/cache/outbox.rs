@@ -480,35 +480,46 @@ async fn flush(
 /// with other data), relays every outbox row and marks Redis usable; returns whether it is
 /// usable.
 pub async fn recover(cache: &Cache, db: &PgPool) -> bool {
-    if !cache.enabled() || cache.subscription_broken() {
-        return false;
+    let failure = try_recover(cache, db).await.err();
+    let recovered = failure.is_none();
+    cache.recovered(failure);
+    recovered
+}
+
+/// [`recover`]'s steps; `Err` says why Redis stays out of use ([`Cache::recovery_failure`]).
+async fn try_recover(cache: &Cache, db: &PgPool) -> Result<(), String> {
+    if !cache.enabled() {
+        return Err("the cache is off".into());
+    }
+    if cache.subscription_broken() {
+        return Err("the pub/sub subscription is broken (the process is stopping)".into());
     }
     let downs = cache.downs();
     if !cache.ping().await {
-        return false;
+        return Err("redis did not answer PING".into());
     }
     if let Err(e) = epoch::verify(cache, db).await {
         tracing::warn!(error = %e, "redis epoch check failed");
-        return false;
+        return Err(format!("epoch check: {e}"));
     }
     if let Err(e) = relay(cache, db, Duration::ZERO).await {
         tracing::warn!(error = %e, "outbox relay failed");
-        return false;
+        return Err(format!("outbox relay: {e}"));
     }
     match cache.mark_up(downs) {
         MarkUp::CameBack => {
             // Writers that saw Redis down may have left rows during the first pass.
             if let Err(e) = relay(cache, db, Duration::ZERO).await {
                 cache.mark_down(&e);
-                return false;
+                return Err(format!("outbox relay after marking up: {e}"));
             }
             tracing::info!("redis available; cache in use");
             cache.check_listpack_setting().await;
-            true
+            Ok(())
         }
-        MarkUp::AlreadyUp => true,
+        MarkUp::AlreadyUp => Ok(()),
         // Marked down meanwhile (a hand-off this pass may not have seen): the next tick.
-        MarkUp::Stale => false,
+        MarkUp::Stale => Err("marked down again while it ran".into()),
     }
 }
 

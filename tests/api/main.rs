@@ -30,6 +30,7 @@ mod notifications;
 mod openapi;
 mod outbox;
 mod pagination;
+mod pool;
 mod races;
 mod replica;
 mod replies;

@@ -861,14 +861,21 @@ struct HandOff {
 }
 
 impl HandOff {
-    async fn start(db: PgPool, monitor_db: impl FnOnce(&TestApp) -> PgPool) -> Self {
+    /// `lease_ms`: both processes' lease length (`CHIRP_NEAR_LEASE_MS`), so also how long `a`
+    /// waits for its hand-off to be applied.
+    async fn start(db: PgPool, lease_ms: u64, monitor_db: impl FnOnce(&TestApp) -> PgPool) -> Self {
         let (direct, cut) = (Proxy::start().await, Proxy::start().await);
         let url = direct.url();
-        let b = TestApp::with(db.clone(), |c| c.redis_url = url).await;
+        let b = TestApp::with(db.clone(), |c| {
+            c.redis_url = url;
+            c.near_lease_ms = lease_ms;
+        })
+        .await;
         let (prefix, url) = (b.prefix.clone(), cut.url());
         let a = TestApp::with(db, |c| {
             c.redis_prefix = prefix;
             c.redis_url = url;
+            c.near_lease_ms = lease_ms;
         })
         .await;
         let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -938,7 +945,10 @@ impl HandOff {
 /// applies it (the tombstone, then the revocation everywhere) before `a` answers.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_logout_whose_redis_step_fails_is_handed_off_before_it_answers(db: PgPool) {
-    let t = HandOff::start(db, |b| b.state.db.clone()).await;
+    // A lease of 5 s: a waits that long for b's monitor to apply the row before it answers
+    // without (with the tests' 1 s, a busy CI run on the cluster once took longer, and a
+    // answered correctly but with the row left: b's lease, not its monitor, had covered it).
+    let t = HandOff::start(db, 5000, |b| b.state.db.clone()).await;
     // Once b's monitor listens for hand-offs (a fixed 300 ms was too short on a loaded
     // machine), cut a off.
     eventually("b's monitor listens for hand-offs", async || {
@@ -969,7 +979,7 @@ async fn a_process_whose_hand_off_listener_is_cut_off_refuses_a_revoked_token_wh
 ) {
     // b's monitor reaches Postgres through a proxy that can leave its LISTEN half-open.
     let (pg, through) = Proxy::to_postgres(&db).await;
-    let t = HandOff::start(db, |_| through).await;
+    let t = HandOff::start(db, 1000, |_| through).await;
     eventually("b's monitor listens for hand-offs", async || {
         t.b_listens().await
     })

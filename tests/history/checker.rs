@@ -2380,9 +2380,11 @@ async fn quiet_checks(world: &World, actors: &mut [Actor]) {
     }
     if !cache.available() {
         checked = Err(anyhow::anyhow!(
-            "redis not back in use within 10 s (marked up: {}, hand-off lease held: {:?})",
+            "redis not back in use within 10 s (marked up: {}, hand-off lease held: {:?}, \
+             the last recovery's failure: {:?})",
             cache.marked_up(),
-            cache.hand_offs().map(|h| h.lease().held())
+            cache.hand_offs().map(|h| h.lease().held()),
+            cache.recovery_failure()
         ));
     }
     match checked {

@@ -1,0 +1,67 @@
+//! The Postgres pool's liveness checks (`chirp::db::pool_options`): a connection used moments
+//! ago is handed out as it is, one that lay idle is checked first and replaced if it died.
+
+use std::time::Duration;
+
+use chirp::db::{ALIVE_BYPASS, pool_options};
+use sqlx::PgPool;
+
+/// When the backend `pid` last changed state: Postgres reports it idle again after every
+/// round trip, a bare `Sync` (sqlx's ping) included.
+async fn state_change(db: &PgPool, pid: i32) -> chrono::DateTime<chrono::Utc> {
+    sqlx::query_scalar("select state_change from pg_stat_activity where pid = $1")
+        .bind(pid)
+        .fetch_one(db)
+        .await
+        .expect("pg_stat_activity")
+}
+
+/// Decision 0034: sqlx pinged every connection it handed out (`test_before_acquire`), one
+/// more round trip for each query outside a transaction; a returning reader's first page made
+/// three. A connection idle for less than [`ALIVE_BYPASS`] now goes out without one.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_connection_used_moments_ago_is_handed_out_without_a_round_trip(db: PgPool) {
+    let pool = pool_options(1)
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .expect("pool");
+    let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("pid");
+    let before = state_change(&db, pid).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let conn = pool.acquire().await.expect("acquire");
+    assert_eq!(
+        state_change(&db, pid).await,
+        before,
+        "the connection made a round trip before it was handed out"
+    );
+    drop(conn);
+}
+
+/// The check kept: a connection that died while it lay idle for [`ALIVE_BYPASS`] or longer is
+/// found dead before it is handed out, and the query runs on a new one.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(db: PgPool) {
+    let pool = pool_options(1)
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .expect("pool");
+    let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("pid");
+    let killed: bool = sqlx::query_scalar("select pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&db)
+        .await
+        .expect("terminate");
+    assert!(killed);
+    tokio::time::sleep(ALIVE_BYPASS + Duration::from_millis(100)).await;
+    let other: i32 = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("a query after the connection died while idle");
+    assert_ne!(other, pid);
+}
