@@ -325,6 +325,24 @@ pub async fn load_liked_set(
     liked_among_set(db, user, tweet_ids, set.as_deref()).await
 }
 
+/// The rows of user `$1`'s liked set as [`liked_set`] caches it (the tweets it liked, and
+/// [`crate::retweets::retweet_mark`]s of its retweets), at most the parameter given (`"$2"`):
+/// [`liked_set`]'s statement, also part of a cold newsfeed page's
+/// ([`crate::newsfeeds::first_rows_and_liked`]).
+#[macro_export]
+macro_rules! liked_set_select {
+    ($limit:literal) => {
+        concat!(
+            "(select tweet_id from tweet_likes where user_id = $1
+              union all
+              select -retweeted_tweet_id - 2 from tweets
+              where user_id = $1 and retweeted_tweet_id is not null)
+             limit ",
+            $limit
+        )
+    };
+}
+
 /// `user`'s liked set as it is cached: the tweets it liked and its retweets, as marks
 /// ([`crate::retweets::retweet_mark`]: `has_retweeted`); `None` if it holds more than
 /// [`MAX_CACHED_LIKES`] (the set is then cached as "too many"). Load it after
@@ -334,18 +352,18 @@ pub async fn load_liked_set(
 /// # Errors
 /// Postgres failed.
 pub async fn liked_set(db: &PgPool, user: i64) -> sqlx::Result<Option<Vec<i64>>> {
-    let all: Vec<i64> = sqlx::query_scalar(
-        "(select tweet_id from tweet_likes where user_id = $1
-          union all
-          select -retweeted_tweet_id - 2 from tweets
-          where user_id = $1 and retweeted_tweet_id is not null)
-         limit $2",
-    )
-    .bind(user)
-    .bind(MAX_CACHED_LIKES as i64 + 1)
-    .fetch_all(db)
-    .await?;
-    Ok((all.len() <= MAX_CACHED_LIKES).then_some(all))
+    let all: Vec<i64> = sqlx::query_scalar(crate::liked_set_select!("$2"))
+        .bind(user)
+        .bind(MAX_CACHED_LIKES as i64 + 1)
+        .fetch_all(db)
+        .await?;
+    Ok(cacheable_liked_set(all))
+}
+
+/// A liked set as [`liked_set`] read it (at most [`MAX_CACHED_LIKES`] + 1 entries): itself, or
+/// `None` if it holds too many to cache.
+pub fn cacheable_liked_set(all: Vec<i64>) -> Option<Vec<i64>> {
+    (all.len() <= MAX_CACHED_LIKES).then_some(all)
 }
 
 /// Which of `tweet_ids` `user` liked, given its whole liked set as [`liked_set`] loaded it

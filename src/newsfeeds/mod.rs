@@ -23,6 +23,7 @@ use std::sync::atomic::Ordering;
 use sqlx::{PgConnection, PgPool};
 
 use crate::hybrid;
+use crate::likes;
 use crate::time::Timestamp;
 use crate::timeline::{FeedRow, ListEntry, Timeline};
 
@@ -279,6 +280,64 @@ pub async fn rows_page(
     limit: usize,
 ) -> sqlx::Result<Vec<FeedRow>> {
     crate::timeline::fetch_page(db, rows_between!(), user_id, lt, gt, limit).await
+}
+
+/// A newsfeed row of [`first_rows_and_liked`]: the row, and on the newest one only, the reader's
+/// liked set.
+#[derive(sqlx::FromRow)]
+struct RowAndLiked {
+    #[sqlx(flatten)]
+    row: FeedRow,
+    liked: Option<Vec<i64>>,
+}
+
+/// The newest `limit` of user `user_id`'s fan-out rows, hydrated ([`rows_page`] without
+/// cursors), and its liked set as [`likes::liked_set`] reads it (`None`: too many to cache), in
+/// one statement: a cold first page of a reader whose liked set is not cached either (issue
+/// 42; decision 0035). The set rides on the newest row (Postgres computes it once, as an
+/// init plan); a newsfeed without rows reads it alone.
+///
+/// # Errors
+/// Postgres failed.
+pub async fn first_rows_and_liked(
+    db: &PgPool,
+    user_id: i64,
+    limit: usize,
+) -> sqlx::Result<(Vec<FeedRow>, Option<Vec<i64>>)> {
+    let sql = concat!(
+        "select p.*, case when p.newest
+                     then array(",
+        crate::liked_set_select!("$5"),
+        ") end as liked
+         from (select r.*, row_number() over (order by r.created_at desc) = 1 as newest
+               from (",
+        rows_between!(),
+        ") r) p
+         order by p.created_at desc"
+    );
+    let rows: Vec<RowAndLiked> = sqlx::query_as(sql)
+        .bind(user_id)
+        .bind(None::<Timestamp>)
+        .bind(None::<Timestamp>)
+        .bind(limit as i64)
+        .bind(likes::MAX_CACHED_LIKES as i64 + 1)
+        .fetch_all(db)
+        .await?;
+    let mut liked = None;
+    let rows = rows
+        .into_iter()
+        .map(|r| {
+            if r.liked.is_some() {
+                liked = r.liked;
+            }
+            r.row
+        })
+        .collect::<Vec<_>>();
+    let liked = match liked {
+        Some(all) => likes::cacheable_liked_set(all),
+        None => likes::liked_set(db, user_id).await?,
+    };
+    Ok((rows, liked))
 }
 
 /// One source of a newsfeed page that merges pulled tweets ([`read`]), as of one Postgres

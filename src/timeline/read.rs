@@ -212,12 +212,13 @@ enum Loaded {
 /// The miss path: one load per list at a time (single flight), a page-sized first window
 /// answered at once; the list grows to its full window when a read first goes below it
 /// ([`spawn_extension`]); see the module docs. `load_liked`: the viewer whose liked set the
-/// miss found not cached either (a newsfeed's owner): it is loaded beside the page and stored
+/// miss found not cached either (a newsfeed's owner): it is loaded with the page and stored
 /// in the same fill.
 ///
 /// A cold first page of a newsfeed whose reader's liked set is not cached either makes three
-/// Redis round trips (the range, the start of both loads, the fill) and two Postgres queries at
-/// once (the page, the liked set); it made nine and two, one after another, before round 32
+/// Redis round trips (the range, the start of both loads, the fill) and one Postgres statement
+/// (the page with the liked set, decision 0035; two at once before round 41); it made nine
+/// Redis round trips and two statements, one after another, before round 32
 /// (BENCHMARKS.md; a second range read after the lock, `BEGIN_LOAD`, the `SMISMEMBER` that found
 /// the liked set missing, its own `BEGIN_LOAD` and `SET_FILL`, and the floor's read of each
 /// range).
@@ -265,20 +266,29 @@ async fn load_window(
         _ => want,
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
-    let fill = cache.time_postgres("first_fill", timeline.page(db, None, None, first + 1));
     // The reader's liked set when its load began with the list's: its user, its generation and
-    // (below) what Postgres holds, stored in the page's fill.
+    // what Postgres holds, stored in the page's fill. A newsfeed's is its owner's, read in the
+    // page's statement (decision 0035); another timeline's reader's on a second connection.
     let liked_load = load_liked.zip(begun.liked.as_ref());
-    let liked_set = async {
-        match liked_load {
-            Some((user, generation)) => likes::liked_set(db, user)
-                .await
-                .map(|set| Some((user, generation, set))),
-            None => Ok(None),
+    let (mut rows, liked_set) = match (timeline, liked_load) {
+        (Timeline::Newsfeed(owner), Some((user, generation))) if owner == user => {
+            let read = crate::newsfeeds::first_rows_and_liked(db, owner, first + 1);
+            let (rows, set) = cache.time_postgres("first_fill", read).await?;
+            (rows, Some((user, generation, set)))
+        }
+        _ => {
+            let fill = cache.time_postgres("first_fill", timeline.page(db, None, None, first + 1));
+            let liked_set = async {
+                match liked_load {
+                    Some((user, generation)) => likes::liked_set(db, user)
+                        .await
+                        .map(|set| Some((user, generation, set))),
+                    None => Ok(None),
+                }
+            };
+            tokio::try_join!(fill, liked_set)?
         }
     };
-    // Two pool connections at once: the liked set's query does not wait behind the page's.
-    let (mut rows, liked_set) = tokio::try_join!(fill, liked_set)?;
     let complete = rows.len() <= first;
     rows.truncate(first);
     let scored: Vec<Scored> = rows.iter().map(|r| timeline.scored(&r.entry())).collect();

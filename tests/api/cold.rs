@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use crate::helpers::{TestApp, eventually, page_all, seeded_rng, urlencode};
+use crate::statements::Statements;
 
 const LIST_LIMIT: u32 = 40;
 
@@ -139,21 +140,29 @@ async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
 /// missing (its sample of the liked set says that is missing too), one that begins both loads
 /// (and tells whether another loader stored the list meanwhile), one that stores the page, its
 /// objects and the liked set. Before decision 0030 the hidden set took two more (a miss, then
-/// storing it after a second statement), and before round 32 (issue 42) the page took nine. The
+/// storing it after a second statement), and before round 32 (issue 42) the page took nine. It
+/// makes two Postgres statements (counted through a proxy): the token's, and the page's with
+/// the reader's liked set (decision 0035; three before, the liked set's on its own). The
 /// page is the Postgres page, `has_liked` included; the list, the liked set and the hidden set
 /// are cached after it, and the warm page is the same. Then the reader mutes an account whose
 /// tweets the page shows: a first touch filters them out with the set read with the token.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn a_first_touch_makes_five_redis_round_trips(db: PgPool) {
+async fn a_first_touch_makes_five_redis_round_trips_and_two_statements(db: PgPool) {
     let off = TestApp::with(db.clone(), |c| c.cache = CacheMode::Off).await;
     let World { bob, tb, carol, .. } = world(&off).await;
     let first_touch = async |size: usize| {
         let uri = format!("/api/newsfeeds/?page_size={size}");
-        // A process of its own each time, nothing in its memory nor in Redis.
-        let app = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
-        let before = app.redis_round_trips();
+        // A process of its own each time, nothing in its memory nor in Redis; its Postgres
+        // statements counted.
+        let (statements, through) = Statements::start(&db).await;
+        let app = TestApp::with(through, |c| c.cache_list_limit = LIST_LIMIT).await;
+        // (What a process reads once for every reader: the authors whose tweets are pulled.)
+        let pulled = app.state.pull_authors.current(app.db()).await;
+        assert!(pulled.expect("pull authors").is_empty());
+        let (before, queries) = (app.redis_round_trips(), statements.count());
         let cold = app.get(&uri, Some(&tb)).await;
         let trips = app.redis_round_trips() - before;
+        let queries = statements.count() - queries;
         assert_eq!(cold.body, off.get(&uri, Some(&tb)).await.body, "{uri}");
         assert!(cached_len(&app, bob).await.is_some(), "{uri}: list stored");
         let mut r = app.redis().await;
@@ -173,11 +182,12 @@ async fn a_first_touch_makes_five_redis_round_trips(db: PgPool) {
         (
             cold.body["results"].as_array().cloned().unwrap_or_default(),
             trips,
+            queries,
         )
     };
     // (Up to the list limit: a larger page is answered from Postgres beyond the first window.)
     for size in [1, 5, 20, 38] {
-        let (results, trips) = first_touch(size).await;
+        let (results, trips, queries) = first_touch(size).await;
         assert_eq!(results.len(), size, "page_size={size}: a full page");
         // Dave's tweets came last (by the follow's backfill), four of the twelve liked.
         let liked_shown = results.iter().any(|e| e["tweet"]["has_liked"] == true);
@@ -189,12 +199,16 @@ async fn a_first_touch_makes_five_redis_round_trips(db: PgPool) {
             trips, 5,
             "page_size={size}: Redis round trips of a first touch"
         );
+        assert_eq!(
+            queries, 2,
+            "page_size={size}: Postgres statements of a first touch (the token, the page)"
+        );
     }
     let uri = format!("/api/users/{carol}/mute/");
     off.post_expecting(StatusCode::OK, &uri, Some(&tb), json!({}))
         .await;
     // (More round trips now: the page is read again where hidden tweets left it short.)
-    let (results, _) = first_touch(38).await;
+    let (results, _, _) = first_touch(38).await;
     assert_eq!(results.len(), 38, "a full page without carol's tweets");
     assert!(
         results.iter().all(|e| e["tweet"]["user"]["id"] != carol),

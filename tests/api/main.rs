@@ -36,6 +36,7 @@ mod replica;
 mod replies;
 mod resilience;
 mod retweets;
+mod statements;
 mod streams;
 mod tweets;
 mod users;
