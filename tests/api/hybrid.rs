@@ -14,6 +14,7 @@ use chirp::cache::AfterCommit;
 use crate::helpers::{
     Ev, Stream, TestApp, eventually, lock_waiters, page_all, seeded_rng, urlencode,
 };
+use crate::statements::Statements;
 
 /// An app whose authors are pulled above `above` followers and pushed again below `below`,
 /// with a settle time short enough for a test.
@@ -736,4 +737,39 @@ async fn a_pulled_authors_reply_is_fanned_out_to_the_readers_who_follow_both(db:
         }
         app.flush_cache().await;
     }
+}
+
+/// Decision 0033: a compose reads its predecessors and takes its time (for a pulled author,
+/// under the pull clock) in its insert. A fanned-out author's post makes 7 statements with its
+/// commit (8 before), a pulled author's 6 (8 before), counted through a proxy from the request
+/// to the delete of its applied outbox row after the answer, with its `BEGIN` and that delete.
+#[sqlx::test]
+async fn a_compose_makes_seven_statements_and_a_pulled_one_six(db: PgPool) {
+    let (statements, through) = Statements::start(&db).await;
+    let app = hybrid_app(through, 2, 1).await;
+    let (star, token) = app.signup("star").await;
+    for i in 0..3 {
+        let (_, fan) = app.signup(&format!("fan{i}")).await;
+        app.follow(&fan, star).await;
+    }
+    app.drain().await;
+    let counted = async |content: &str| {
+        app.state.cache.forgotten().await;
+        let before = statements.count();
+        let id = app.tweet(&token, content).await["id"].as_i64().expect("id");
+        app.state.cache.forgotten().await;
+        let made = statements.count() - before;
+        app.drain().await;
+        (id, made)
+    };
+    // The first compose above the threshold makes the author a pull source, the next one
+    // starts the settle time: both are fanned out.
+    let (first, _) = counted("first").await;
+    let (pushed, made) = counted("pushed").await;
+    assert!(!is_pulled(&app, first).await && !is_pulled(&app, pushed).await);
+    assert_eq!(made, 1 + 7 + 1, "a fanned-out compose's statements");
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let (pulled, made) = counted("pulled").await;
+    assert!(is_pulled(&app, pulled).await);
+    assert_eq!(made, 1 + 6 + 1, "a pulled compose's statements");
 }

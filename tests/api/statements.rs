@@ -16,7 +16,7 @@ pub struct Statements {
 
 impl Statements {
     /// A proxy to the Postgres `db` connects to, and a pool of `db`'s database through it
-    /// (2 connections, so that two queries of one request can run at once).
+    /// (up to 8 connections).
     pub async fn start(db: &PgPool) -> (Self, PgPool) {
         let options = (*db.connect_options()).clone();
         let target = format!("{}:{}", options.get_host(), options.get_port());
@@ -38,7 +38,7 @@ impl Statements {
             .port(port)
             .ssl_mode(sqlx::postgres::PgSslMode::Disable);
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
+            .max_connections(8)
             .connect_lazy_with(through);
         (Statements { count }, pool)
     }
