@@ -29,6 +29,14 @@ async fn a_connection_used_moments_ago_is_handed_out_without_a_round_trip(db: Pg
         .fetch_one(&pool)
         .await
         .expect("pid");
+    // sqlx pings a connection it takes back (a task spawned on release): wait until it is idle.
+    for _ in 0..200 {
+        if pool.num_idle() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(pool.num_idle(), 1, "the connection was taken back");
     let before = state_change(&db, pid).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let conn = pool.acquire().await.expect("acquire");
