@@ -315,7 +315,7 @@ pub async fn first_rows_and_liked(
         ") r) p
          order by p.created_at desc"
     );
-    let rows: Vec<RowAndLiked> = sqlx::query_as(sql)
+    let mut rows: Vec<RowAndLiked> = sqlx::query_as(sql)
         .bind(user_id)
         .bind(None::<Timestamp>)
         .bind(None::<Timestamp>)
@@ -323,16 +323,8 @@ pub async fn first_rows_and_liked(
         .bind(likes::MAX_CACHED_LIKES as i64 + 1)
         .fetch_all(db)
         .await?;
-    let mut liked = None;
-    let rows = rows
-        .into_iter()
-        .map(|r| {
-            if r.liked.is_some() {
-                liked = r.liked;
-            }
-            r.row
-        })
-        .collect::<Vec<_>>();
+    let liked = rows.iter_mut().find_map(|r| r.liked.take());
+    let rows = rows.into_iter().map(|r| r.row).collect();
     let liked = match liked {
         Some(all) => likes::cacheable_liked_set(all),
         None => likes::liked_set(db, user_id).await?,

@@ -267,8 +267,8 @@ async fn load_window(
     };
     let first = (page + 1).min(cache.list_limit()).max(1);
     // The reader's liked set when its load began with the list's: its user, its generation and
-    // what Postgres holds, stored in the page's fill. A newsfeed's is its owner's, read in the
-    // page's statement (decision 0035); another timeline's reader's on a second connection.
+    // what Postgres holds, read in the page's statement (decision 0035) and stored in the page's
+    // fill. Only a newsfeed read by its owner loads one: the range read samples no other set.
     let liked_load = load_liked.zip(begun.liked.as_ref());
     let (mut rows, liked_set) = match (timeline, liked_load) {
         (Timeline::Newsfeed(owner), Some((user, generation))) if owner == user => {
@@ -277,16 +277,8 @@ async fn load_window(
             (rows, Some((user, generation, set)))
         }
         _ => {
-            let fill = cache.time_postgres("first_fill", timeline.page(db, None, None, first + 1));
-            let liked_set = async {
-                match liked_load {
-                    Some((user, generation)) => likes::liked_set(db, user)
-                        .await
-                        .map(|set| Some((user, generation, set))),
-                    None => Ok(None),
-                }
-            };
-            tokio::try_join!(fill, liked_set)?
+            let read = timeline.page(db, None, None, first + 1);
+            (cache.time_postgres("first_fill", read).await?, None)
         }
     };
     let complete = rows.len() <= first;

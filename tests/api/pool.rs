@@ -16,19 +16,25 @@ async fn state_change(db: &PgPool, pid: i32) -> chrono::DateTime<chrono::Utc> {
         .expect("pg_stat_activity")
 }
 
+/// A pool of one connection to `db`'s database with chirp's settings, and its backend's pid.
+async fn one_connection(db: &PgPool) -> (PgPool, i32) {
+    let pool = pool_options(1)
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .expect("pool");
+    let pid = sqlx::query_scalar("select pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .expect("pid");
+    (pool, pid)
+}
+
 /// Decision 0034: sqlx pinged every connection it handed out (`test_before_acquire`), one
 /// more round trip for each query outside a transaction; a returning reader's first page made
 /// three. A connection idle for less than [`ALIVE_BYPASS`] now goes out without one.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_connection_used_moments_ago_is_handed_out_without_a_round_trip(db: PgPool) {
-    let pool = pool_options(1)
-        .connect_with((*db.connect_options()).clone())
-        .await
-        .expect("pool");
-    let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .expect("pid");
+    let (pool, pid) = one_connection(&db).await;
     // sqlx pings a connection it takes back (a task spawned on release): wait until it is idle.
     for _ in 0..200 {
         if pool.num_idle() == 1 {
@@ -52,14 +58,7 @@ async fn a_connection_used_moments_ago_is_handed_out_without_a_round_trip(db: Pg
 /// found dead before it is handed out, and the query runs on a new one.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(db: PgPool) {
-    let pool = pool_options(1)
-        .connect_with((*db.connect_options()).clone())
-        .await
-        .expect("pool");
-    let pid: i32 = sqlx::query_scalar("select pg_backend_pid()")
-        .fetch_one(&pool)
-        .await
-        .expect("pid");
+    let (pool, pid) = one_connection(&db).await;
     let killed: bool = sqlx::query_scalar("select pg_terminate_backend($1)")
         .bind(pid)
         .fetch_one(&db)
