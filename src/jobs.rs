@@ -139,9 +139,31 @@ impl TryFrom<&JobRow> for Job {
     }
 }
 
+/// The part of a compose's insert statement that queues the new tweet's [`Job::Fanout`]
+/// (`tweets::create`: one round trip fewer than [`enqueue`] after it): a data-modifying `WITH`
+/// item, `queued_fanout`, that inserts the job row of each row of the statement's `ins` item
+/// (the tweet, with its `id`), with the trace id in the parameter given (bind
+/// [`trace_column`]). The row is the one [`enqueue`] would insert; the job's foreign key is
+/// checked at the end of the statement, after the tweet's insert.
+#[macro_export]
+macro_rules! queue_fanout {
+    ($trace:literal) => {
+        concat!(
+            "queued_fanout as (insert into jobs (kind, tweet_id, trace_id) select 'fanout', ins.id, ",
+            $trace,
+            " from ins)"
+        )
+    };
+}
+
+/// The `trace_id` column of a job queued now: the trace id of the request or job queuing it
+/// ([`TraceId::current`]), as 32 hex digits.
+pub fn trace_column() -> Option<String> {
+    TraceId::current().map(|t| t.to_string())
+}
+
 /// Queues `job` in the transaction of the write that needs it, with the trace id of the
-/// request or job queuing it ([`TraceId::current`]); call [`Worker::announce`] after the
-/// commit.
+/// request or job queuing it ([`trace_column`]); call [`Worker::announce`] after the commit.
 pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     let (progress, until) = match job {
         Job::FanoutPart {
@@ -172,7 +194,7 @@ pub async fn enqueue(tx: &mut PgConnection, job: &Job) -> sqlx::Result<()> {
     .bind(list)
     .bind(progress)
     .bind(until)
-    .bind(TraceId::current().map(|t| t.to_string()))
+    .bind(trace_column())
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -698,5 +720,21 @@ async fn listen(db: PgPool, wake: Arc<Notify>, mut shutdown: watch::Receiver<boo
                 _ = shutdown.changed() => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fanout_queued_by_a_compose_statement_has_the_kind_of_a_fanout_job() {
+        let kind = Job::Fanout {
+            tweet_id: 1,
+            progress: None,
+            list_progress: None,
+        }
+        .kind();
+        assert!(crate::queue_fanout!("$1").contains(&format!("select '{kind}', ins.id")));
     }
 }

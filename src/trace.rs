@@ -5,9 +5,9 @@
 //! header when it sends a valid one (so chirp joins the caller's trace), else a random one. The
 //! id is in the request's log span (`trace_id`), in the `x-trace-id` response header, and, for
 //! the handler's task, in a task-local ([`TraceId::current`]) that [`crate::jobs::enqueue`]
-//! stores on each job row (`jobs.trace_id`). A worker runs each job in a span with that
-//! `trace_id`, and within [`TraceId::scope`], so the jobs a job queues (a fan-out's parts)
-//! carry it too.
+//! (and a compose's insert, [`crate::queue_fanout!`]) stores on each job row (`jobs.trace_id`).
+//! A worker runs each job in a span with that `trace_id`, and within [`TraceId::scope`], so the
+//! jobs a job queues (a fan-out's parts) carry it too.
 
 use std::fmt;
 use std::future::Future;

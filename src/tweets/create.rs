@@ -9,7 +9,7 @@ use crate::cache::{Cache, Guard, Update};
 use crate::db;
 use crate::error::ApiResult;
 use crate::hybrid::{self, PullPolicy};
-use crate::jobs::{self, Job};
+use crate::jobs;
 use crate::model::{TweetCounts, TweetRecord};
 use crate::time::Timestamp;
 use crate::timeline::{ListEntry, Timeline};
@@ -47,12 +47,14 @@ macro_rules! tweet_time {
     };
 }
 
-/// The insert of the tweet with what decides its time, in one statement (one round trip; the
-/// predecessors took one of their own before): reads the predecessors ([`predecessors!`]),
-/// stamps the time, inserts the row and returns it with the predecessors. `$1` author, `$2`
+/// The insert of the tweet with what decides its time and its fan-out job, in one statement
+/// (one round trip; the predecessors and the job took one each before): reads the predecessors
+/// ([`predecessors!`]), stamps the time, inserts the row, queues its [`jobs::Job::Fanout`]
+/// ([`crate::queue_fanout!`]) and returns the row with the predecessors. `$1` author, `$2`
 /// pulled, `$3` circle, `$4` content, `$5` a fresh timestamp, `$6` photo URLs, `$7`
 /// coordinates, `$8` place, `$9` – `$11` the replied-to tweet, its author and the thread's
-/// root, `$12` the retweeted tweet, `$13` the mentioned users, `$14` the tags' newest.
+/// root, `$12` the retweeted tweet, `$13` the mentioned users, `$14` the tags' newest, `$15`
+/// the job's trace id.
 ///
 /// Its snapshot is taken after the author's, the circle's and the tags' row locks (earlier
 /// statements of the transaction), so it sees every tweet that committed before them.
@@ -75,7 +77,9 @@ macro_rules! insert_tweet {
                  select $1, $4, t.at, $3, $6, $7, $8, $2, $9, $10, $11, $12, $13 from t
                  returning id, user_id, content, created_at, circle_id, photo_urls,
                            coordinates, place, edited_at, edit_version, in_reply_to_tweet_id,
-                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids)
+                           in_reply_to_user_id, retweeted_tweet_id, mentioned_user_ids), ",
+            crate::queue_fanout!("$15"),
+            "
              select ins.*, t.newest, t.newest_pulled, t.newest_in_circle from ins, t"
         )
     };
@@ -88,14 +92,14 @@ pub const INSERT: &str = insert_tweet!("", tweet_time!(), "");
 /// [`insert_tweet!`] for a pulled tweet ([`crate::hybrid`]): its time lies above
 /// [`tweet_time!`], above the newest pulled tweet and above the database clock (so above every
 /// newsfeed entry committed before: their writers wait for the clock to pass them,
-/// [`hybrid::check`]). The statement takes the author's newsfeed head first (`$15`, the author
+/// [`hybrid::check`]). The statement takes the author's newsfeed head first (`$16`, the author
 /// alone: every writer takes heads before the clock, [`crate::newsfeeds::lock_heads`]), then
 /// the `pull-clock` lock exclusively until the commit (`pull_clock_stamp`: a pulled compose
 /// waits for the entry writers in their last statement, and they wait for it) and moves the
 /// clock to the new time. The time is computed on a join with the locked heads' count, so the
 /// two locks come in that order.
 const INSERT_PULLED: &str = insert_tweet!(
-    concat!("heads as (", crate::lock_heads!("$15"), "), "),
+    concat!("heads as (", crate::lock_heads!("$16"), "), "),
     concat!("pull_clock_stamp(", tweet_time!(), ")"),
     ", (select count(*) from heads) as locked"
 );
@@ -195,6 +199,8 @@ pub async fn create(
             // order of their times, so a refresh of any misses none), and a pulled one under
             // the pull clock held exclusively (crate::hybrid). The predecessors also guard the
             // merges into the cached lists.
+            // Its fan-out job (followers, then lists: `Job::Fanout`) is queued by the same
+            // statement.
             let insert = sqlx::query_as(if pulled { INSERT_PULLED } else { INSERT })
                 .bind(author)
                 .bind(pulled)
@@ -209,7 +215,8 @@ pub async fn create(
                 .bind(parent.as_ref().map(|p| p.root))
                 .bind(original.as_ref().map(|o| o.record.id))
                 .bind(mentioned)
-                .bind(newest_tagged);
+                .bind(newest_tagged)
+                .bind(jobs::trace_column());
             let insert = if pulled {
                 insert.bind([author])
             } else {
@@ -262,12 +269,6 @@ pub async fn create(
                 tweet.retweeted_tweet_id,
             )
             .await?;
-            let fanout = Job::Fanout {
-                tweet_id: tweet.id,
-                progress: None,
-                list_progress: None,
-            };
-            jobs::enqueue(&mut tx, &fanout).await?;
             let own = ListEntry::stamped(tweet.id, tweet.id, author, created_at, created_at);
             let feed = own_row.map(|row| {
                 let entry = ListEntry::stamped(row.id, tweet.id, author, created_at, row.at);

@@ -360,7 +360,8 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     let rows = rows_scanned(&plan[0]["Plan"]);
     assert!(rows <= 3, "{rows} rows read for three predecessors: {plan}");
     // The compose's insert reads them in the same statement (decision 0033): the same index
-    // tops, and a row or two of its own CTEs (rolled back).
+    // tops, and a row or two of its own CTEs (rolled back; one of them queues the fan-out
+    // job, decision 0036).
     let mut tx = app.db().begin().await.unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "explain (analyze, format json) {}",
@@ -380,6 +381,7 @@ async fn a_composes_predecessors_are_read_at_the_top_of_their_indexes(db: PgPool
     .bind(None::<i64>)
     .bind(Vec::<i64>::new())
     .bind(None::<chrono::DateTime<chrono::Utc>>)
+    .bind(None::<String>)
     .fetch_one(&mut *tx)
     .await
     .unwrap();
