@@ -183,6 +183,9 @@ async fn metrics_show_the_outbox_and_the_fan_out_queue_as_postgres_holds_them(db
 
     app.relay().await;
     app.drain().await;
+    // The fan-out's own outbox row is deleted after its cache step, by the process's deleter
+    // (decision 0032): wait for it, as `outbox_rows` does.
+    app.state.cache.forgotten().await;
     let text = scrape(&app).await;
     assert_eq!(sample(&text, "chirp_outbox_rows"), Some(0.0), "{text}");
     assert_eq!(sample(&text, "chirp_outbox_oldest_age_seconds"), Some(0.0));
