@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::blocks::Hidden;
+use crate::cache::deferred::Deferred;
 use crate::cache::near::Lookup;
 use crate::cache::objects::CachedToken;
 use crate::cache::tokens::TokenCache;
@@ -312,7 +313,11 @@ pub async fn authenticate(
     match cached_token(cache, tokens, hash).await {
         Known::User(id) => Ok(id),
         Known::Invalid => Err(ApiError::InvalidToken),
-        Known::Neither(lookup) => Ok(load_token(db, cache, tokens, hash, lookup).await?.0),
+        Known::Neither(lookup) => {
+            let (id, _, fill) = load_token(db, cache, tokens, hash, lookup).await?;
+            cache.deferring(fill, async {}).await;
+            Ok(id)
+        }
     }
 }
 
@@ -351,16 +356,18 @@ pub async fn cached_token(cache: &Cache, tokens: &TokenCache, hash: &[u8]) -> Kn
     }
 }
 
-/// The user of the token with SHA-256 `hash` from Postgres, cached in Redis and (unless a
-/// revocation was heard since `lookup` began) in memory. The same statement reads the user's
-/// hidden set ([`crate::blocks`]), cached in the same round trip: a returning user's token
-/// and hidden set are gone from the caches together, and the request that brings the token
-/// back filters its timeline with the set (decision 0030). A token Postgres does not know is
-/// remembered as unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory,
-/// so asking again costs no Postgres query (a token can not become valid later: it is random
-/// and issued, stored, before any client has it).
+/// The user of the token with SHA-256 `hash` from Postgres, remembered in memory (unless a
+/// revocation was heard since `lookup` began) and, with the fill returned, in Redis. The same
+/// statement reads the user's hidden set ([`crate::blocks`]), cached by the same fill: a
+/// returning user's token and hidden set are gone from the caches together, and the request
+/// that brings the token back filters its timeline with the set (decision 0030). The caller
+/// runs the rest of the request with the fill deferred to its first read
+/// ([`Cache::deferring`], decision 0037). A token Postgres does not know is remembered as
+/// unknown, in Redis for [`UNKNOWN_TOKEN_SECS`] and in this process's memory, so asking again
+/// costs no Postgres query (a token can not become valid later: it is random and issued,
+/// stored, before any client has it).
 ///
-/// Returns the user's id and hidden set.
+/// Returns the user's id, hidden set and the cache fill (`None` with the cache off).
 ///
 /// # Errors
 /// `InvalidToken` for an unknown token; Postgres errors.
@@ -370,7 +377,7 @@ pub async fn load_token(
     tokens: &TokenCache,
     hash: &[u8],
     lookup: Lookup,
-) -> ApiResult<(i64, Arc<Hidden>)> {
+) -> ApiResult<(i64, Arc<Hidden>, Option<Deferred>)> {
     let hidden_lookup = cache.begin_hidden_lookup();
     let row: Option<(i64, i64, Vec<i64>, Vec<i64>)> = sqlx::query_as(concat!(
         "select auth_tokens.user_id, ",
@@ -387,11 +394,9 @@ pub async fn load_token(
         return Err(ApiError::InvalidToken);
     };
     let hidden = Arc::new(Hidden::new(version, hidden, blocked_by));
-    cache
-        .put_token_and_hidden(hash, hidden_lookup, id, &hidden)
-        .await;
+    let fill = cache.token_and_hidden_fill(hash, hidden_lookup, id, &hidden);
     tokens.insert(lookup, hash, id);
-    Ok((id, hidden))
+    Ok((id, hidden, fill))
 }
 
 /// Seconds Redis remembers a token that Postgres did not know.

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use super::counts::Versioned;
+use super::deferred::Deferred;
 use super::held::{NearId, NearObject};
 use super::near::Lookup;
 use crate::cache::{Cache, CacheUnavailable};
@@ -143,59 +144,59 @@ impl Cache {
     /// began at `lookup`, unless a newer one is cached (Redis) or it was evicted since (this
     /// process's memory). Best effort.
     pub async fn put_hidden(&self, lookup: Option<Lookup>, user: i64, hidden: &Arc<Hidden>) {
-        self.put_hidden_with(redis::pipe(), lookup, user, hidden)
-            .await;
+        let mut pipe = redis::pipe();
+        self.pipe_put_hidden(&mut pipe, user, hidden);
+        if self.run::<()>(&pipe).await.is_ok() {
+            self.hold_hidden(lookup, user, hidden.clone());
+        }
     }
 
     /// A lookup of this process's near cache, to begin before a hidden set is read from
     /// Postgres other than after [`Cache::get_hidden`] (with a token:
-    /// [`Cache::put_token_and_hidden`]); `None` with the cache off.
+    /// [`Cache::token_and_hidden_fill`]); `None` with the cache off.
     pub fn begin_hidden_lookup(&self) -> Option<Lookup> {
         self.near_objects().map(|n| n.begin(self))
     }
 
-    /// Caches a token's user (`SET NX`: a revocation written meanwhile wins) and that user's
-    /// hidden set, both read from Postgres by one statement when the token was in neither
-    /// cache ([`crate::accounts::load_token`]), in one round trip; the set as
-    /// [`Cache::put_hidden`] does, `lookup` begun ([`Cache::begin_hidden_lookup`]) before the
-    /// statement. A returning user's first request then needs no round trips of its own for
-    /// the set its timelines are filtered with (issue 42). Best effort.
-    pub async fn put_token_and_hidden(
+    /// The cache fill of a token's user (`SET NX`: a revocation written meanwhile wins) and
+    /// that user's hidden set, both read from Postgres by one statement when the token was in
+    /// neither cache ([`crate::accounts::load_token`]); the set as [`Cache::put_hidden`] writes
+    /// it, and held in this process's memory once Redis holds it unless it was evicted since
+    /// `lookup` ([`Cache::begin_hidden_lookup`], begun before the statement). A returning
+    /// user's first request then needs no round trips of its own for the set its timelines are
+    /// filtered with (issue 42), nor for this fill: the request defers it to its first read
+    /// ([`Cache::deferring`], decision 0037). `None` with the cache off.
+    pub fn token_and_hidden_fill(
         &self,
         hash: &[u8],
         lookup: Option<Lookup>,
         user: i64,
         hidden: &Arc<Hidden>,
-    ) {
-        let Some(ttl) = self.ttl() else { return };
+    ) -> Option<Deferred> {
+        let ttl = self.ttl()?;
         let mut pipe = redis::pipe();
         self.pipe_set_token_nx(&mut pipe, hash, itoa::Buffer::new().format(user), ttl);
-        self.put_hidden_with(pipe, lookup, user, hidden).await;
+        self.pipe_put_hidden(&mut pipe, user, hidden);
+        let hidden = hidden.clone();
+        Some(Deferred::new(pipe, move |cache: &Cache| {
+            cache.hold_hidden(lookup, user, hidden);
+        }))
     }
 
-    /// Runs `pipe` with the hidden set's versioned write added; then holds the set in this
-    /// process's memory unless it was evicted since `lookup`.
-    async fn put_hidden_with(
-        &self,
-        mut pipe: redis::Pipeline,
-        lookup: Option<Lookup>,
-        user: i64,
-        hidden: &Arc<Hidden>,
-    ) {
+    /// Adds the hidden set's versioned write to `pipe`.
+    fn pipe_put_hidden(&self, pipe: &mut redis::Pipeline, user: i64, hidden: &Hidden) {
         let Some(keys) = self.keys() else { return };
-        self.pipe_put_versioned(
-            &mut pipe,
-            keys.hidden(user),
-            hidden.version,
-            hidden.encode(),
-        );
-        if self.run::<()>(&pipe).await.is_ok()
-            && let (Some(near), Some(lookup)) = (self.near_objects(), lookup)
-        {
+        self.pipe_put_versioned(pipe, keys.hidden(user), hidden.version, hidden.encode());
+    }
+
+    /// Holds `user`'s hidden set, which Redis holds now, in this process's memory unless it
+    /// was evicted since `lookup`.
+    fn hold_hidden(&self, lookup: Option<Lookup>, user: i64, hidden: Arc<Hidden>) {
+        if let (Some(near), Some(lookup)) = (self.near_objects(), lookup) {
             near.insert(
                 self,
                 lookup,
-                [(NearId::Hidden(user), NearObject::Hidden(hidden.clone()))],
+                [(NearId::Hidden(user), NearObject::Hidden(hidden))],
             );
         }
     }

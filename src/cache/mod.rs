@@ -18,6 +18,7 @@
 pub mod backlog;
 pub mod conn;
 pub mod counts;
+pub mod deferred;
 pub mod entries;
 pub mod epoch;
 pub mod handoff;
@@ -547,13 +548,23 @@ impl Cache {
         }
     }
 
-    /// Runs a pipeline with the short Redis timeout. A script missing from Redis's script cache
-    /// is loaded and the pipeline retried once. Any other failure marks Redis down.
+    /// Runs a pipeline with the short Redis timeout, with the request's deferred cache fill if
+    /// it has one ([`deferred`]). A script missing from Redis's script cache is loaded and the
+    /// pipeline retried once. Any other failure marks Redis down.
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         pipe: &Pipeline,
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
+        // The request's deferred cache fill, if it has one, goes along (`deferred`).
+        if let Some(fill) = deferred::Deferred::take_for(pipe) {
+            let with = fill.appended_to(pipe);
+            let read = self.run_on(inner, &with, inner.timeout, Mode::Read).await;
+            if read.is_ok() {
+                fill.done(self);
+            }
+            return read.map(|(v, _)| v);
+        }
         self.run_on(inner, pipe, inner.timeout, Mode::Read)
             .await
             .map(|(v, _)| v)

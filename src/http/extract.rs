@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use crate::accounts;
 use crate::blocks::{self, Hidden};
+use crate::cache::deferred::Deferred;
 use crate::error::{ApiError, FieldErrors};
 use crate::http::client_ip::ClientIp;
 use crate::http::limits;
@@ -407,8 +408,8 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         Ok(hash) => hash,
         Err(e) => return limits::failed(&state, client, false, e).await,
     };
-    let (user_id, loaded_hidden) = match state.tokens.get(&hash) {
-        Some(id) => (id, None),
+    let (user_id, loaded_hidden, fill) = match state.tokens.get(&hash) {
+        Some(id) => (id, None, None),
         None => match look_up(&state, client, &hash).await {
             Ok(found) => found,
             Err(res) => return res,
@@ -419,33 +420,38 @@ pub async fn authenticate(State(state): State<AppState>, mut req: Request, next:
         token,
         loaded_hidden,
     });
-    if !req.method().is_safe() {
-        // A write: this user's never-cached reads stay on the primary for a while (see
-        // `crate::replica`): here from its start, on every process from its answer (this
-        // middleware runs inside `run_to_completion`, so a client that goes away mid-request
-        // is marked too).
-        state.replica.writing(user_id);
-        let res = next.run(req).await;
-        state.replica.wrote(user_id).await;
-        return res;
-    }
-    next.run(req).await
+    // A token brought back from Postgres is cached by the request's first read (decision
+    // 0037).
+    let request = async {
+        if !req.method().is_safe() {
+            // A write: this user's never-cached reads stay on the primary for a while (see
+            // `crate::replica`): here from its start, on every process from its answer (this
+            // middleware runs inside `run_to_completion`, so a client that goes away
+            // mid-request is marked too).
+            state.replica.writing(user_id);
+            let res = next.run(req).await;
+            state.replica.wrote(user_id).await;
+            return res;
+        }
+        next.run(req).await
+    };
+    state.cache.deferring(fill, request).await
 }
 
 /// The user of a token this process does not hold in memory, or the answer to give instead
 /// (401, or 429 over the client's `failed` limit; see [`authenticate`]). Redis is asked
 /// first whatever the client's standing, so a client over its limit still gets the tokens
 /// Redis knows (users who share an address with a token guesser keep working); only
-/// Postgres is gated. With the user, the user's hidden set if Postgres was asked (it is read
-/// with the token).
+/// Postgres is gated. With the user, the user's hidden set and the cache fill of both if
+/// Postgres was asked (the set is read with the token: [`accounts::load_token`]).
 async fn look_up(
     state: &AppState,
     client: Option<ClientIp>,
     hash: &[u8],
-) -> Result<(i64, Option<Arc<Hidden>>), Response> {
+) -> Result<(i64, Option<Arc<Hidden>>, Option<Deferred>), Response> {
     let standing = limits::standing(state, client);
     let lookup = match accounts::cached_token(&state.cache, &state.tokens, hash).await {
-        accounts::Known::User(id) => return Ok((id, None)),
+        accounts::Known::User(id) => return Ok((id, None, None)),
         accounts::Known::Invalid => {
             return Err(match standing {
                 limits::Standing::Refused(res) => res,
@@ -463,7 +469,7 @@ async fn look_up(
         }
     };
     match accounts::load_token(&state.db, &state.cache, &state.tokens, hash, lookup).await {
-        Ok((id, hidden)) => Ok((id, Some(hidden))),
+        Ok((id, hidden, fill)) => Ok((id, Some(hidden), fill)),
         Err(e @ ApiError::InvalidToken) => Err(limits::failed(state, client, charged, e).await),
         Err(e) => Err(e.into_response()),
     }

@@ -394,3 +394,69 @@ async fn a_login_flood_hashes_on_the_cores_and_the_rest_get_503_with_retry_after
         .await;
     assert_eq!(res.status, StatusCode::OK);
 }
+
+/// A returning user's token, read from Postgres because neither cache held it, is cached in
+/// Redis by the request that brought it back, whatever that request reads: with the request's
+/// first read (decision 0037) or, if it made none, before it answered. The fill is a `SET NX`:
+/// a logout that brings its own token back leaves it revoked in Redis and on every process.
+/// Each request runs in a process of its own with nothing in memory, the token's key deleted.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_token_brought_back_from_postgres_is_cached_by_its_request_and_a_logout_wins(db: PgPool) {
+    use chirp::cache::objects::CachedToken;
+    let a = TestApp::new(db.clone()).await;
+    let prefix = a.prefix.clone();
+    let (alice, token) = a.quick_user("alice").await;
+    let hash = chirp::accounts::hash_token(&token);
+    let fresh = async || {
+        let app = TestApp::with(db.clone(), |c| c.redis_prefix = prefix.clone()).await;
+        let mut r = app.redis().await;
+        let _: () = redis::cmd("DEL")
+            .arg(app.keys().token(&hash))
+            .query_async(&mut r)
+            .await
+            .expect("del");
+        app
+    };
+    let requests = [
+        (axum::http::Method::GET, "/api/accounts/login_status/", None),
+        (axum::http::Method::GET, "/api/newsfeeds/", None),
+        (axum::http::Method::GET, "/api/mutes/", None),
+        (
+            axum::http::Method::POST,
+            "/api/tweets/",
+            Some(json!({"content": "back"})),
+        ),
+    ];
+    for (method, uri, body) in requests {
+        let app = fresh().await;
+        assert_eq!(
+            app.state.cache.get_token(&hash).await.ok(),
+            Some(CachedToken::Miss),
+            "{uri}"
+        );
+        let res = app.request(method, uri, Some(&token), body).await;
+        assert!(res.status.is_success(), "{uri}: {}", res.body);
+        // No pause: the fill went with the request.
+        assert_eq!(
+            app.state.cache.get_token(&hash).await.ok(),
+            Some(CachedToken::User(alice)),
+            "{uri}: cached by the request"
+        );
+    }
+    let app = fresh().await;
+    let res = app
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(
+        app.state.cache.get_token(&hash).await.ok(),
+        Some(CachedToken::Revoked),
+        "the logout's tombstone stands"
+    );
+    for process in [&app, &a] {
+        let res = process
+            .get("/api/accounts/login_status/", Some(&token))
+            .await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+    }
+}
