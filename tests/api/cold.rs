@@ -141,12 +141,12 @@ async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
 /// before), one that begins both loads (and tells whether another loader stored the list
 /// meanwhile), one that stores the page, its objects and the liked set. Before decision 0030
 /// the hidden set took two more (a miss, then storing it after a second statement), and before
-/// round 32 (issue 42) the page took nine. It
-/// makes two Postgres statements (counted through a proxy): the token's, and the page's with
-/// the reader's liked set (decision 0035; three before, the liked set's on its own). The
-/// page is the Postgres page, `has_liked` included; the list, the liked set and the hidden set
-/// are cached after it, and the warm page is the same. Then the reader mutes an account whose
-/// tweets the page shows: a first touch filters them out with the set read with the token.
+/// round 32 (issue 42) the page took nine. It makes two Postgres statements (counted through a
+/// proxy): the token's, and the page's with the reader's liked set (decision 0035; three
+/// before, the liked set's on its own). The page is the Postgres page, `has_liked` included;
+/// the list, the liked set, the hidden set and the token are cached after it, and the warm
+/// page is the same. Then the reader mutes an account whose tweets the page shows: a first
+/// touch filters them out with the set read with the token.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_first_touch_makes_four_redis_round_trips_and_two_statements(db: PgPool) {
     let off = TestApp::with(db.clone(), |c| c.cache = CacheMode::Off).await;
