@@ -315,7 +315,9 @@ pub async fn authenticate(
         Known::Invalid => Err(ApiError::InvalidToken),
         Known::Neither(lookup) => {
             let (id, _, fill) = load_token(db, cache, tokens, hash, lookup).await?;
-            cache.deferring(fill, async {}).await;
+            if let Some(fill) = fill {
+                fill.send(cache).await;
+            }
             Ok(id)
         }
     }

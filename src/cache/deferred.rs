@@ -81,6 +81,13 @@ impl Deferred {
     pub(super) fn done(self, cache: &Cache) {
         (self.then)(cache);
     }
+
+    /// Sends the fill in a round trip of its own, now (best effort: a failure loses it).
+    pub async fn send(self, cache: &Cache) {
+        if cache.run::<()>(&self.pipe).await.is_ok() {
+            self.done(cache);
+        }
+    }
 }
 
 impl Cache {
@@ -97,10 +104,8 @@ impl Cache {
                 (output, PENDING.with(|pending| pending.borrow_mut().take()))
             })
             .await;
-        if let Some(fill) = left
-            && self.run::<()>(&fill.pipe).await.is_ok()
-        {
-            fill.done(self);
+        if let Some(fill) = left {
+            fill.send(self).await;
         }
         output
     }

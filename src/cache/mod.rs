@@ -557,17 +557,19 @@ impl Cache {
     ) -> Result<T, CacheUnavailable> {
         let inner = self.live()?;
         // The request's deferred cache fill, if it has one, goes along (`deferred`).
-        if let Some(fill) = deferred::Deferred::take_for(pipe) {
-            let with = fill.appended_to(pipe);
-            let read = self.run_on(inner, &with, inner.timeout, Mode::Read).await;
-            if read.is_ok() {
-                fill.done(self);
-            }
-            return read.map(|(v, _)| v);
+        let fill = deferred::Deferred::take_for(pipe);
+        let with = fill.as_ref().map(|f| f.appended_to(pipe));
+        let read = self.run_on(
+            inner,
+            with.as_ref().unwrap_or(pipe),
+            inner.timeout,
+            Mode::Read,
+        );
+        let (value, _) = read.await?;
+        if let Some(fill) = fill {
+            fill.done(self);
         }
-        self.run_on(inner, pipe, inner.timeout, Mode::Read)
-            .await
-            .map(|(v, _)| v)
+        Ok(value)
     }
 
     /// [`Cache::run`] for writes sized by their work: the timeout grows by 50 µs per item on
