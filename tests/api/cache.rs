@@ -560,3 +560,100 @@ async fn a_page_finds_its_authors_through_its_tweets_wherever_they_are_cached(db
     let page = app.get("/api/newsfeeds/", Some(&tb)).await.body;
     assert_eq!(authors(&page), expected, "{page}");
 }
+
+/// Objects written in one batch (`Cache::put_tweets`; a cold page's fill does the same: one
+/// `SET_IF_NEWER_EACH` call for all its objects) keep, key by key, the newer of what Redis holds
+/// and what the batch brings: a newer or equally new cached object stays, an older one or a
+/// floor of the same version (`"{version}|"`) is replaced, a deleted tweet's tombstone stays, a
+/// missing one is stored. 1,400 keys in one call, far more than a page's (decision 0038 tried
+/// reading them with `MGET`s of 1,000 keys; this test caught a wrong index into a chunk).
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_batch_of_object_writes_keeps_the_newer_of_each_across_its_chunks(db: PgPool) {
+    use chirp::cache::counts::Versioned;
+    use chirp::model::{TweetCounts, TweetRecord};
+    let app = TestApp::new(db).await;
+    let keys = app.keys();
+    let mut r = app.redis().await;
+    // 700 tweets: 1,400 keys, in one script call on a single Redis.
+    let counts = |i: i64, version: i64| TweetCounts {
+        likes: i,
+        comments: 0,
+        replies: 0,
+        retweets: 0,
+        version,
+    };
+    let rows: Vec<(TweetRecord, TweetCounts)> = (0..700)
+        .map(|i| {
+            let tweet: TweetRecord = serde_json::from_value(json!({
+                "id": 1_000 + i, "user_id": 7, "content": format!("tweet {i}"),
+                "created_at": "2026-12-07T18:00:00Z",
+            }))
+            .unwrap();
+            (tweet, counts(i, 5))
+        })
+        .collect();
+    // What Redis holds before, by case (i % 6): nothing, newer counts, older counts, a floor
+    // of the same version, the same version with other numbers, a tombstone.
+    let held = |i: i64| -> Option<String> {
+        match i % 6 {
+            1 => Some(counts(-1, 6).encode()),
+            2 => Some(counts(-1, 4).encode()),
+            3 => Some("5|".to_owned()),
+            4 => Some(counts(-1, 5).encode()),
+            _ => None,
+        }
+    };
+    for i in 0..700 {
+        let id = 1_000 + i;
+        if let Some(value) = held(i) {
+            let _: () = redis::cmd("SET")
+                .arg(keys.tweet_counts(id))
+                .arg(value)
+                .query_async(&mut r)
+                .await
+                .unwrap();
+        }
+        if i % 6 == 5 {
+            let _: () = redis::cmd("SET")
+                .arg(keys.tweet(id))
+                .arg("-")
+                .query_async(&mut r)
+                .await
+                .unwrap();
+        }
+    }
+    app.state.cache.put_tweets(&rows, &[]).await;
+    for i in 0..700 {
+        let id = 1_000 + i;
+        let mut get = async |key: String| -> Option<String> {
+            redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut r)
+                .await
+                .unwrap()
+        };
+        let expected = match i % 6 {
+            1 | 4 => held(i),
+            _ => Some(counts(i, 5).encode()),
+        };
+        assert_eq!(
+            get(keys.tweet_counts(id)).await,
+            expected,
+            "tweet {i}'s counts"
+        );
+        let object = get(keys.tweet(id)).await;
+        if i % 6 == 5 {
+            assert_eq!(
+                object.as_deref(),
+                Some("-"),
+                "tweet {i}: the tombstone stays"
+            );
+        } else {
+            let object = object.unwrap_or_default();
+            assert!(
+                object.contains(&format!("tweet {i}\"")),
+                "tweet {i}: {object}"
+            );
+        }
+    }
+}
