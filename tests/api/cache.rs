@@ -565,10 +565,11 @@ async fn a_page_finds_its_authors_through_its_tweets_wherever_they_are_cached(db
 /// `SET_IF_NEWER_EACH` call for all its objects) keep, key by key, the newer of what Redis holds
 /// and what the batch brings: a newer or equally new cached object stays, an older one or a
 /// floor of the same version (`"{version}|"`) is replaced, a deleted tweet's tombstone stays, a
-/// missing one is stored. 1,400 keys in one call, far more than a page's (decision 0038 tried
-/// reading them with `MGET`s of 1,000 keys; this test caught a wrong index into a chunk).
+/// missing one is stored. 1,400 keys, in one call on a single Redis: far more than a page's
+/// (decision 0038 tried reading them with `MGET`s of 1,000 keys; this test caught a wrong index
+/// into a chunk).
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
-async fn a_batch_of_object_writes_keeps_the_newer_of_each_across_its_chunks(db: PgPool) {
+async fn a_batch_of_object_writes_keeps_the_newer_of_each_key(db: PgPool) {
     use chirp::cache::counts::Versioned;
     use chirp::model::{TweetCounts, TweetRecord};
     let app = TestApp::new(db).await;
