@@ -626,23 +626,16 @@ async fn a_batch_of_object_writes_keeps_the_newer_of_each_key(db: PgPool) {
     app.state.cache.put_tweets(&rows, &[]).await;
     for i in 0..700 {
         let id = 1_000 + i;
-        let mut get = async |key: String| -> Option<String> {
-            redis::cmd("GET")
-                .arg(key)
-                .query_async(&mut r)
-                .await
-                .unwrap()
-        };
         let expected = match i % 6 {
             1 | 4 => held(i),
             _ => Some(counts(i, 5).encode()),
         };
         assert_eq!(
-            get(keys.tweet_counts(id)).await,
+            app.raw_get(&keys.tweet_counts(id)).await,
             expected,
             "tweet {i}'s counts"
         );
-        let object = get(keys.tweet(id)).await;
+        let object = app.raw_get(&keys.tweet(id)).await;
         if i % 6 == 5 {
             assert_eq!(
                 object.as_deref(),
