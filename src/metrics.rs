@@ -226,9 +226,10 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
          waits_skipped (durable writes that did not WAIT on a master just found short), \
          prefetched (pages hydrated without a second round trip), merged and \
          merge_fallbacks (newsfeed pages of readers of pulled authors), near_evictions, \
-         near_unconfirmed (evictions that waited out a lease), outbox_forgotten (applied \
-         outbox rows deleted by their writers' process) and outbox_deletes (the statements \
-         that deleted them, one per burst of writes).",
+         near_unconfirmed (evictions that waited out a lease), fill_objects_held (objects \
+         of cold fills not sent to Redis: this process held them at that version), \
+         outbox_forgotten (applied outbox rows deleted by their writers' process) and \
+         outbox_deletes (the statements that deleted them, one per burst of writes).",
         &["event"],
     )?;
     let fences = Counters::new(
@@ -278,6 +279,7 @@ async fn scraped(state: &AppState) -> prometheus::Result<Vec<MetricFamily>> {
             ("prefetched", &stats.prefetched),
             ("merged", &stats.merged),
             ("merge_fallbacks", &stats.merge_fallbacks),
+            ("fill_objects_held", &stats.fill_objects_held),
             ("outbox_forgotten", &stats.outbox_forgotten),
             ("outbox_deletes", &stats.outbox_deletes),
         ] {

@@ -118,6 +118,9 @@ pub struct Stats {
     pub token_hits: AtomicU64,
     /// Such lookups Redis could not answer (Postgres is asked).
     pub token_misses: AtomicU64,
+    /// Objects (tweets, counters, authors) of cold fills not sent to Redis: this process held
+    /// them at the fill's version or a newer one ([`Cache::fill_hydrated`], decision 0039).
+    pub fill_objects_held: AtomicU64,
     /// Applied outbox rows this process's writers deleted ([`outbox::Forgets`]).
     pub outbox_forgotten: AtomicU64,
     /// The statements that deleted them (one per burst of writes).

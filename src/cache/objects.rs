@@ -5,9 +5,12 @@
 //! [`super::hydration`].
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 
+use super::held::{NearId, NearObject};
 use super::hydration::{Authors, Prefetched};
 use super::liked::LikedFill;
+use super::near::Lookup;
 use crate::cache::Scored;
 use crate::cache::counts::Versioned;
 use crate::cache::{Cache, CacheUnavailable, Generation, Keys, ListKey};
@@ -207,6 +210,32 @@ pub struct Hydrated {
     pub author_version: i64,
 }
 
+/// The objects of a cold page's rows as Postgres gave them, and the lookup of this process's
+/// near cache begun before that read ([`Cache::begin_object_load`]; `None`: the cache is off):
+/// what [`Cache::fill_hydrated`] stores.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedObjects<'a> {
+    pub objects: &'a [Hydrated],
+    pub lookup: Option<Lookup>,
+}
+
+/// Whether `held`, what this process holds of one of `o`'s objects, is `o`'s version of it or a
+/// newer one. This process holds an object only once it read it from Redis or gave it to Redis
+/// ([`Cache::fill_hydrated`]), and Redis replaces a version only with a newer one
+/// ([`super::scripts::SET_IF_NEWER`]): Redis then holds that version or a newer one, unless it
+/// lost the key since, which costs a later miss and nothing else (every read is correct with
+/// any key missing).
+fn at_least(held: &NearObject, o: &Hydrated) -> bool {
+    match held {
+        NearObject::Tweet(t) => t.id == o.tweet.id && t.version >= o.tweet.version,
+        NearObject::Counts(c) => c.version >= o.counts.version,
+        NearObject::User(u) => {
+            u.id == o.author.id && u.version().is_some_and(|v| v >= o.author_version)
+        }
+        _ => false,
+    }
+}
+
 impl CachedUser {
     /// The cached form of a user (as [`Cache::put_users`] stores it).
     pub fn of(user: &UserRecord) -> Self {
@@ -217,6 +246,17 @@ impl CachedUser {
             public_end: public_end(&json),
             json: json.into(),
         }
+    }
+
+    /// The user's version (the stored object's `version` member); `None` if the JSON is not in
+    /// the stored shape.
+    pub fn version(&self) -> Option<i64> {
+        const MEMBER: &str = ",\"version\":";
+        let rest = self.json.get(self.public_end? + MEMBER.len()..)?;
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        rest[..end].parse().ok()
     }
 
     /// The public `User` object without its closing `}`: the stored object up to its `version`
@@ -316,15 +356,22 @@ impl Cache {
     /// objects are in the cached form the page itself is written from, encoded once. `liked`:
     /// the reader's liked set, loaded beside the page ([`Cache::begin_page_load`]), stored in
     /// the same round trip too.
+    ///
+    /// Objects this process holds at their loaded version or a newer one are not sent
+    /// (`at_least`: Redis was given them already; most of a returning reader's objects were
+    /// stored by other readers' pages, and each sent cost Redis 5–6 µs under load: decision
+    /// 0039); the others are sent and then held, unless a write evicted them since
+    /// [`LoadedObjects::lookup`] began.
     pub async fn fill_hydrated(
         &self,
         list: ListKey,
         generation: &Generation,
         complete: bool,
         entries: &[Scored],
-        objects: &[Hydrated],
+        loaded: LoadedObjects<'_>,
         liked: Option<LikedFill<'_>>,
     ) -> Result<bool, CacheUnavailable> {
+        let LoadedObjects { objects, lookup } = loaded;
         let inner = self.live()?;
         let mut pipe = redis::pipe();
         let mut items = 0;
@@ -332,29 +379,89 @@ impl Cache {
             liked.push(&mut pipe, &inner.keys, inner.ttl_secs);
             items += liked.items();
         }
-        let mut versioned = Vec::with_capacity(3 * objects.len());
-        let mut authors = HashSet::new();
-        for o in objects {
-            let tweet = (
-                inner.keys.tweet(o.tweet.id),
-                o.tweet.version,
-                o.tweet.encode(),
-            );
-            versioned.push(tweet);
-            let counts = (
-                inner.keys.tweet_counts(o.tweet.id),
-                o.counts.version,
-                o.counts.encode(),
-            );
-            versioned.push(counts);
-            if authors.insert(o.author.id) {
-                let value = stored_user(o.author_version, &o.author.json);
-                versioned.push((inner.keys.user(o.author.id), o.author_version, value));
+        // Each object once (a page shows an author many times).
+        let mut seen = HashSet::new();
+        let wanted: Vec<(NearId, &Hydrated)> = objects
+            .iter()
+            .flat_map(|o| {
+                let id = o.tweet.id;
+                [
+                    NearId::Tweet(id),
+                    NearId::Counts(id),
+                    NearId::User(o.author.id),
+                ]
+                .map(|k| (k, o))
+            })
+            .filter(|(k, _)| seen.insert(*k))
+            .collect();
+        // Those this process holds at the fill's version or a newer one are not sent: Redis was
+        // given that version already (decision 0039).
+        let near = self.near_objects().filter(|_| lookup.is_some());
+        let held = near
+            .and_then(|near| {
+                let ids: Vec<NearId> = wanted.iter().map(|(k, _)| *k).collect();
+                near.get_many_uncounted(self, &ids)
+            })
+            .unwrap_or_default();
+        let mut versioned = Vec::with_capacity(wanted.len());
+        let mut sent = Vec::with_capacity(wanted.len());
+        for (i, (k, o)) in wanted.into_iter().enumerate() {
+            if held
+                .get(i)
+                .and_then(Option::as_ref)
+                .is_some_and(|h| at_least(h, o))
+            {
+                continue;
             }
+            let (key, version, value, object) = match k {
+                NearId::Tweet(id) => (
+                    inner.keys.tweet(id),
+                    o.tweet.version,
+                    o.tweet.encode(),
+                    NearObject::Tweet(o.tweet.clone()),
+                ),
+                NearId::Counts(id) => (
+                    inner.keys.tweet_counts(id),
+                    o.counts.version,
+                    o.counts.encode(),
+                    NearObject::Counts(o.counts),
+                ),
+                _ => (
+                    inner.keys.user(o.author.id),
+                    o.author_version,
+                    stored_user(o.author_version, &o.author.json),
+                    NearObject::User(o.author.clone()),
+                ),
+            };
+            versioned.push((key, version, value));
+            sent.push((k, object));
+        }
+        if let Some(stats) = self.stats() {
+            let skipped = held.len().saturating_sub(sent.len()) as u64;
+            stats
+                .fill_objects_held
+                .fetch_add(skipped, Ordering::Relaxed);
         }
         self.pipe_put_versioned_many(&mut pipe, versioned);
-        self.fill_with(list, generation, complete, entries, (pipe, items))
-            .await
+        let stored = self
+            .fill_with(list, generation, complete, entries, (pipe, items))
+            .await?;
+        // Given to Redis (whether or not the list was stored): held from now on, unless evicted
+        // since the load began, like a value read from Redis.
+        if let (Some(near), Some(lookup)) = (self.near_objects(), lookup)
+            && !sent.is_empty()
+        {
+            near.insert(self, lookup, sent);
+        }
+        Ok(stored)
+    }
+
+    /// Call before the Postgres read of the objects a fill stores, and hand the lookup to
+    /// [`Cache::fill_hydrated`] ([`LoadedObjects::lookup`]): what it gives Redis is then held
+    /// in this process's memory too, unless a write evicted it meanwhile
+    /// ([`super::near::Near::begin`]). `None` if the cache is off.
+    pub fn begin_object_load(&self) -> Option<Lookup> {
+        self.near_objects().map(|near| near.begin(self))
     }
 
     /// User objects for `ids`, in order, in one `MGET`.
@@ -660,5 +767,65 @@ mod tests {
             None,
             "another member order is parsed instead"
         );
+    }
+
+    /// The rule by which a cold fill leaves out an object this process holds (decision 0039):
+    /// only a held version equal to the loaded one or newer, of the same object, counts; a held
+    /// user's version is read from its stored JSON.
+    #[test]
+    fn a_fill_leaves_out_only_objects_held_at_their_version_or_newer() {
+        let user = |version| UserRecord {
+            id: 42,
+            username: "alice".to_owned(),
+            nickname: Some("A \"version\":9, really".to_owned()),
+            avatar_url: None,
+            version,
+            created_at: crate::time::from_micros(1_763_900_000_123_456),
+        };
+        let tweet = |id, edit_version| {
+            CachedTweet::of(&TweetRecord {
+                id,
+                user_id: 42,
+                content: "hi".to_owned(),
+                created_at: crate::time::from_micros(1_763_900_000_123_456),
+                circle_id: None,
+                photo_urls: Vec::new(),
+                coordinates: None,
+                place: None,
+                edited_at: None,
+                edit_version,
+                in_reply_to_tweet_id: None,
+                in_reply_to_user_id: None,
+                retweeted_tweet_id: None,
+                mentioned_user_ids: Vec::new(),
+            })
+        };
+        let counts = |version| TweetCounts {
+            version,
+            ..TweetCounts::default()
+        };
+        let loaded = Hydrated {
+            tweet: tweet(17, 2),
+            counts: counts(5),
+            author: CachedUser::of(&user(7)),
+            author_version: 7,
+        };
+        assert_eq!(CachedUser::of(&user(7)).version(), Some(7));
+        let stored = encode_user(&user(12)).unwrap();
+        assert_eq!(CachedUser::decode(42, &stored).unwrap().version(), Some(12));
+        for (held, left_out) in [
+            (NearObject::Tweet(tweet(17, 1)), false),
+            (NearObject::Tweet(tweet(17, 2)), true),
+            (NearObject::Tweet(tweet(17, 3)), true),
+            (NearObject::Tweet(tweet(18, 2)), false),
+            (NearObject::Counts(counts(4)), false),
+            (NearObject::Counts(counts(5)), true),
+            (NearObject::Counts(counts(6)), true),
+            (NearObject::User(CachedUser::of(&user(6))), false),
+            (NearObject::User(CachedUser::of(&user(7))), true),
+            (NearObject::User(CachedUser::of(&user(8))), true),
+        ] {
+            assert_eq!(at_least(&held, &loaded), left_out, "{held:?}");
+        }
     }
 }

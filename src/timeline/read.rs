@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use crate::cache::hydration::Prefetched;
 use crate::cache::liked::LikedFill;
-use crate::cache::objects::Hydrated;
+use crate::cache::objects::{Hydrated, LoadedObjects};
 use crate::cache::pages::PageShape;
 use crate::cache::{Cache, CacheUnavailable, PageGuess, Range, Scored, Update, Window};
 use crate::likes;
@@ -270,6 +270,10 @@ async fn load_window(
     // what Postgres holds, read in the page's statement (decision 0035) and stored in the page's
     // fill. Only a newsfeed read by its owner loads one: the range read samples no other set.
     let liked_load = load_liked.zip(begun.liked.as_ref());
+    // Before the snapshot, as the loads above: the objects the fill gives Redis are held in
+    // this process's memory too unless a write evicted them meanwhile, and those it holds
+    // already are not sent (decision 0039).
+    let lookup = cache.begin_object_load();
     let (mut rows, liked_set) = match (timeline, liked_load) {
         (Timeline::Newsfeed(owner), Some((user, generation))) if owner == user => {
             let read = crate::newsfeeds::first_rows_and_liked(db, owner, first + 1);
@@ -297,7 +301,17 @@ async fn load_window(
         tweet_ids: set.as_deref(),
     });
     cache
-        .fill_hydrated(list, &begun.list, complete, &scored, &objects, liked_fill)
+        .fill_hydrated(
+            list,
+            &begun.list,
+            complete,
+            &scored,
+            LoadedObjects {
+                objects: &objects,
+                lookup,
+            },
+            liked_fill,
+        )
         .await?;
     drop(loading);
     // The page lies inside the first window unless it starts below it.

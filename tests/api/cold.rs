@@ -5,7 +5,8 @@
 
 use std::collections::HashSet;
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
+use chirp::cache::held::NearId;
 use chirp::config::CacheMode;
 use chirp::timeline::Timeline;
 use rand::Rng;
@@ -24,6 +25,7 @@ struct World {
     alice: i64,
     ta: String,
     carol: i64,
+    tc: String,
 }
 
 /// A newsfeed and a user timeline longer than the cached window: bob follows alice and carol,
@@ -52,6 +54,7 @@ async fn world(app: &TestApp) -> World {
         alice,
         ta,
         carol,
+        tc,
     }
 }
 
@@ -131,6 +134,115 @@ async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
         .await
         .expect("check");
     assert!(report.differences.is_empty(), "{:?}", report.differences);
+}
+
+/// A cold fill gives Redis only the objects this process does not hold at their version
+/// (decision 0039). Bob's first page stores its tweets, counters and authors, and the process
+/// holds them from then on; erin's first page shows some of the same tweets (carol's newest)
+/// and others. One of the shared tweets, its counters and carol's profile are then taken out of
+/// Redis (as an eviction would), and so is one of the others: erin's fill does not send the
+/// first three again, and sends the other; her page, cold and warm, is the Postgres page all the same. Then carol edits that
+/// tweet (every process forgets it) and erin's fill after a flush sends its new version. On the
+/// code before, every fill sent every object of its page.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_cold_fill_sends_only_the_objects_this_process_does_not_hold(db: PgPool) {
+    let writer = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
+    let off = TestApp::with(db.clone(), |c| c.cache = CacheMode::Off).await;
+    let World {
+        tb, carol, tc, bob, ..
+    } = world(&writer).await;
+    let (_, te) = writer.signup("erin").await;
+    writer.follow(&te, carol).await;
+    writer.drain().await;
+    // A process of its own, whose memory holds none of the tweets (the writer's holds those it
+    // posted).
+    let app = TestApp::with(db, |c| c.cache_list_limit = LIST_LIMIT).await;
+    let uri = "/api/newsfeeds/?page_size=20";
+    let ids = |page: &Value| -> Vec<i64> {
+        (page["results"].as_array().expect("results").iter())
+            .map(|r| r["tweet"]["id"].as_i64().expect("id"))
+            .collect()
+    };
+    let near = app.state.cache.near_objects().expect("cache on");
+    eventually("the process answers from memory", async || {
+        near.get(&app.state.cache, &NearId::Tweet(0));
+        near.is_trusted(&app.state.cache)
+    })
+    .await;
+    let bobs = app.get(uri, Some(&tb)).await;
+    assert_eq!(bobs.body, off.get(uri, Some(&tb)).await.body);
+    assert!(cached_len(&app, bob).await.is_some(), "bob's list stored");
+    let erins = off.get(uri, Some(&te)).await.body;
+    let (shown, seen) = (ids(&erins), ids(&bobs.body));
+    let shared = *shown
+        .iter()
+        .find(|id| seen.contains(id))
+        .expect("carol's newest on both");
+    let own = *shown.last().expect("a full page");
+    assert!(
+        !seen.contains(&own),
+        "the oldest of erin's page is not on bob's"
+    );
+    assert!(
+        near.get(&app.state.cache, &NearId::Tweet(shared)).is_some(),
+        "the fill's tweets held"
+    );
+    let keys = app.keys();
+    let taken = [
+        keys.tweet(shared),
+        keys.tweet_counts(shared),
+        keys.user(carol),
+    ];
+    let not_held = [keys.tweet(own), keys.tweet_counts(own)];
+    let mut r = app.redis().await;
+    let () = redis::cmd("DEL")
+        .arg(&taken)
+        .arg(&not_held)
+        .query_async(&mut r)
+        .await
+        .expect("del");
+    let held_before = app.stat("fill_objects_held");
+    let cold = app.get(uri, Some(&te)).await;
+    assert_eq!(cold.body, erins, "erin's cold page");
+    for key in &taken {
+        assert_eq!(app.raw_get(key).await, None, "{key}: held, not sent again");
+    }
+    for key in &not_held {
+        assert!(app.raw_get(key).await.is_some(), "{key}: not held, sent");
+    }
+    // The tweets on both pages (carol's newest; dave's backfilled ones lead bob's page), their
+    // counters, and carol; and those of the two rows below each page that its fill loads too.
+    let both = shown.iter().filter(|id| seen.contains(id)).count() as u64;
+    let held = app.stat("fill_objects_held") - held_before;
+    assert!(
+        (2 * both + 1..=2 * both + 5).contains(&held),
+        "{held} held, {both} on both"
+    );
+    assert_eq!(
+        app.get(uri, Some(&te)).await.body,
+        erins,
+        "erin's warm page"
+    );
+    // An edit makes every process forget the tweet: the next fill sends its new version.
+    let edit = format!("/api/tweets/{shared}/");
+    let res = app
+        .request(
+            Method::PATCH,
+            &edit,
+            Some(&tc),
+            Some(json!({"content": "carol, edited"})),
+        )
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    app.flush_cache().await;
+    let cold = app.get(uri, Some(&te)).await;
+    assert_eq!(
+        cold.body,
+        off.get(uri, Some(&te)).await.body,
+        "after the edit"
+    );
+    let stored = app.raw_get(&keys.tweet(shared)).await.expect("sent");
+    assert!(stored.contains("carol, edited"), "{stored}");
 }
 
 /// A returning reader's first newsfeed page with nothing of theirs in Redis or in the process's

@@ -475,6 +475,7 @@ impl TestApp {
             "merge_fallbacks" => &s.merge_fallbacks,
             "outbox_forgotten" => &s.outbox_forgotten,
             "outbox_deletes" => &s.outbox_deletes,
+            "fill_objects_held" => &s.fill_objects_held,
             _ => &s.errors,
         };
         counter.load(Ordering::Relaxed)

@@ -258,6 +258,18 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         Some((found, derived))
     }
 
+    /// [`Near::get_many`] not counted in [`NearStats`]: for a writer that asks what this
+    /// process holds to learn what Redis was given already (a cold fill skips the objects held
+    /// at its version or a newer one: [`Cache::fill_hydrated`]), not for an answer.
+    pub fn get_many_uncounted(&self, cache: &Cache, keys: &[K]) -> Option<Vec<Option<V>>> {
+        if !self.trusted(cache) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut memory = self.lock();
+        Some(keys.iter().map(|k| memory.get(k, self.ttl, now)).collect())
+    }
+
     /// The value of one key, if this process may answer from memory and holds it.
     pub fn get(&self, cache: &Cache, key: &K) -> Option<V> {
         self.get_many(cache, std::slice::from_ref(key))?.pop()?
