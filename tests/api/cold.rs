@@ -141,9 +141,9 @@ async fn a_cold_page_is_the_warm_page_and_the_postgres_page(db: PgPool) {
 /// holds them from then on; erin's first page shows some of the same tweets (carol's newest)
 /// and others. One of the shared tweets, its counters and carol's profile are then taken out of
 /// Redis (as an eviction would), and so is one of the others: erin's fill does not send the
-/// first three again, and sends the other; her page, cold and warm, is the Postgres page all the same. Then carol edits that
-/// tweet (every process forgets it) and erin's fill after a flush sends its new version. On the
-/// code before, every fill sent every object of its page.
+/// first three again and sends the other, and her page, cold and warm, is the Postgres page all
+/// the same. Then carol edits that tweet (every process forgets it) and erin's fill after a
+/// flush sends its new version. On the code before, every fill sent every object of its page.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_cold_fill_sends_only_the_objects_this_process_does_not_hold(db: PgPool) {
     let writer = TestApp::with(db.clone(), |c| c.cache_list_limit = LIST_LIMIT).await;
