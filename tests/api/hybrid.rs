@@ -210,8 +210,11 @@ async fn hybrid_newsfeeds_are_pure_fan_out_over_random_histories(db: PgPool) {
     let mut tweets: Vec<(i64, usize)> = Vec::new();
     let mut views: Vec<View> = (0..USERS).map(|_| View::default()).collect();
     // After the random steps, an epilogue makes sure of a crossing back: an author with pulled
-    // tweets loses its followers one by one, then posts (fanned out again).
+    // tweets loses its followers one by one, then posts (fanned out again). If the random steps
+    // left no pulled tweet (some seeds do), the epilogue first has every other user follow one
+    // author and that author post until a tweet is pulled.
     let (mut going_back, mut posted_back): (Option<usize>, bool) = (None, false);
+    let (mut going_up, mut posts_up): (Option<usize>, u32) = (None, 0);
     for step in 0.. {
         let who = rng.random_range(0..USERS);
         let token = &users[who].1;
@@ -224,10 +227,36 @@ async fn hybrid_newsfeeds_are_pure_fan_out_over_random_histories(db: PgPool) {
             .expect("a pulled author");
             going_back = star.and_then(|id| users.iter().position(|u| u.0 == id));
             if going_back.is_none() {
-                break;
+                going_up = Some(who);
             }
         }
-        let what = if let Some(star) = going_back {
+        let what = if let Some(star) = going_up {
+            match (0..USERS).find(|&f| f != star && !follows.contains(&(f, star))) {
+                Some(fan) => {
+                    follows.insert((fan, star));
+                    app.follow(&users[fan].1, users[star].0).await;
+                    format!("u{fan} follows u{star} (epilogue)")
+                }
+                None => {
+                    // Past the pull policy's settle time (10 ms here) above the threshold.
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    let id = app.tweet(&users[star].1, "up").await["id"]
+                        .as_i64()
+                        .expect("id");
+                    tweets.push((id, star));
+                    posts_up += 1;
+                    let pulled = is_pulled(&app, id).await;
+                    assert!(
+                        pulled || posts_up < 20,
+                        "seed {seed}: u{star} is never pulled"
+                    );
+                    if pulled {
+                        (going_up, going_back) = (None, Some(star));
+                    }
+                    format!("u{star} posts {id} (epilogue, pulled: {pulled})")
+                }
+            }
+        } else if let Some(star) = going_back {
             match follows.iter().find(|f| f.1 == star).copied() {
                 Some((fan, _)) => {
                     follows.remove(&(fan, star));
