@@ -258,9 +258,9 @@ impl<K: NearKey, V: Clone + Send + Sync + 'static> Near<K, V> {
         Some((found, derived))
     }
 
-    /// [`Near::get_many`] not counted in [`NearStats`]: for a writer that asks what this
-    /// process holds to learn what Redis was given already (a cold fill skips the objects held
-    /// at its version or a newer one: [`Cache::fill_hydrated`]), not for an answer.
+    /// [`Near::get_many`] not counted in [`NearStats`]: for a cache fill that asks what this
+    /// process holds to learn what Redis was given already (it leaves out the objects held at
+    /// their loaded version or a newer one: [`Cache::fill_hydrated`]), not for an answer.
     pub fn get_many_uncounted(&self, cache: &Cache, keys: &[K]) -> Option<Vec<Option<V>>> {
         if !self.trusted(cache) {
             return None;
