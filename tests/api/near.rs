@@ -769,6 +769,64 @@ async fn a_half_open_subscription_stops_its_process_answering_from_memory(db: Pg
     half_open_then_back(&a, &b, &proxy, alice, &token, id).await;
 }
 
+/// History checker seed 13830657338877334502 (at 118 s, right after "node 1 subscription
+/// half-open for 899 ms"): a token revoked on node 1 was 200 OK on node 0. Here the writer is
+/// the process whose subscription is half-open: `b` logs out at several moments of the fault
+/// (its lease held, run out, the proxy passing again while `b` still listens on the dead
+/// connection, `b` subscribing again), and `a`, which holds the token in memory, refuses it
+/// once the logout answered.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_logout_on_a_process_whose_subscription_is_half_open_is_refused_everywhere(db: PgPool) {
+    let (direct, proxy) = (Proxy::start().await, Proxy::start().await);
+    let (a, b, _, _, _) = b_behind_a_proxy(db, &direct, &proxy).await;
+    // (ms half-open before the logout, ms passing again before it)
+    let moments = [
+        (0, 0),
+        (400, 0),
+        (900, 0),
+        (900, 200),
+        (900, 350),
+        (900, 500),
+    ];
+    let mut r = a.redis().await;
+    for (i, (open, passing)) in moments.into_iter().enumerate() {
+        let (_, token) = b.signup(&format!("carol{i}")).await;
+        token_held_in_memory(&a, &token).await;
+        if i % 2 == 1 {
+            // Gone from Redis: `b` brings it back from Postgres for the logout itself.
+            let hash = chirp::accounts::hash_token(&token);
+            let _: () = redis::cmd("DEL")
+                .arg(a.keys().token(&hash))
+                .query_async(&mut r)
+                .await
+                .expect("del");
+        }
+        proxy.set_pubsub(PubSub::HalfOpen);
+        tokio::time::sleep(std::time::Duration::from_millis(open)).await;
+        if passing > 0 {
+            proxy.set_pubsub(PubSub::Pass);
+            tokio::time::sleep(std::time::Duration::from_millis(passing)).await;
+        }
+        let res = b
+            .post("/api/accounts/logout/", Some(&token), json!({}))
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+        let res = a.get("/api/accounts/login_status/", Some(&token)).await;
+        assert_eq!(
+            res.status,
+            StatusCode::UNAUTHORIZED,
+            "logout {open} ms into the fault, {passing} ms after it: {}",
+            res.body
+        );
+        proxy.set_pubsub(PubSub::Pass);
+        eventually("b holds a lease again", async || {
+            let _ = b.get("/api/accounts/login_status/", None).await;
+            b.state.subscriber.lease().held()
+        })
+        .await;
+    }
+}
+
 /// Review of 2026-11-26, finding 1(b): `b`'s subscription stalls (Redis still counts it, `b`
 /// hears nothing). Writers waited 500 ms and answered anyway while `b` kept answering from
 /// memory. Now they wait at most `b`'s lease, which runs out; what `b` hears when the stall

@@ -49,7 +49,8 @@
 //! fresh seed for `CHIRP_MODEL_SECONDS` (default 20) and every seed of `seeds.txt` for
 //! a few seconds; `scripts/model --seconds 600` runs it long. Odd seeds run with hybrid
 //! timelines ([`chirp::hybrid`]) and a threshold of one follower, so actors' tweets are pulled
-//! and fanned out by turns (`CHIRP_MODEL_HYBRID=1|0` forces it).
+//! and fanned out by turns (`CHIRP_MODEL_HYBRID=1|0` forces it); `CHIRP_MODEL_FAULTS=6,7` draws
+//! only those kinds of fault (the numbers of [`fault_loop`]), to hunt one finding down.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -1002,9 +1003,22 @@ async fn fault_loop(
     // not to the run's own server: the faults go to the cluster's nodes.
     let cluster = chirp::config::Config::defaults().redis_cluster;
     let mut snapshot_taken = false;
+    // `CHIRP_MODEL_FAULTS=6,7`: only these kinds of fault (to hunt one finding down).
+    let only: Option<Vec<usize>> = std::env::var("CHIRP_MODEL_FAULTS").ok().map(|v| {
+        v.split(',')
+            .map(|k| {
+                k.trim()
+                    .parse()
+                    .expect("CHIRP_MODEL_FAULTS: fault numbers 0-9")
+            })
+            .collect()
+    });
     while Instant::now() < world.deadline && !world.record.failed() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..2500))).await;
-        let fault = rng.random_range(0..10);
+        let fault = match &only {
+            Some(kinds) => kinds[rng.random_range(0..kinds.len())],
+            None => rng.random_range(0..10),
+        };
         if !cluster.is_empty() {
             let what = match fault {
                 5 => crash_fault(&world, &mut rng).await,
@@ -1951,6 +1965,42 @@ async fn rename(world: &World, me: &mut Actor, node: usize) {
     }
 }
 
+/// Where process `n` finds `token` now, for a violation's report: Postgres, its memory (if it
+/// trusts it), Redis's value, and the state of its lease, subscription and cache.
+async fn token_diagnosis(world: &World, n: usize, token: &str) -> String {
+    let app = &world.nodes[n].app;
+    let hash = chirp::accounts::hash_token(token);
+    let memory = app.state.tokens.get(&hash);
+    let key = app.state.cache.keys().map(|k| k.token(&hash));
+    let redis: Option<String> = match key {
+        Some(key) => {
+            let mut r = app.redis().await;
+            redis::cmd("GET")
+                .arg(key)
+                .query_async(&mut r)
+                .await
+                .ok()
+                .flatten()
+        }
+        None => None,
+    };
+    let in_postgres: Option<bool> =
+        sqlx::query_scalar("select exists (select 1 from auth_tokens where token_hash = $1)")
+            .bind(&hash)
+            .fetch_one(app.db())
+            .await
+            .ok();
+    let lease = app.state.subscriber.lease();
+    format!(
+        "then: postgres {in_postgres:?}, memory {memory:?}, redis {redis:?}, lease held {} \
+         term {}, subscribed {}, cache available {}",
+        lease.held(),
+        lease.term(),
+        app.state.subscriber.subscribed(),
+        app.state.cache.available(),
+    )
+}
+
 async fn relogin(world: &World, me: &mut Actor, node: usize) {
     let (res, determinate) = world
         .write(
@@ -1977,9 +2027,10 @@ async fn relogin(world: &World, me: &mut Actor, node: usize) {
             )
             .await;
         if res.status != StatusCode::UNAUTHORIZED {
+            let seen = token_diagnosis(world, n, &me.token).await;
             world.record.violate(
                 format!(
-                    "read-your-writes: a token revoked on node {node} is {} on node {n}",
+                    "read-your-writes: a token revoked on node {node} is {} on node {n} ({seen})",
                     res.status
                 ),
                 vec![me.id],
