@@ -260,12 +260,18 @@ pub async fn login(
 /// Revokes a token: deletes it and stages its tombstone in the token cache in one transaction,
 /// then drops it from every process's memory ([`crate::cache::tokens::broadcast`], which waits for each
 /// process to confirm).
+///
+/// If this request brought the token back from Postgres, its cache fill of the token (deferred
+/// to the request's next read, decision 0037) was read before this delete: it is dropped, not
+/// sent after the revocation, so no fill can cache the token again whether or not the
+/// tombstone is in Redis by then (the cache step failed, the key was evicted).
 pub async fn logout(
     db: &PgPool,
     cache: &Cache,
     tokens: &TokenCache,
     token: &str,
 ) -> sqlx::Result<()> {
+    cache.discard_deferred();
     let hash = hash_token(token);
     let mut tx = db.begin().await?;
     sqlx::query("delete from auth_tokens where token_hash = $1")

@@ -91,6 +91,13 @@ impl Deferred {
 }
 
 impl Cache {
+    /// Drops the current request's pending fill unsent, if it has one: for a request whose
+    /// own write makes the fill untrue, a logout of the token the fill would cache
+    /// ([`crate::accounts::logout`]). Outside [`Cache::deferring`], does nothing.
+    pub fn discard_deferred(&self) {
+        let _ = PENDING.try_with(|pending| pending.borrow_mut().take());
+    }
+
     /// Runs `request` with `fill` pending (see the module docs): its first pipeline through
     /// [`Cache::run`] carries the fill; if none did, the fill is sent when `request` is done,
     /// before its output is returned. With no fill, just runs `request`.

@@ -460,3 +460,40 @@ async fn a_token_brought_back_from_postgres_is_cached_by_its_request_and_a_logou
         assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
     }
 }
+
+/// A logout that brings its own token back from Postgres does not cache it, even where no
+/// tombstone stands when its handler is done: its fill was read before the delete. Here the
+/// logout's process stops between its commit and its cache step (`AfterCommit::Crash`, the
+/// outbox relay's case), so Redis holds no tombstone until the relay runs; before, the fill's
+/// `SET NX` then cached the revoked token and another process accepted it from Redis.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_logout_that_brings_its_token_back_never_caches_it(db: PgPool) {
+    use chirp::cache::AfterCommit;
+    use chirp::cache::objects::CachedToken;
+    let a = TestApp::new(db.clone()).await;
+    let prefix = a.prefix.clone();
+    let (_, token) = a.quick_user("alice").await;
+    let hash = chirp::accounts::hash_token(&token);
+    let b = TestApp::with(db.clone(), |c| c.redis_prefix = prefix.clone()).await;
+    // A third process with nothing in memory: `a` holds the token there since the signup, and
+    // a process that stops before its cache step evicts nobody's memory (the relay does, later).
+    let c = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let mut r = b.redis().await;
+    let _: () = redis::cmd("DEL")
+        .arg(b.keys().token(&hash))
+        .query_async(&mut r)
+        .await
+        .expect("del");
+    b.state.cache.set_after_commit(AfterCommit::Crash);
+    let res = b
+        .post("/api/accounts/logout/", Some(&token), json!({}))
+        .await;
+    assert_eq!(res.status, StatusCode::OK, "{}", res.body);
+    assert_eq!(
+        b.state.cache.get_token(&hash).await.ok(),
+        Some(CachedToken::Miss),
+        "the logout's own fill was not sent"
+    );
+    let res = c.get("/api/accounts/login_status/", Some(&token)).await;
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.body);
+}
