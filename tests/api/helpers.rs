@@ -438,6 +438,29 @@ impl TestApp {
             .expect("relay")
     }
 
+    /// Deletes `token`'s key from Redis (as an eviction would): the next request with it that
+    /// this process's memory does not answer reads it back from Postgres.
+    pub async fn drop_token_from_redis(&self, token: &str) {
+        let mut r = self.redis().await;
+        let key = self.keys().token(&chirp::accounts::hash_token(token));
+        let _: () = redis::cmd("DEL")
+            .arg(key)
+            .query_async(&mut r)
+            .await
+            .expect("del");
+    }
+
+    /// Logs `token` out on this process and asserts that `other` refuses it at once (401),
+    /// with `what` in the failure's message.
+    pub async fn logout_refused_on(&self, other: &TestApp, token: &str, what: &str) {
+        let res = self
+            .post("/api/accounts/logout/", Some(token), json!({}))
+            .await;
+        assert_eq!(res.status, StatusCode::OK, "{what}: {}", res.body);
+        let res = other.get("/api/accounts/login_status/", Some(token)).await;
+        assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{what}: {}", res.body);
+    }
+
     /// The raw value of a Redis key.
     pub async fn raw_get(&self, key: &str) -> Option<String> {
         let mut r = self.redis().await;

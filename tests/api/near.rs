@@ -788,18 +788,12 @@ async fn a_logout_on_a_process_whose_subscription_is_half_open_is_refused_everyw
         (900, 350),
         (900, 500),
     ];
-    let mut r = a.redis().await;
     for (i, (open, passing)) in moments.into_iter().enumerate() {
         let (_, token) = b.signup(&format!("carol{i}")).await;
         token_held_in_memory(&a, &token).await;
         if i % 2 == 1 {
             // Gone from Redis: `b` brings it back from Postgres for the logout itself.
-            let hash = chirp::accounts::hash_token(&token);
-            let _: () = redis::cmd("DEL")
-                .arg(a.keys().token(&hash))
-                .query_async(&mut r)
-                .await
-                .expect("del");
+            a.drop_token_from_redis(&token).await;
         }
         proxy.set_pubsub(PubSub::HalfOpen);
         tokio::time::sleep(std::time::Duration::from_millis(open)).await;
@@ -807,17 +801,8 @@ async fn a_logout_on_a_process_whose_subscription_is_half_open_is_refused_everyw
             proxy.set_pubsub(PubSub::Pass);
             tokio::time::sleep(std::time::Duration::from_millis(passing)).await;
         }
-        let res = b
-            .post("/api/accounts/logout/", Some(&token), json!({}))
-            .await;
-        assert_eq!(res.status, StatusCode::OK, "{}", res.body);
-        let res = a.get("/api/accounts/login_status/", Some(&token)).await;
-        assert_eq!(
-            res.status,
-            StatusCode::UNAUTHORIZED,
-            "logout {open} ms into the fault, {passing} ms after it: {}",
-            res.body
-        );
+        let what = format!("logout {open} ms into the fault, {passing} ms after it");
+        b.logout_refused_on(&a, &token, &what).await;
         proxy.set_pubsub(PubSub::Pass);
         eventually("b holds a lease again", async || {
             let _ = b.get("/api/accounts/login_status/", None).await;
