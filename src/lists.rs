@@ -254,7 +254,7 @@ pub async fn add_member(db: &PgPool, me: i64, id: i64, user: i64) -> ApiResult<A
         if let Err(e) = lock_owned(&mut tx, me, id).await {
             return Ok(Err(e));
         }
-        if !users::exists(db, user).await? {
+        if !users::exists(&mut *tx, user).await? {
             return Ok(Err(ApiError::field("user_id", "User does not exist.")));
         }
         let inserted: Option<Timestamp> = sqlx::query_scalar(

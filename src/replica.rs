@@ -61,7 +61,7 @@ impl Replica {
     pub fn new(config: &Config, cache: &Cache) -> anyhow::Result<Self> {
         let pool = match &config.database_replica_url {
             Some(url) => Some(
-                crate::db::pool_options(config.db_max_connections)
+                crate::db::pool_options(config.db_pool_size())
                     .acquire_timeout(Duration::from_secs(2))
                     .connect_lazy(url)
                     .map_err(|e| anyhow::anyhow!("invalid DATABASE_REPLICA_URL: {e}"))?,

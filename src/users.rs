@@ -112,7 +112,7 @@ async fn counts_of(db: &PgPool, id: i64) -> sqlx::Result<Option<UserCountsRow>> 
 }
 
 /// Whether user `id` exists.
-pub async fn exists(db: &PgPool, id: i64) -> sqlx::Result<bool> {
+pub async fn exists<'e>(db: impl sqlx::PgExecutor<'e>, id: i64) -> sqlx::Result<bool> {
     sqlx::query_scalar("select exists (select 1 from users where id = $1)")
         .bind(id)
         .fetch_one(db)

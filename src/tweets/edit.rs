@@ -76,6 +76,9 @@ pub async fn edit(db: &PgPool, cache: &Cache, me: i64, id: i64, content: &str) -
         ));
     }
     if old.record.content == content {
+        // Nothing to write: end the transaction before reading the mentions' users, so this
+        // request never holds one pooled connection while it waits for another.
+        tx.rollback().await?;
         let mut tweet = Tweet::new(old.record, author.into(), &old.counts, false);
         crate::mentions::complete(db, cache, &mut tweet).await?;
         return Ok(tweet);

@@ -72,3 +72,23 @@ async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(db
         .expect("a query after the connection died while idle");
     assert_ne!(other, pid);
 }
+
+/// A request never holds one pooled connection while it waits for another: with every request
+/// sharing one connection, adding a list member (which read whether the user exists on a second
+/// connection while its transaction held the first) answers instead of waiting out the pool's
+/// acquire timeout and failing. A smaller pool (decision 0040) makes such a wait likelier, and
+/// at any size enough concurrent requests of one kind would each hold one and wait forever.
+#[sqlx::test(migrator = "chirp::db::MIGRATOR")]
+async fn a_request_never_waits_for_a_second_connection_while_it_holds_one(db: PgPool) {
+    let pool = pool_options(1)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with((*db.connect_options()).clone())
+        .await
+        .expect("pool");
+    let app = crate::helpers::TestApp::new(pool).await;
+    let (_, owner) = app.quick_user("pool_owner").await;
+    let (member, _) = app.quick_user("pool_member").await;
+    let list = app.new_list(&owner, "pool").await;
+    let added = app.add_to_list(&owner, list, member).await;
+    assert_eq!(added["user"]["id"].as_i64(), Some(member), "{added}");
+}
