@@ -57,7 +57,7 @@ pub fn pool_options(max: u32) -> PgPoolOptions {
         })
 }
 
-/// A connection pool sized by `CHIRP_DB_MAX_CONNECTIONS` ([`pool_options`]).
+/// A connection pool of [`Config::db_pool_size`] connections ([`pool_options`]).
 pub async fn connect(config: &Config) -> anyhow::Result<PgPool> {
     pool_options(config.db_pool_size())
         .acquire_timeout(Duration::from_secs(5))

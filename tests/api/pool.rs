@@ -77,7 +77,8 @@ async fn a_connection_that_died_while_idle_is_replaced_before_a_query_uses_it(db
 /// sharing one connection, adding a list member (which read whether the user exists on a second
 /// connection while its transaction held the first) answers instead of waiting out the pool's
 /// acquire timeout and failing. A smaller pool (decision 0040) makes such a wait likelier, and
-/// at any size enough concurrent requests of one kind would each hold one and wait forever.
+/// at any size as many concurrent requests of one kind as the pool has connections would each
+/// hold one and all wait out the timeout.
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_request_never_waits_for_a_second_connection_while_it_holds_one(db: PgPool) {
     let pool = pool_options(1)
