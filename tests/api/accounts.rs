@@ -6,7 +6,7 @@ use tower::ServiceExt;
 
 use std::sync::atomic::Ordering;
 
-use crate::helpers::{Proxy, TestApp, eventually, token_held_in_memory};
+use crate::helpers::{Proxy, TestApp, eventually, token_held_in_memory, two_processes};
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn signup_returns_the_user_and_a_working_token(db: PgPool) {
@@ -277,9 +277,7 @@ async fn cors_answers_only_the_configured_origins(db: PgPool) {
 
 #[sqlx::test(migrator = "chirp::db::MIGRATOR")]
 async fn a_logout_in_one_process_is_refused_at_once_by_another_that_holds_the_token(db: PgPool) {
-    let a = TestApp::new(db.clone()).await;
-    let prefix = a.prefix.clone();
-    let b = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let (a, b) = two_processes(db).await;
     for i in 0..10 {
         let (_, token) = a.quick_user(&format!("user{i}")).await;
         token_held_in_memory(&a, &token).await;
@@ -455,14 +453,12 @@ async fn a_token_brought_back_from_postgres_is_cached_by_its_request_and_a_logou
 async fn a_logout_that_brings_its_token_back_never_caches_it(db: PgPool) {
     use chirp::cache::AfterCommit;
     use chirp::cache::objects::CachedToken;
-    let a = TestApp::new(db.clone()).await;
-    let prefix = a.prefix.clone();
+    let (a, b) = two_processes(db.clone()).await;
     let (_, token) = a.quick_user("alice").await;
     let hash = chirp::accounts::hash_token(&token);
-    let b = TestApp::with(db.clone(), |c| c.redis_prefix = prefix.clone()).await;
     // A third process with nothing in memory: `a` holds the token there since the signup, and
     // a process that stops before its cache step evicts nobody's memory (the relay does, later).
-    let c = TestApp::with(db, |c| c.redis_prefix = prefix).await;
+    let c = TestApp::with(db, |c| c.redis_prefix = a.prefix.clone()).await;
     b.drop_token_from_redis(&token).await;
     b.state.cache.set_after_commit(AfterCommit::Crash);
     let res = b
